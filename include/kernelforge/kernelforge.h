@@ -1,0 +1,15 @@
+// kernelforge: fast CUDA kernels for transformer workloads. Umbrella header of the C++ API.
+#pragma once
+
+#include "kernelforge/norm.h"
+#include "kernelforge/status.h"
+#include "kernelforge/tensor.h"
+
+#define KERNELFORGE_VERSION_MAJOR 0
+#define KERNELFORGE_VERSION_MINOR 1
+#define KERNELFORGE_VERSION_PATCH 0
+
+namespace kernelforge {
+// Compute capability (major * 10 + minor) of `device`, or a failed status without a GPU.
+Status device_capability(int device, int* capability);
+}  // namespace kernelforge
