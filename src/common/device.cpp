@@ -1,0 +1,59 @@
+#include "common/device.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "kernelforge/kernelforge.h"
+
+namespace kernelforge {
+
+namespace {
+constexpr int kMaxDevices = 64;
+DeviceInfo g_info[kMaxDevices];
+std::atomic<bool> g_ready[kMaxDevices];
+std::mutex g_mutex;
+}  // namespace
+
+Status current_device_info(int* device, const DeviceInfo** info) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error for later calls
+    return cuda_status(err, "kernelforge", "cudaGetDevice (is a CUDA GPU present?)");
+  }
+  if (dev < 0 || dev >= kMaxDevices) return Status::NotSupported("kernelforge: device ordinal too large");
+  if (!g_ready[dev].load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!g_ready[dev].load(std::memory_order_relaxed)) {
+      DeviceInfo d;
+      int major = 0, minor = 0;
+      err = cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, dev);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+      if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&d.max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, dev);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev);
+      if (err != cudaSuccess) return cuda_status(err, "kernelforge", "cudaDeviceGetAttribute");
+      d.capability = major * 10 + minor;
+      g_info[dev] = d;
+      g_ready[dev].store(true, std::memory_order_release);
+    }
+  }
+  *device = dev;
+  *info = &g_info[dev];
+  return Status::Ok();
+}
+
+Status device_capability(int device, int* capability) {
+  int major = 0, minor = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_status(err, "kernelforge", "cudaDeviceGetAttribute");
+  }
+  *capability = major * 10 + minor;
+  return Status::Ok();
+}
+
+}  // namespace kernelforge

@@ -1,0 +1,28 @@
+// Per-device facts the launchers need, read once per device and cached.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernelforge/status.h"
+
+namespace kernelforge {
+
+struct DeviceInfo {
+  int sm_count = 0;
+  int capability = 0;  // major * 10 + minor
+  int max_threads_per_sm = 0;
+  int l2_bytes = 0;
+};
+
+// Info of the current CUDA device (cudaGetDevice); `device` receives its ordinal.
+Status current_device_info(int* device, const DeviceInfo** info);
+
+// Converts a CUDA error into a Status naming the operation.
+inline Status cuda_status(cudaError_t err, const char* op, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Status::Cuda(std::string(op) + ": " + what + " failed: " + cudaGetErrorString(err));
+}
+
+}  // namespace kernelforge

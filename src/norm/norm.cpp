@@ -1,0 +1,141 @@
+// Public entry points of the normalization family: validate (norm_validate.cpp), check the device,
+// dispatch the dtype once, launch (norm_kernels.cuh).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/device.h"
+#include "norm/norm_problem.h"
+
+namespace kernelforge {
+
+namespace {
+
+Status check_device(const NormCall& c, const TensorView& x, DType dtype, const DeviceInfo** info) {
+  int dev = 0;
+  Status s = current_device_info(&dev, info);
+  if (!s.ok()) return Status(s.code(), std::string(c.name) + ": " + s.message());
+  if (x.device.index != dev)
+    return Status::Invalid(std::string(c.name) + ": x is on cuda:" + std::to_string(x.device.index) +
+                           " but the current CUDA device is cuda:" + std::to_string(dev));
+  if (dtype == DType::kBFloat16 && (*info)->capability < 80)
+    return Status::NotSupported(std::string(c.name) + ": bfloat16 needs a GPU of compute capability 8.0 or newer, "
+                                "this one is sm_" + std::to_string((*info)->capability) + "; use float16 or float32");
+  return Status::Ok();
+}
+
+Status run(const NormCall& c, void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
+  NormParams p;
+  DType dtype;
+  Status s = validate_norm(c, &p, &dtype);
+  if (!s.ok()) return s;
+  if (c.backward && workspace == nullptr && workspace_bytes == nullptr)
+    return Status::Invalid(std::string(c.name) + ": workspace_bytes must not be null");
+  const DeviceInfo* info = nullptr;
+  if (!(s = check_device(c, *c.x, dtype, &info)).ok()) return s;
+  if (c.backward && p.rows == 0) {  // nothing to normalize: parameter gradients are zero
+    if (workspace == nullptr) {
+      *workspace_bytes = 0;
+      return Status::Ok();
+    }
+    const size_t e = dtype_size(dtype);
+    void* zero[] = {p.dweight, p.dbias, p.dscale, p.dshift};
+    const int64_t count[] = {p.n, p.n, c.dscale ? c.dscale->numel() : 0, c.dshift ? c.dshift->numel() : 0};
+    for (int i = 0; i < 4; ++i)
+      if (zero[i] && count[i] > 0) {
+        cudaError_t err = cudaMemsetAsync(zero[i], 0, size_t(count[i]) * e, stream);
+        if (err != cudaSuccess) return cuda_status(err, c.name, "cudaMemsetAsync");
+      }
+    return Status::Ok();
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      return c.backward ? launch_norm_bwd<float>(c.op, p, *info, workspace, workspace_bytes, stream)
+                        : launch_norm_fwd<float>(c.op, p, *info, stream);
+    case DType::kFloat16:
+      return c.backward ? launch_norm_bwd<__half>(c.op, p, *info, workspace, workspace_bytes, stream)
+                        : launch_norm_fwd<__half>(c.op, p, *info, stream);
+    case DType::kBFloat16:
+      return c.backward ? launch_norm_bwd<__nv_bfloat16>(c.op, p, *info, workspace, workspace_bytes, stream)
+                        : launch_norm_fwd<__nv_bfloat16>(c.op, p, *info, stream);
+    default:
+      return Status::Invalid(std::string(c.name) + ": unsupported dtype");
+  }
+}
+
+NormCall make(const char* name, NormOp op, bool bwd, float eps) {
+  NormCall c;
+  c.name = name;
+  c.op = op;
+  c.backward = bwd;
+  c.cuda = true;
+  c.eps = eps;
+  return c;
+}
+
+NormOp ada_op(NormKind k) { return k == NormKind::kRms ? NormOp::kAdaRms : NormOp::kAdaLayer; }
+
+}  // namespace
+
+Status rms_norm(const TensorView& x, const TensorView* weight, float eps, const TensorView& y, cudaStream_t stream) {
+  NormCall c = make("rms_norm", NormOp::kRms, false, eps);
+  c.x = &x, c.weight = weight, c.y = &y;
+  return run(c, nullptr, nullptr, stream);
+}
+
+Status add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight, float eps,
+                    const TensorView& y, const TensorView& sum, cudaStream_t stream) {
+  NormCall c = make("add_rms_norm", NormOp::kAddRms, false, eps);
+  c.x = &x, c.residual = &residual, c.weight = weight, c.y = &y, c.sum = &sum;
+  return run(c, nullptr, nullptr, stream);
+}
+
+Status layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias, float eps,
+                  const TensorView& y, cudaStream_t stream) {
+  NormCall c = make("layer_norm", NormOp::kLayer, false, eps);
+  c.x = &x, c.weight = weight, c.bias = bias, c.y = &y;
+  return run(c, nullptr, nullptr, stream);
+}
+
+Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift, const TensorView* weight,
+                const TensorView* bias, float eps, NormKind kind, const TensorView& y, cudaStream_t stream) {
+  NormCall c = make("ada_norm", ada_op(kind), false, eps);
+  c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.y = &y;
+  return run(c, nullptr, nullptr, stream);
+}
+
+Status rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, float eps,
+                         const TensorView& dx, const TensorView* dweight, void* workspace, size_t* workspace_bytes,
+                         cudaStream_t stream) {
+  NormCall c = make("rms_norm_backward", NormOp::kRms, true, eps);
+  c.dy = &dy, c.x = &x, c.weight = weight, c.dx = &dx, c.dweight = dweight;
+  return run(c, workspace, workspace_bytes, stream);
+}
+
+Status add_rms_norm_backward(const TensorView& dy, const TensorView* dsum, const TensorView& sum,
+                             const TensorView* weight, float eps, const TensorView& dx, const TensorView* dweight,
+                             void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
+  NormCall c = make("add_rms_norm_backward", NormOp::kAddRms, true, eps);
+  c.dy = &dy, c.dsum = dsum, c.x = &sum, c.weight = weight, c.dx = &dx, c.dweight = dweight;
+  return run(c, workspace, workspace_bytes, stream);
+}
+
+Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
+                           const TensorView* bias, float eps, const TensorView& dx, const TensorView* dweight,
+                           const TensorView* dbias, void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
+  NormCall c = make("layer_norm_backward", NormOp::kLayer, true, eps);
+  c.dy = &dy, c.x = &x, c.weight = weight, c.bias = bias, c.dx = &dx, c.dweight = dweight, c.dbias = dbias;
+  return run(c, workspace, workspace_bytes, stream);
+}
+
+Status ada_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& scale, const TensorView& shift,
+                         const TensorView* weight, const TensorView* bias, float eps, NormKind kind,
+                         const TensorView& dx, const TensorView* dscale, const TensorView* dshift,
+                         const TensorView* dweight, const TensorView* dbias, void* workspace,
+                         size_t* workspace_bytes, cudaStream_t stream) {
+  NormCall c = make("ada_norm_backward", ada_op(kind), true, eps);
+  c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx;
+  c.dscale = dscale, c.dshift = dshift, c.dweight = dweight, c.dbias = dbias;
+  return run(c, workspace, workspace_bytes, stream);
+}
+
+}  // namespace kernelforge

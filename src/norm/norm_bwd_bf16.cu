@@ -1,0 +1,6 @@
+// Backward normalization kernels instantiated for __nv_bfloat16 (one file per dtype: parallel compilation).
+#include "norm/norm_kernels.cuh"
+
+namespace kernelforge {
+KF_NORM_BWD_DEFINE(__nv_bfloat16)
+}  // namespace kernelforge

@@ -1,0 +1,6 @@
+// Forward normalization kernels instantiated for __half (one file per dtype: parallel compilation).
+#include "norm/norm_kernels.cuh"
+
+namespace kernelforge {
+KF_NORM_FWD_DEFINE(__half)
+}  // namespace kernelforge

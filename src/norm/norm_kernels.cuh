@@ -1,0 +1,929 @@
+// Normalization kernels: RMSNorm, residual-add RMSNorm, LayerNorm, AdaLN — forward and backward.
+//
+// Forward: y[r, :] = norm(x[r, :]) (formulas in include/kernelforge/norm.h). Minimum traffic is one
+// read of x and one write of y: 2·M·N·sizeof(T) bytes (add_rms_norm: 4·M·N). At ~3.0 TB/s copy
+// bandwidth, M=16384 N=4096 bf16 -> 268 MB -> ~90 µs floor.
+//   * A team of `tpr` threads (a power of two, 32..1024) owns one row; each thread holds kIters
+//     vectors of kVec elements in registers (vector v = i·tpr + t, so a team's loads are
+//     coalesced), so x is read from DRAM exactly once and the statistics cost only block reductions.
+//   * Rows longer than one CTA can hold are split over a thread-block cluster (sm_90): each CTA holds
+//     a slice in registers and the partial sums are exchanged through distributed shared memory.
+//   * Longer still (or no clusters): a streaming kernel re-reads the row (correct, slower).
+//
+// Backward: with xh = (x - mean)·rstd (mean = 0 for RMS), g = dy·(1 + scale) (ada) or dy, dn = g·w:
+//   dx = rstd·(dn - mean(dn) - xh·mean(dn·xh))        (mean(dn) only for LayerNorm)
+//   dw = Σ_rows g·xh, db = Σ_rows g, dscale = Σ_group dy·(xh·w + b), dshift = Σ_group dy.
+// Minimum traffic: read x, dy, write dx: 3·M·N·sizeof(T) (+ dsum for add_rms_norm). The column sums
+// are accumulated per block in registers (each thread always owns the same columns), written as
+// float32 partials [blocks, N], and summed in a fixed order by reduce_columns: deterministic.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <type_traits>
+
+#include "common/device.h"
+#include "common/vec.cuh"
+#include "norm/norm_problem.h"
+
+namespace kernelforge {
+namespace norm_detail {
+
+constexpr int kWarps = 32;  // warps in the largest (1024-thread) block
+
+// ---- tuning tables (measured on H100, see notes/norm.md) ------------------------------------
+struct NormTuning {
+  int target_team;   // threads per row aimed for at large N: more vectors per thread beyond it
+  int max_elems;     // register-resident elements per thread (forward; x only)
+  int cluster_team;  // team size per CTA once a row is split over a cluster (sm_90)
+  int min_block;     // rows of small N are packed into blocks of at least this many threads
+};
+template <typename T>
+constexpr NormTuning kFwdTuning = {256, 64, 512, 128};
+template <>
+constexpr NormTuning kFwdTuning<float> = {256, 32, 512, 128};
+
+constexpr int kFwdMaxTeam = 512;  // register-resident forward: at most 512 threads (128 registers each)
+constexpr int kBwdTargetTeam = 256;
+constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers per thread
+constexpr int kBwdMaxElems = 16;  // per thread: x, dy and up to four column accumulators
+constexpr int kBwdMinTeam = 128;
+constexpr int kMaxCluster = 8;    // portable cluster size limit
+
+inline int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- reductions ---------------------------------------------------------------------------
+// Sums K floats over a team of `tpr` threads (power of two >= 32; teams are aligned blocks of
+// threads), then over the CTAs of a cluster when cluster > 1. Every thread receives identical
+// bits (butterfly sums are symmetric; later stages read the same shared values in the same order).
+// Shared slots are double-buffered so that consecutive reductions need one barrier each.
+template <int K>
+struct ReduceSmem {
+  float team[2][K][kWarps];
+  float cluster[2][K];
+};
+
+template <int K>
+__device__ __forceinline__ void team_sum(float (&v)[K], int tpr, int team, ReduceSmem<K>& sm, int& slot,
+                                         int cluster) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  if (tpr > 32) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = tpr >> 5;
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) sm.team[slot][k][warp] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float s = lane < nw ? sm.team[slot][k][team * nw + lane] : 0.f;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      v[k] = s;
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) sm.cluster[slot][k] = v[k];
+    }
+    cl.sync();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float s = 0.f;
+      for (int r = 0; r < cluster; ++r) s += cl.map_shared_rank(&sm.cluster[slot][0], r)[k];
+      v[k] = s;
+    }
+  }
+#else
+  (void)cluster;
+#endif
+  slot ^= 1;
+}
+
+__device__ __forceinline__ void cluster_exit_sync(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // No CTA may leave while another still reads its shared memory.
+  if (cluster > 1) cooperative_groups::this_cluster().sync();
+#else
+  (void)cluster;
+#endif
+}
+
+__device__ __forceinline__ int cluster_rank(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) return int(cooperative_groups::this_cluster().block_rank());
+#endif
+  (void)cluster;
+  return 0;
+}
+
+template <NormOp kOp>
+struct OpTraits {
+  static constexpr bool kLayer = kOp == NormOp::kLayer || kOp == NormOp::kAdaLayer;
+  static constexpr bool kAda = kOp == NormOp::kAdaRms || kOp == NormOp::kAdaLayer;
+  static constexpr bool kRes = kOp == NormOp::kAddRms;
+  static constexpr bool kHfRms = kOp == NormOp::kRms || kOp == NormOp::kAddRms;  // T(T(xh) * w)
+};
+
+// bf16 kernels are not built for sm_75 (no bf16 there; the host rejects such calls).
+template <typename T>
+__device__ __forceinline__ constexpr bool arch_supports() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return !std::is_same<T, __nv_bfloat16>::value;
+#else
+  return true;
+#endif
+}
+
+// Output of one element of the forward: xh is the normalized value (float32).
+template <typename T, NormOp kOp>
+__device__ __forceinline__ float fwd_value(float xh, const NormParams& p, float w, float b, float sc, float sh) {
+  using Tr = OpTraits<kOp>;
+  float y;
+  if constexpr (Tr::kHfRms) {
+    y = p.weight ? round_to<T>(xh) * w : xh;
+  } else {
+    y = p.weight ? xh * w : xh;
+    if (p.bias) y += b;
+    if constexpr (Tr::kAda) y = y * (1.f + sc) + sh;
+  }
+  return y;
+}
+
+// ---- forward, row in registers --------------------------------------------------------------
+template <typename T, NormOp kOp, int kVec, int kIters>
+__global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p, const int tpr, const int cluster) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    using Tr = OpTraits<kOp>;
+    using V = Vec<T, kVec>;
+    __shared__ ReduceSmem<1> sm;
+    int slot = 0;
+    const T* __restrict__ xg = static_cast<const T*>(p.x);
+    T* __restrict__ yg = static_cast<T*>(p.y);
+    const int rpb = blockDim.x / tpr;
+    const int team = threadIdx.x / tpr;
+    const int t = threadIdx.x - team * tpr;
+    const int64_t n = p.n;
+    const int64_t v0 = int64_t(cluster_rank(cluster)) * tpr * kIters + t;
+    const float inv_n = 1.f / float(n);
+    const int64_t row_step = int64_t(gridDim.x / cluster) * rpb;
+
+    for (int64_t base = int64_t(blockIdx.x / cluster) * rpb; base < p.rows; base += row_step) {
+      const int64_t row = base + team;
+      const bool row_ok = row < p.rows;
+      V xv[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = (v0 + int64_t(i) * tpr) * kVec;
+        if (row_ok && col < n) {
+          xv[i] = load_vec<T, kVec>(xg + row * p.x_stride + col);
+          if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
+            const V rv = load_vec<T, kVec>(static_cast<const T*>(p.residual) + row * p.res_stride + col);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) xv[i].v[j] = from_float<T>(to_float(xv[i].v[j]) + to_float(rv.v[j]));
+            store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col, xv[i]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) xv[i].v[j] = from_float<T>(0.f);
+        }
+      }
+      float mean = 0.f;
+      if constexpr (Tr::kLayer) {
+        float s[1] = {0.f};
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);  // padding is 0
+        team_sum<1>(s, tpr, team, sm, slot, cluster);
+        mean = s[0] * inv_n;
+      }
+      float q[1] = {0.f};
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const bool ok = (v0 + int64_t(i) * tpr) * kVec < n;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = to_float(xv[i].v[j]) - mean;
+          q[0] += ok ? d * d : 0.f;
+        }
+      }
+      team_sum<1>(q, tpr, team, sm, slot, cluster);
+      const float rstd = rsqrtf(q[0] * inv_n + p.eps);
+
+      const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = (v0 + int64_t(i) * tpr) * kVec;
+        if (!(row_ok && col < n)) continue;
+        V wv, bv, scv, shv;
+        if (p.weight) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if constexpr (!Tr::kHfRms) {
+          if (p.bias) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+        }
+        if constexpr (Tr::kAda) {
+          scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
+          shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
+        }
+        V out;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
+          const float w = p.weight ? to_float(wv.v[j]) : 1.f;
+          float b = 0.f, sc = 0.f, sh = 0.f;
+          if constexpr (!Tr::kHfRms) {
+            if (p.bias) b = to_float(bv.v[j]);
+          }
+          if constexpr (Tr::kAda) {
+            sc = to_float(scv.v[j]);
+            sh = to_float(shv.v[j]);
+          }
+          out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
+        }
+        store_vec<T, kVec>(yg + row * p.y_stride + col, out);
+      }
+    }
+    cluster_exit_sync(cluster);
+  }
+}
+
+// ---- forward, streaming (row re-read from memory; for rows no cluster can hold) -------------
+template <typename T, NormOp kOp, int kVec>
+__global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    using Tr = OpTraits<kOp>;
+    using V = Vec<T, kVec>;
+    __shared__ ReduceSmem<1> sm;
+    int slot = 0;
+    const int tpr = blockDim.x;
+    const int64_t n = p.n, nvec = n / kVec;
+    const float inv_n = 1.f / float(n);
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      // s (add_rms_norm) is written to `sum` in the first pass and re-read from there.
+      const T* src = Tr::kRes ? static_cast<const T*>(p.sum) + row * p.sum_stride
+                              : static_cast<const T*>(p.x) + row * p.x_stride;
+      float s[1] = {0.f};
+#pragma unroll 4
+      for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
+        V xv = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + v * kVec);
+        if constexpr (Tr::kRes) {
+          const V rv = load_vec<T, kVec>(static_cast<const T*>(p.residual) + row * p.res_stride + v * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) xv.v[j] = from_float<T>(to_float(xv.v[j]) + to_float(rv.v[j]));
+          store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + v * kVec, xv);
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float a = to_float(xv.v[j]);
+          s[0] += Tr::kLayer ? a : a * a;
+        }
+      }
+      team_sum<1>(s, tpr, 0, sm, slot, 1);
+      float mean = 0.f, rstd;
+      if constexpr (Tr::kLayer) {
+        mean = s[0] * inv_n;
+        float q[1] = {0.f};
+#pragma unroll 4
+        for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
+          const V xv = load_vec<T, kVec>(src + v * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float d = to_float(xv.v[j]) - mean;
+            q[0] += d * d;
+          }
+        }
+        team_sum<1>(q, tpr, 0, sm, slot, 1);
+        rstd = rsqrtf(q[0] * inv_n + p.eps);
+      } else {
+        rstd = rsqrtf(s[0] * inv_n + p.eps);
+      }
+      const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+#pragma unroll 4
+      for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
+        const int64_t col = v * kVec;
+        const V xv = load_vec<T, kVec>(src + col);
+        V wv, bv, scv, shv, out;
+        if (p.weight) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if (p.bias) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+        if constexpr (Tr::kAda) {
+          scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
+          shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xh = (to_float(xv.v[j]) - mean) * rstd;
+          const float w = p.weight ? to_float(wv.v[j]) : 1.f;
+          const float b = p.bias ? to_float(bv.v[j]) : 0.f;
+          float sc = 0.f, sh = 0.f;
+          if constexpr (Tr::kAda) {
+            sc = to_float(scv.v[j]);
+            sh = to_float(shv.v[j]);
+          }
+          out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
+        }
+        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col, out);
+      }
+    }
+  }
+}
+
+// ---- backward -------------------------------------------------------------------------------
+// Work split. G groups of R consecutive rows share one scale/shift row (grouped AdaLN with
+// dscale/dshift requested); otherwise G = 1, R = rows. With bpg > 1, block b works on group
+// b / bpg, rows (b % bpg) + k·bpg, and writes float32 partial column sums; with bpg == 1, block b
+// loops over groups b, b + gridDim.x, ... and writes dscale/dshift of each group directly.
+struct BwdWork {
+  int64_t groups;     // G
+  int64_t group_rows; // R
+  int64_t bpg;        // blocks per group (1: groups per block instead)
+  bool grouped;       // dscale/dshift accumulate over R > 1 rows
+  float* part_w;      // [gridDim.x, N] or nullptr
+  float* part_b;
+  float* part_sc;     // [gridDim.x, N] when grouped && bpg > 1
+  float* part_sh;
+};
+
+// Per-row math shared by the register and streaming backward kernels.
+template <typename T, NormOp kOp>
+struct BwdElem {
+  // g = dy·(1 + scale); dn = g·w
+  static __device__ __forceinline__ void grads(float dy, float w, float sc, float& g, float& dn) {
+    g = OpTraits<kOp>::kAda ? dy * (1.f + sc) : dy;
+    dn = g * w;
+  }
+};
+
+template <typename T, NormOp kOp, int kVec, int kIters>
+__global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p, const BwdWork wk) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    using Tr = OpTraits<kOp>;
+    using V = Vec<T, kVec>;
+    constexpr int E = kIters * kVec;
+    __shared__ ReduceSmem<2> sm;
+    int slot = 0;
+    const int tpr = blockDim.x, t = threadIdx.x;
+    const int64_t n = p.n;
+    const float inv_n = 1.f / float(n);
+    const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
+    auto col_of = [&](int i) { return (int64_t(i) * tpr + t) * kVec; };
+
+    V wv[kIters];  // weight and bias are the same for every row: kept in registers
+    V bv[kIters];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int64_t col = col_of(i);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) wv[i].v[j] = bv[i].v[j] = from_float<T>(0.f);
+      if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+      if (col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+    }
+    float acc_w[E], acc_b[E], acc_sc[E], acc_sh[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc_w[e] = acc_b[e] = acc_sc[e] = acc_sh[e] = 0.f;
+
+    const int64_t b = blockIdx.x;
+    const int64_t g_first = wk.bpg > 1 ? b / wk.bpg : b;
+    const int64_t g_step = wk.bpg > 1 ? wk.groups : gridDim.x;  // bpg > 1: exactly one group
+    for (int64_t grp = g_first; grp < wk.groups; grp += g_step) {
+      const int64_t r_first = wk.bpg > 1 ? b % wk.bpg : 0, r_step = wk.bpg > 1 ? wk.bpg : 1;
+      for (int64_t lr = r_first; lr < wk.group_rows; lr += r_step) {
+        const int64_t row = grp * wk.group_rows + lr;
+        V xv[kIters], dyv[kIters], scv[kIters], shv[kIters];
+        const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int64_t col = col_of(i);
+          if (col < n) {
+            xv[i] = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + col);
+            dyv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dy) + row * p.dy_stride + col);
+            if constexpr (Tr::kAda) {
+              scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
+              shv[i] = load_vec<T, kVec>(static_cast<const T*>(p.shift) + ga * p.shift_stride + col);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) scv[i].v[j] = shv[i].v[j] = from_float<T>(0.f);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) xv[i].v[j] = dyv[i].v[j] = scv[i].v[j] = shv[i].v[j] = from_float<T>(0.f);
+          }
+        }
+        float mean = 0.f, rstd, mdn = 0.f, mdnxh;
+        if constexpr (Tr::kLayer) {
+          float s[2] = {0.f, 0.f};
+#pragma unroll
+          for (int i = 0; i < kIters; ++i)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);
+          team_sum<2>(s, tpr, 0, sm, slot, 1);
+          mean = s[0] * inv_n;
+          float q[2] = {0.f, 0.f};
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            const bool ok = col_of(i) < n;
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const float d = to_float(xv[i].v[j]) - mean;
+              q[0] += ok ? d * d : 0.f;
+            }
+          }
+          team_sum<2>(q, tpr, 0, sm, slot, 1);
+          rstd = rsqrtf(q[0] * inv_n + p.eps);
+          float r[2] = {0.f, 0.f};  // Σdn, Σdn·xh
+#pragma unroll
+          for (int i = 0; i < kIters; ++i)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              float g, dn;
+              BwdElem<T, kOp>::grads(to_float(dyv[i].v[j]), has_w ? to_float(wv[i].v[j]) : 1.f,
+                                     to_float(scv[i].v[j]), g, dn);
+              const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
+              r[0] += dn;
+              r[1] += dn * xh;  // padding: dy = 0 -> dn = 0
+            }
+          team_sum<2>(r, tpr, 0, sm, slot, 1);
+          mdn = r[0] * inv_n;
+          mdnxh = r[1] * inv_n;
+        } else {
+          float r[2] = {0.f, 0.f};  // Σx², Σdn·x
+#pragma unroll
+          for (int i = 0; i < kIters; ++i)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              float g, dn;
+              BwdElem<T, kOp>::grads(to_float(dyv[i].v[j]), has_w ? to_float(wv[i].v[j]) : 1.f,
+                                     to_float(scv[i].v[j]), g, dn);
+              const float a = to_float(xv[i].v[j]);
+              r[0] += a * a;
+              r[1] += dn * a;
+            }
+          team_sum<2>(r, tpr, 0, sm, slot, 1);
+          rstd = rsqrtf(r[0] * inv_n + p.eps);
+          mdnxh = r[1] * inv_n * rstd;
+        }
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int64_t col = col_of(i);
+          if (col >= n) continue;
+          V dsv, dxv, dscv, dshv;
+          if (p.dsum) dsv = load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + col);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float w = has_w ? to_float(wv[i].v[j]) : 1.f;
+            const float dy = to_float(dyv[i].v[j]);
+            float g, dn;
+            BwdElem<T, kOp>::grads(dy, w, to_float(scv[i].v[j]), g, dn);
+            const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
+            float dx = rstd * (dn - mdn - xh * mdnxh);
+            if (p.dsum) dx += to_float(dsv.v[j]);
+            dxv.v[j] = from_float<T>(dx);
+            acc_w[i * kVec + j] += g * xh;
+            if constexpr (Tr::kLayer) acc_b[i * kVec + j] += g;
+            if constexpr (Tr::kAda) {
+              const float nrm = xh * w + (has_b ? to_float(bv[i].v[j]) : 0.f);
+              if (wk.grouped) {
+                acc_sc[i * kVec + j] += dy * nrm;
+                acc_sh[i * kVec + j] += dy;
+              } else {
+                dscv.v[j] = from_float<T>(dy * nrm);
+                dshv.v[j] = dyv[i].v[j];
+              }
+            }
+          }
+          store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, dxv);
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped) {  // one scale row per x row: the gradient is elementwise
+              if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, dscv);
+              if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, dshv);
+            }
+          }
+        }
+      }
+      if constexpr (Tr::kAda) {
+        if (wk.grouped) {
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            const int64_t col = col_of(i);
+            if (col >= n) continue;
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const int e = i * kVec + j;
+              if (wk.bpg > 1) {
+                if (wk.part_sc) wk.part_sc[b * n + col + j] = acc_sc[e];
+                if (wk.part_sh) wk.part_sh[b * n + col + j] = acc_sh[e];
+              } else {
+                if (p.dscale) static_cast<T*>(p.dscale)[grp * n + col + j] = from_float<T>(acc_sc[e]);
+                if (p.dshift) static_cast<T*>(p.dshift)[grp * n + col + j] = from_float<T>(acc_sh[e]);
+              }
+              acc_sc[e] = acc_sh[e] = 0.f;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int64_t col = col_of(i);
+      if (col >= n) continue;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (wk.part_w) wk.part_w[b * n + col + j] = acc_w[i * kVec + j];
+        if constexpr (Tr::kLayer) {
+          if (wk.part_b) wk.part_b[b * n + col + j] = acc_b[i * kVec + j];
+        }
+      }
+    }
+  }
+}
+
+// Backward for rows too long for registers: several passes over global memory, partial column sums
+// accumulated in this block's own partial rows (read-modify-write, one block per partial row).
+template <typename T, NormOp kOp, int kVec>
+__global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, const BwdWork wk) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    using Tr = OpTraits<kOp>;
+    __shared__ ReduceSmem<2> sm;
+    int slot = 0;
+    const int tpr = blockDim.x;
+    const int64_t n = p.n;
+    const float inv_n = 1.f / float(n);
+    const T* w = static_cast<const T*>(p.weight);
+    const T* bb = static_cast<const T*>(p.bias);
+    const int64_t b = blockIdx.x;
+    const int64_t g_first = wk.bpg > 1 ? b / wk.bpg : b;
+    const int64_t g_step = wk.bpg > 1 ? wk.groups : gridDim.x;
+    bool first_row = true;
+    for (int64_t grp = g_first; grp < wk.groups; grp += g_step) {
+      bool first_in_group = true;
+      const int64_t r_first = wk.bpg > 1 ? b % wk.bpg : 0, r_step = wk.bpg > 1 ? wk.bpg : 1;
+      for (int64_t lr = r_first; lr < wk.group_rows; lr += r_step) {
+        const int64_t row = grp * wk.group_rows + lr;
+        const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+        const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+        const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
+        const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ga * p.scale_stride : nullptr;
+        const T* sh = Tr::kAda ? static_cast<const T*>(p.shift) + ga * p.shift_stride : nullptr;
+        auto elem = [&](int64_t c, float& xf, float& dyf, float& g, float& dn, float& wf) {
+          xf = to_float(x[c]);
+          dyf = to_float(dy[c]);
+          wf = w ? to_float(w[c]) : 1.f;
+          BwdElem<T, kOp>::grads(dyf, wf, Tr::kAda ? to_float(sc[c]) : 0.f, g, dn);
+        };
+        float mean = 0.f, rstd, mdn = 0.f, mdnxh;
+        float xf, dyf, g, dn, wf;
+        if constexpr (Tr::kLayer) {
+          float s[2] = {0.f, 0.f};
+          for (int64_t c = threadIdx.x; c < n; c += tpr) s[0] += to_float(x[c]);
+          team_sum<2>(s, tpr, 0, sm, slot, 1);
+          mean = s[0] * inv_n;
+          float q[2] = {0.f, 0.f};
+          for (int64_t c = threadIdx.x; c < n; c += tpr) {
+            const float d = to_float(x[c]) - mean;
+            q[0] += d * d;
+          }
+          team_sum<2>(q, tpr, 0, sm, slot, 1);
+          rstd = rsqrtf(q[0] * inv_n + p.eps);
+          float r[2] = {0.f, 0.f};
+          for (int64_t c = threadIdx.x; c < n; c += tpr) {
+            elem(c, xf, dyf, g, dn, wf);
+            r[0] += dn;
+            r[1] += dn * (xf - mean) * rstd;
+          }
+          team_sum<2>(r, tpr, 0, sm, slot, 1);
+          mdn = r[0] * inv_n;
+          mdnxh = r[1] * inv_n;
+        } else {
+          float r[2] = {0.f, 0.f};
+          for (int64_t c = threadIdx.x; c < n; c += tpr) {
+            elem(c, xf, dyf, g, dn, wf);
+            r[0] += xf * xf;
+            r[1] += dn * xf;
+          }
+          team_sum<2>(r, tpr, 0, sm, slot, 1);
+          rstd = rsqrtf(r[0] * inv_n + p.eps);
+          mdnxh = r[1] * inv_n * rstd;
+        }
+        for (int64_t c = threadIdx.x; c < n; c += tpr) {
+          elem(c, xf, dyf, g, dn, wf);
+          const float xh = (xf - mean) * rstd;
+          float dx = rstd * (dn - mdn - xh * mdnxh);
+          if (p.dsum) dx += to_float(static_cast<const T*>(p.dsum)[row * p.dsum_stride + c]);
+          static_cast<T*>(p.dx)[row * p.dx_stride + c] = from_float<T>(dx);
+          if (wk.part_w) wk.part_w[b * n + c] = (first_row ? 0.f : wk.part_w[b * n + c]) + g * xh;
+          if (wk.part_b) wk.part_b[b * n + c] = (first_row ? 0.f : wk.part_b[b * n + c]) + g;
+          if constexpr (Tr::kAda) {
+            const float nrm = xh * wf + (bb ? to_float(bb[c]) : 0.f);
+            if (!wk.grouped) {
+              if (p.dscale) static_cast<T*>(p.dscale)[row * n + c] = from_float<T>(dyf * nrm);
+              if (p.dshift) static_cast<T*>(p.dshift)[row * n + c] = dy[c];
+            } else {
+              // accumulate in float32 in the partial rows (bpg > 1) or in dscale's group row via
+              // the partial buffer too: this block owns partial row b.
+              if (wk.part_sc) wk.part_sc[b * n + c] = (first_in_group ? 0.f : wk.part_sc[b * n + c]) + dyf * nrm;
+              if (wk.part_sh) wk.part_sh[b * n + c] = (first_in_group ? 0.f : wk.part_sh[b * n + c]) + dyf;
+            }
+          }
+        }
+        first_row = false;
+        first_in_group = false;
+      }
+      if constexpr (Tr::kAda) {
+        if (wk.grouped && wk.bpg == 1) {  // the block owns the whole group: write the result
+          for (int64_t c = threadIdx.x; c < n; c += tpr) {
+            if (p.dscale) static_cast<T*>(p.dscale)[grp * n + c] = from_float<T>(wk.part_sc[b * n + c]);
+            if (p.dshift) static_cast<T*>(p.dshift)[grp * n + c] = from_float<T>(wk.part_sh[b * n + c]);
+          }
+        }
+      }
+    }
+    if (first_row) {  // a block without rows still owns its partial rows
+      for (int64_t c = threadIdx.x; c < n; c += tpr) {
+        if (wk.part_w) wk.part_w[b * n + c] = 0.f;
+        if (wk.part_b) wk.part_b[b * n + c] = 0.f;
+      }
+    }
+  }
+}
+
+// out[o, c] = Σ_{r < rows_per_out} partial[o·rows_per_out + r, c], in a fixed order (deterministic).
+// Block (32, 8): 32 columns, 8 row-slices summed in order through shared memory.
+template <typename T>
+__global__ void __launch_bounds__(256) reduce_columns(const float* __restrict__ partial, int64_t n,
+                                                      int64_t rows_per_out, int64_t out_rows, T* __restrict__ out) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    __shared__ float sm[8][33];
+    const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
+    for (int64_t o = blockIdx.y; o < out_rows; o += gridDim.y) {
+      float s = 0.f;
+      if (col < n) {
+        const float* src = partial + o * rows_per_out * n + col;
+#pragma unroll 8
+        for (int64_t r = threadIdx.y; r < rows_per_out; r += 8) s += src[r * n];
+      }
+      sm[threadIdx.y][threadIdx.x] = s;
+      __syncthreads();
+      if (threadIdx.y == 0 && col < n) {
+        float tot = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) tot += sm[k][threadIdx.x];
+        out[o * n + col] = from_float<T>(tot);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------
+inline bool aligned_to(const void* ptr, int64_t stride_elems, size_t elem, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0 && (stride_elems * int64_t(elem)) % int64_t(bytes) == 0;
+}
+
+// kVec = 16 / sizeof(T) when every pointer, row stride and N allow 16-byte accesses.
+template <typename T>
+bool can_vectorize(const NormParams& p) {
+  constexpr int kVec = 16 / sizeof(T);
+  const size_t e = sizeof(T);
+  if (p.n % kVec != 0) return false;
+  const void* rows[] = {p.x, p.residual, p.y, p.sum, p.dy, p.dsum, p.dx};
+  const int64_t strides[] = {p.x_stride, p.res_stride, p.y_stride, p.sum_stride, p.dy_stride, p.dsum_stride, p.dx_stride};
+  for (int i = 0; i < 7; ++i)
+    if (rows[i] && !aligned_to(rows[i], p.rows > 1 ? strides[i] : 0, e, 16)) return false;
+  const void* vecs[] = {p.weight, p.bias, p.dscale, p.dshift};
+  for (const void* v : vecs)
+    if (v && !aligned_to(v, 0, e, 16)) return false;
+  if (p.scale && !aligned_to(p.scale, p.ada_groups > 1 ? p.scale_stride : 0, e, 16)) return false;
+  if (p.shift && !aligned_to(p.shift, p.ada_groups > 1 ? p.shift_stride : 0, e, 16)) return false;
+  return true;
+}
+
+inline Status check_launch(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+  return Status::Ok();
+}
+
+template <typename T, NormOp kOp, int kVec, int kIters>
+Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, cudaStream_t stream) {
+  const int block = std::max(tpr, kFwdTuning<T>.min_block);
+  const int rpb = block / tpr;
+  const int64_t max_units = (INT_MAX / cluster);
+  const int64_t units = std::min<int64_t>(ceil_div(p.rows, rpb), max_units);
+  auto kernel = norm_fwd_regs<T, kOp, kVec, kIters>;
+  if (cluster == 1) {
+    kernel<<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, tpr, 1);
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(units * cluster));
+    cfg.blockDim = dim3(block);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, tpr, cluster);
+    if (err != cudaSuccess) return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
+  }
+  return check_launch("norm forward");
+}
+
+template <typename T, NormOp kOp, int kVec>
+Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  constexpr NormTuning tune = kFwdTuning<T>;
+  constexpr int kMaxIters = kVec == 1 ? 16 : tune.max_elems / kVec;
+  const int64_t nvec = p.n / kVec;
+  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, tune.target_team)));
+  const bool clusters = dev.capability >= 90;
+  const int team_cap = std::min(tune.cluster_team, kFwdMaxTeam);
+  int tpr = 0, cluster = 1;
+  if (nvec <= int64_t(team_cap) * iters) {
+    tpr = std::min(kFwdMaxTeam, std::max(32, pow2_ceil(ceil_div(nvec, iters))));
+  } else if (clusters && nvec <= int64_t(tune.cluster_team) * iters * kMaxCluster) {
+    tpr = tune.cluster_team;
+    cluster = int(ceil_div(nvec, int64_t(tpr) * iters));
+  }
+  if (tpr == 0) {  // streaming: one 1024-thread block per row
+    const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
+    norm_fwd_stream<T, kOp, kVec><<<dim3(unsigned(grid)), dim3(1024), 0, stream>>>(p);
+    return check_launch("norm forward (streaming)");
+  }
+  switch (iters) {
+    case 1: return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, cluster, stream);
+    case 2: return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, cluster, stream);
+    case 4: return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, cluster, stream);
+    case 8: return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, cluster, stream);
+    default:
+      if constexpr (kMaxIters >= 16) return launch_fwd_regs<T, kOp, kVec, 16>(p, tpr, cluster, stream);
+      return Status::Cuda("norm forward: no kernel for this configuration");
+  }
+}
+
+template <typename T, NormOp kOp>
+Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if (can_vectorize<T>(p)) return fwd_with_vec<T, kOp, 16 / sizeof(T)>(p, dev, stream);
+  return fwd_with_vec<T, kOp, 1>(p, dev, stream);
+}
+
+// Resident blocks of `kernel` at `threads` per block, cached per kernel instantiation and size.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
+  static int cache[11] = {};  // index log2(threads); per instantiation (same arch on all GPUs)
+  int idx = 0;
+  while ((1 << idx) < threads) ++idx;
+  if (cache[idx] == 0) {
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm < 1) {
+      cudaGetLastError();
+      per_sm = 1;
+    }
+    cache[idx] = per_sm;
+  }
+  return cache[idx] * dev.sm_count;
+}
+
+template <typename T>
+Status reduce_into(const float* partial, int64_t n, int64_t rows_per_out, int64_t out_rows, void* out,
+                   cudaStream_t stream) {
+  if (out == nullptr || partial == nullptr) return Status::Ok();
+  const dim3 grid(unsigned(ceil_div(n, 32)), unsigned(std::min<int64_t>(out_rows, 65535)));
+  reduce_columns<T><<<grid, dim3(32, 8), 0, stream>>>(partial, n, rows_per_out, out_rows, static_cast<T*>(out));
+  return check_launch("norm backward (column reduction)");
+}
+
+template <typename T, NormOp kOp, int kVec>
+Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace, size_t* workspace_bytes,
+                    cudaStream_t stream) {
+  using Tr = OpTraits<kOp>;
+  // AdaLN keeps scale, shift and two more accumulators per element: half the elements per thread.
+  constexpr int kMaxIters = std::max(1, (Tr::kAda ? kBwdMaxElems / 2 : kBwdMaxElems) / kVec);
+  const int64_t nvec = p.n / kVec;
+  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, kBwdTargetTeam)));
+  const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
+  const int tpr = regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : 1024;
+
+  void (*kernel)(const NormParams, const BwdWork) = nullptr;
+  if (!regs) kernel = norm_bwd_stream<T, kOp, kVec>;
+  else if (iters == 1) kernel = norm_bwd_regs<T, kOp, kVec, 1>;
+  else if (iters == 2) {
+    if constexpr (kMaxIters >= 2) kernel = norm_bwd_regs<T, kOp, kVec, 2>;
+  } else if (iters == 4) {
+    if constexpr (kMaxIters >= 4) kernel = norm_bwd_regs<T, kOp, kVec, 4>;
+  } else if (iters == 8) {
+    if constexpr (kMaxIters >= 8) kernel = norm_bwd_regs<T, kOp, kVec, 8>;
+  } else if (iters == 16) {
+    if constexpr (kMaxIters >= 16) kernel = norm_bwd_regs<T, kOp, kVec, 16>;
+  }
+  if (kernel == nullptr) return Status::Cuda("norm backward: no kernel for this configuration");
+
+  BwdWork wk = {};
+  wk.grouped = Tr::kAda && p.ada_rpg > 1 && (p.dscale || p.dshift);
+  wk.groups = wk.grouped ? p.ada_groups : 1;
+  wk.group_rows = wk.grouped ? p.ada_rpg : p.rows;
+  const int64_t target = resident_blocks(kernel, tpr, dev);
+  int64_t nblocks;
+  if (wk.groups >= target) {
+    wk.bpg = 1;
+    nblocks = target;
+  } else {
+    wk.bpg = std::max<int64_t>(1, std::min(wk.group_rows, ceil_div(target, wk.groups)));
+    nblocks = wk.groups * wk.bpg;
+  }
+  nblocks = std::max<int64_t>(1, std::min<int64_t>(nblocks, INT_MAX));
+  // Streaming kernels also keep grouped dscale/dshift sums in partial rows when bpg == 1.
+  const bool part_mod = wk.grouped && (wk.bpg > 1 || !regs);
+  const int64_t slab = nblocks * p.n;  // floats per partial array
+  const int64_t arrays = (p.dweight ? 1 : 0) + (p.dbias ? 1 : 0) + (part_mod ? 2 : 0);
+  const size_t need = size_t(arrays * slab) * sizeof(float);
+  if (workspace == nullptr) {
+    *workspace_bytes = need;
+    return Status::Ok();
+  }
+  if (*workspace_bytes < need)
+    return Status::Invalid("norm backward: workspace too small: need " + std::to_string(need) + " bytes, got " +
+                           std::to_string(*workspace_bytes));
+  float* ws = static_cast<float*>(workspace);
+  int64_t k = 0;
+  wk.part_w = p.dweight ? ws + (k++) * slab : nullptr;
+  wk.part_b = p.dbias ? ws + (k++) * slab : nullptr;
+  wk.part_sc = part_mod ? ws + (k++) * slab : nullptr;
+  wk.part_sh = part_mod ? ws + (k++) * slab : nullptr;
+
+  kernel<<<dim3(unsigned(nblocks)), dim3(tpr), 0, stream>>>(p, wk);
+  Status s = check_launch("norm backward");
+  if (!s.ok()) return s;
+  if (!(s = reduce_into<T>(wk.part_w, p.n, nblocks, 1, p.dweight, stream)).ok()) return s;
+  if (!(s = reduce_into<T>(wk.part_b, p.n, nblocks, 1, p.dbias, stream)).ok()) return s;
+  if (wk.grouped && wk.bpg > 1) {
+    if (!(s = reduce_into<T>(wk.part_sc, p.n, wk.bpg, wk.groups, p.dscale, stream)).ok()) return s;
+    if (!(s = reduce_into<T>(wk.part_sh, p.n, wk.bpg, wk.groups, p.dshift, stream)).ok()) return s;
+  }
+  return Status::Ok();
+}
+
+template <typename T, NormOp kOp>
+Status bwd_op(const NormParams& p, const DeviceInfo& dev, void* ws, size_t* bytes, cudaStream_t stream) {
+  if (can_vectorize<T>(p)) return bwd_with_vec<T, kOp, 16 / sizeof(T)>(p, dev, ws, bytes, stream);
+  return bwd_with_vec<T, kOp, 1>(p, dev, ws, bytes, stream);
+}
+
+}  // namespace norm_detail
+
+// One definition per dtype, instantiated in norm_fwd_<dtype>.cu / norm_bwd_<dtype>.cu.
+#define KF_NORM_FWD_DEFINE(T)                                                                           \
+  template <>                                                                                            \
+  Status launch_norm_fwd<T>(NormOp op, const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) { \
+    using namespace norm_detail;                                                                         \
+    if (p.rows == 0 || p.n == 0) return Status::Ok();                                                    \
+    switch (op) {                                                                                        \
+      case NormOp::kRms: return fwd_op<T, NormOp::kRms>(p, dev, stream);                                 \
+      case NormOp::kAddRms: return fwd_op<T, NormOp::kAddRms>(p, dev, stream);                           \
+      case NormOp::kLayer: return fwd_op<T, NormOp::kLayer>(p, dev, stream);                             \
+      case NormOp::kAdaRms: return fwd_op<T, NormOp::kAdaRms>(p, dev, stream);                           \
+      case NormOp::kAdaLayer: return fwd_op<T, NormOp::kAdaLayer>(p, dev, stream);                       \
+    }                                                                                                    \
+    return Status::Invalid("norm forward: unknown op");                                                  \
+  }
+
+#define KF_NORM_BWD_DEFINE(T)                                                                             \
+  template <>                                                                                              \
+  Status launch_norm_bwd<T>(NormOp op, const NormParams& p, const DeviceInfo& dev, void* ws, size_t* bytes, \
+                            cudaStream_t stream) {                                                         \
+    using namespace norm_detail;                                                                           \
+    switch (op) {                                                                                          \
+      case NormOp::kRms: return bwd_op<T, NormOp::kRms>(p, dev, ws, bytes, stream);                        \
+      case NormOp::kAddRms: return bwd_op<T, NormOp::kAddRms>(p, dev, ws, bytes, stream);                  \
+      case NormOp::kLayer: return bwd_op<T, NormOp::kLayer>(p, dev, ws, bytes, stream);                    \
+      case NormOp::kAdaRms: return bwd_op<T, NormOp::kAdaRms>(p, dev, ws, bytes, stream);                  \
+      case NormOp::kAdaLayer: return bwd_op<T, NormOp::kAdaLayer>(p, dev, ws, bytes, stream);              \
+    }                                                                                                      \
+    return Status::Invalid("norm backward: unknown op");                                                   \
+  }
+
+}  // namespace kernelforge

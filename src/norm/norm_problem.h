@@ -1,0 +1,84 @@
+// Internal description of one normalization call, shared by the CUDA launchers and the float64
+// reference. validate_norm() fills it from the public TensorViews; it is the only place that checks
+// arguments (dtype, shape, strides, device, sizes), so every error message comes from one file.
+#pragma once
+
+#include <cstdint>
+
+#include "kernelforge/norm.h"
+
+namespace kernelforge {
+
+enum class NormOp : int { kRms = 0, kAddRms = 1, kLayer = 2, kAdaRms = 3, kAdaLayer = 4 };
+
+// Device-side parameters (passed by value to the kernels). Row tensors are addressed as
+// base + row * stride + column; scale/shift as base + (row / ada_rpg) * stride + column.
+struct NormParams {
+  // forward inputs (backward: x is the saved input; for add_rms_norm the saved sum)
+  const void* x = nullptr;
+  const void* residual = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  const void* scale = nullptr;
+  const void* shift = nullptr;
+  // forward outputs
+  void* y = nullptr;
+  void* sum = nullptr;
+  // backward
+  const void* dy = nullptr;
+  const void* dsum = nullptr;
+  void* dx = nullptr;
+  void* dweight = nullptr;
+  void* dbias = nullptr;
+  void* dscale = nullptr;
+  void* dshift = nullptr;
+
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t x_stride = 0, res_stride = 0, y_stride = 0, sum_stride = 0;
+  int64_t dy_stride = 0, dsum_stride = 0, dx_stride = 0;
+  int64_t ada_rpg = 1;     // rows per scale/shift row
+  int64_t ada_groups = 1;  // rows / ada_rpg
+  int64_t scale_stride = 0, shift_stride = 0;
+  float eps = 0.f;
+};
+
+struct NormCall {
+  const char* name = "";
+  NormOp op = NormOp::kRms;
+  bool backward = false;
+  bool cuda = true;  // false: the CPU reference (float64 also accepted)
+  float eps = 0.f;
+  const TensorView* x = nullptr;
+  const TensorView* residual = nullptr;
+  const TensorView* weight = nullptr;
+  const TensorView* bias = nullptr;
+  const TensorView* scale = nullptr;
+  const TensorView* shift = nullptr;
+  const TensorView* y = nullptr;
+  const TensorView* sum = nullptr;
+  const TensorView* dy = nullptr;
+  const TensorView* dsum = nullptr;
+  const TensorView* dx = nullptr;
+  const TensorView* dweight = nullptr;
+  const TensorView* dbias = nullptr;
+  const TensorView* dscale = nullptr;
+  const TensorView* dshift = nullptr;
+};
+
+// Checks every argument of `c` and fills `p` (pointers, strides, sizes). `dtype` receives x's dtype.
+Status validate_norm(const NormCall& c, NormParams* p, DType* dtype);
+
+inline bool norm_is_layer(NormOp op) { return op == NormOp::kLayer || op == NormOp::kAdaLayer; }
+inline bool norm_is_ada(NormOp op) { return op == NormOp::kAdaRms || op == NormOp::kAdaLayer; }
+
+// CUDA launchers, one instantiation per dtype (norm_fwd_<dtype>.cu, norm_bwd_<dtype>.cu).
+struct DeviceInfo;
+template <typename T>
+Status launch_norm_fwd(NormOp op, const NormParams& p, const DeviceInfo& dev, cudaStream_t stream);
+// With workspace == nullptr only sets *workspace_bytes.
+template <typename T>
+Status launch_norm_bwd(NormOp op, const NormParams& p, const DeviceInfo& dev, void* workspace,
+                       size_t* workspace_bytes, cudaStream_t stream);
+
+}  // namespace kernelforge
