@@ -1,0 +1,895 @@
+"""`kforge bench`: time the norm ops of kernelforge against the peers, in one run.
+
+Every case is (op, mode, shape, dtype, provider). Providers:
+
+    kernelforge   kf.rms_norm / kf.add_rms_norm / kf.layer_norm / kf.ada_norm
+    eager         the code the model libraries run (HF LlamaRMSNorm.forward math, residual add + that,
+                  plain fp32 layer-norm math, the diffusers AdaLN pattern)
+    torch_native  a fused PyTorch op where one exists (F.rms_norm, F.layer_norm)
+    compile       torch.compile(eager, dynamic=False), warmed up
+    liger         Liger-Kernel's Triton kernels, when `liger_kernel` imports (none for ada_norm)
+
+Modes: fwd, fwdbwd (forward + backward: grads of x, weight, bias / residual / scale, shift), and for
+decode-sized rows (rows <= 64) fwd_graph (CUDA-graph replay of 100 calls, divided) and fwd_call
+(wall clock around ~1000 eager calls + one sync, divided: the host path included).
+
+Bytes are the minimum traffic (see notes/bench.md); GB/s is also given as a percentage of the
+device-to-device copy bandwidth measured in the same run. One CSV for the run, one PNG per op, a
+summary table at the end. Each peer's output (and gradients) is checked against kernelforge's
+before it is timed; a peer that raises is reported and recorded with a NaN time.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
+MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
+PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger")
+PEERS = PROVIDERS[1:]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+DECODE_MAX_ROWS = 64  # rows at or under this also get fwd_graph and fwd_call
+DEFAULT_SHAPES = ((16384, 2048), (16384, 4096), (16384, 8192), (1, 4096), (64, 4096))
+LONG_ROW_SHAPES = ((4096, 65536), (2048, 131072))
+LONG_ROW_OPS = ("rms_norm", "layer_norm")
+
+EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6, "layer_norm": 1e-5, "ada_norm": 1e-6}
+
+# Which providers exist for each op (mirrors shared/anchors: no fused PyTorch op for the
+# residual-add norm or AdaLN; no Liger kernel for AdaLN-with-LayerNorm).
+OP_PROVIDERS = {
+    "rms_norm": ("kernelforge", "eager", "torch_native", "compile", "liger"),
+    "add_rms_norm": ("kernelforge", "eager", "compile", "liger"),
+    "layer_norm": ("kernelforge", "eager", "torch_native", "compile", "liger"),
+    "ada_norm": ("kernelforge", "eager", "compile"),
+}
+
+# ---- traffic and arithmetic ------------------------------------------------------------------
+# Big terms, in units of M*N elements: every row tensor the op must read or write once.
+ROW_TENSORS = {
+    ("rms_norm", "fwd"): 2,        # read x, write y
+    ("rms_norm", "fwdbwd"): 5,     # + read x, dy, write dx
+    ("add_rms_norm", "fwd"): 4,    # read x, residual, write y, s
+    ("add_rms_norm", "fwdbwd"): 7,  # + read dy, s, write dx (one dx serves x and residual)
+    ("layer_norm", "fwd"): 2,
+    ("layer_norm", "fwdbwd"): 5,
+    ("ada_norm", "fwd"): 2,
+    ("ada_norm", "fwdbwd"): 5,
+}
+# Small terms, in units of `param_rows * N` elements (param_rows = 1 for weight/bias, B for the
+# [B, 1, N] scale/shift): fwd reads the parameters, bwd reads what dx needs and writes the grads.
+PARAM_TENSORS = {
+    ("rms_norm", "fwd"): 1,        # w
+    ("rms_norm", "fwdbwd"): 3,     # w (fwd) + w (bwd) + dw
+    ("add_rms_norm", "fwd"): 1,
+    ("add_rms_norm", "fwdbwd"): 3,
+    ("layer_norm", "fwd"): 2,      # w, b
+    ("layer_norm", "fwdbwd"): 5,   # w, b (fwd) + w (bwd) + dw, db
+    ("ada_norm", "fwd"): 2,        # scale, shift
+    ("ada_norm", "fwdbwd"): 5,     # scale, shift (fwd) + scale (bwd) + dscale, dshift
+}
+# Nominal floating-point operations per element of x (the formula's arithmetic, fp32).
+FLOPS_PER_ELT = {
+    ("rms_norm", "fwd"): 4,        # x*x, sum, *rstd, *w
+    ("rms_norm", "fwdbwd"): 11,    # + dy*w, *xhat, sum, fma, *rstd, dw fma
+    ("add_rms_norm", "fwd"): 5,    # + the add
+    ("add_rms_norm", "fwdbwd"): 12,
+    ("layer_norm", "fwd"): 7,      # sum, -mean, sq, sum, *rstd, *w, +b
+    ("layer_norm", "fwdbwd"): 17,
+    ("ada_norm", "fwd"): 9,        # layer norm (5) + (1+scale), *, +shift
+    ("ada_norm", "fwdbwd"): 21,
+}
+
+
+def base_mode(mode: str) -> str:
+    return "fwdbwd" if mode == "fwdbwd" else "fwd"
+
+
+def ada_batch(rows: int) -> int:
+    """ada_norm views x as [B, S, D]: B = 4, S = rows / 4 (B = 1 when rows < 4 or rows % 4)."""
+    return 4 if rows >= 4 and rows % 4 == 0 else 1
+
+
+def traffic_bytes(op: str, mode: str, rows: int, hidden: int, elt: int) -> int:
+    m = base_mode(mode)
+    param_rows = ada_batch(rows) if op == "ada_norm" else 1
+    return (ROW_TENSORS[(op, m)] * rows * hidden + PARAM_TENSORS[(op, m)] * param_rows * hidden) * elt
+
+
+def flop_count(op: str, mode: str, rows: int, hidden: int) -> int:
+    return FLOPS_PER_ELT[(op, base_mode(mode))] * rows * hidden
+
+
+# ---- the providers ---------------------------------------------------------------------------
+# Each provider is fn(t: dict of tensors) -> tuple of outputs; outputs[0] is y (what backward
+# starts from); add_rms_norm also returns s = x + residual.
+
+def _eager_rms(x, w, eps):
+    # transformers LlamaRMSNorm.forward, verbatim math
+    h = x.float()
+    v = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(v + eps)
+    return w * h.to(x.dtype)
+
+
+def _eager_layer(x, w, b, eps):
+    # plain fp32 layer-norm math (F.layer_norm's semantics, written out as unfused ops)
+    h = x.float()
+    mu = h.mean(-1, keepdim=True)
+    d = h - mu
+    var = d.pow(2).mean(-1, keepdim=True)
+    return (d * torch.rsqrt(var + eps) * w.float() + b.float()).to(x.dtype)
+
+
+def eager_rms_norm(t):
+    return (_eager_rms(t["x"], t["weight"], EPS["rms_norm"]),)
+
+
+def eager_add_rms_norm(t):
+    s = t["x"] + t["residual"]
+    return (_eager_rms(s, t["weight"], EPS["add_rms_norm"]), s)
+
+
+def eager_layer_norm(t):
+    return (_eager_layer(t["x"], t["weight"], t["bias"], EPS["layer_norm"]),)
+
+
+def eager_ada_norm(t):
+    # diffusers AdaLayerNorm pattern (elementwise_affine=False, eps=1e-6)
+    x = t["x"]
+    return (F.layer_norm(x, (x.shape[-1],), eps=EPS["ada_norm"]) * (1 + t["scale"]) + t["shift"],)
+
+
+EAGER = {
+    "rms_norm": eager_rms_norm,
+    "add_rms_norm": eager_add_rms_norm,
+    "layer_norm": eager_layer_norm,
+    "ada_norm": eager_ada_norm,
+}
+
+
+def native_rms_norm(t):
+    x = t["x"]
+    return (F.rms_norm(x, (x.shape[-1],), t["weight"], EPS["rms_norm"]),)
+
+
+def native_layer_norm(t):
+    x = t["x"]
+    return (F.layer_norm(x, (x.shape[-1],), t["weight"], t["bias"], EPS["layer_norm"]),)
+
+
+NATIVE = {"rms_norm": native_rms_norm, "layer_norm": native_layer_norm}
+
+
+def _kf():
+    import kernelforge as kf  # noqa: PLC0415  (lazy: the CLI must start without the extension)
+
+    return kf
+
+
+def kf_provider(op: str) -> Callable:
+    kf = _kf()
+    eps = EPS[op]
+    if op == "rms_norm":
+        return lambda t: (kf.rms_norm(t["x"], t["weight"], eps),)
+    if op == "add_rms_norm":
+        return lambda t: tuple(kf.add_rms_norm(t["x"], t["residual"], t["weight"], eps))
+    if op == "layer_norm":
+        return lambda t: (kf.layer_norm(t["x"], t["weight"], t["bias"], eps),)
+    return lambda t: (kf.ada_norm(t["x"], t["scale"], t["shift"], None, None, eps, kind="layer"),)
+
+
+def liger_provider(op: str) -> Callable | None:
+    try:
+        from liger_kernel.transformers import functional as lf  # noqa: PLC0415
+    except Exception:  # noqa: BLE001  (not installed, or its import fails: no liger peer)
+        return None
+    eps = EPS[op]
+    # in_place=False: with True, Liger writes dx into dy, and the timing loop reuses dy.
+    if op == "rms_norm":
+        return lambda t: (lf.liger_rms_norm(t["x"], t["weight"], eps, casting_mode="llama",
+                                            in_place=False),)
+    if op == "add_rms_norm":
+        return lambda t: tuple(lf.liger_fused_add_rms_norm(t["x"], t["residual"], t["weight"], eps,
+                                                           casting_mode="llama", in_place=False))
+    if op == "layer_norm":
+        return lambda t: (lf.liger_layer_norm(t["x"], t["weight"], t["bias"], eps),)
+    return None
+
+
+def liger_available() -> bool:
+    return liger_provider("rms_norm") is not None
+
+
+def make_provider(name: str, op: str) -> Callable | None:
+    if name == "kernelforge":
+        return kf_provider(op)
+    if name == "eager":
+        return EAGER[op]
+    if name == "torch_native":
+        return NATIVE.get(op)
+    if name == "compile":
+        return torch.compile(EAGER[op], dynamic=False)
+    if name == "liger":
+        return liger_provider(op)
+    raise ValueError(f"unknown provider {name!r}")
+
+
+# ---- inputs --------------------------------------------------------------------------------
+
+GRAD_INPUTS = {
+    "rms_norm": ("x", "weight"),
+    "add_rms_norm": ("x", "residual", "weight"),
+    "layer_norm": ("x", "weight", "bias"),
+    "ada_norm": ("x", "scale", "shift"),
+}
+
+
+def make_inputs(op: str, rows: int, hidden: int, dtype, device, seed: int = 0) -> dict:
+    """Fresh random inputs (never zeros) for one case, plus dy for the backward."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, offset=0.0):
+        v = torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
+        return (v * scale + offset).to(dtype)
+
+    t: dict = {}
+    if op == "ada_norm":
+        b = ada_batch(rows)
+        t["x"] = rnd(b, rows // b, hidden)
+        t["scale"] = rnd(b, 1, hidden, scale=0.1)
+        t["shift"] = rnd(b, 1, hidden, scale=0.1)
+    else:
+        t["x"] = rnd(rows, hidden)
+        t["weight"] = rnd(hidden, scale=0.1, offset=1.0)
+        if op == "layer_norm":
+            t["bias"] = rnd(hidden, scale=0.1)
+        if op == "add_rms_norm":
+            t["residual"] = rnd(rows, hidden)
+    t["dy"] = rnd(*t["x"].shape)
+    return t
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+@dataclass
+class Budget:
+    warm_ms: float = 25.0
+    rep_ms: float = 100.0
+    min_reps: int = 10
+    max_reps: int = 1000
+    graph_calls: int = 100
+    graph_replays: int = 20
+    call_loop: int = 1000
+    call_repeats: int = 5
+
+
+QUICK = Budget(warm_ms=2.0, rep_ms=5.0, min_reps=3, max_reps=20, graph_calls=20, graph_replays=3,
+               call_loop=100, call_repeats=2)
+
+
+class Timer:
+    """Median device time of fn, L2 flushed before every run (CUDA events), or wall clock on CPU."""
+
+    def __init__(self, device: torch.device, budget: Budget):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.budget = budget
+        self.flush_buf = None
+        if self.cuda:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
+            self.flush_buf = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _estimate_ms(self, fn, pre) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        n = 0
+        while True:
+            pre()
+            fn()
+            n += 1
+            self.sync()
+            el = (time.perf_counter() - t0) * 1e3
+            if el > 2.0 or n >= 3:
+                return el / n
+
+    def median_ms(self, fn: Callable, pre: Callable = lambda: None, flush: bool = True) -> float:
+        b = self.budget
+        est = max(self._estimate_ms(fn, pre), 1e-3)
+        n_warm = int(min(max(b.warm_ms / est, 1), 200))
+        n_rep = int(min(max(b.rep_ms / est, b.min_reps), b.max_reps))
+        for _ in range(n_warm):
+            pre()
+            fn()
+        if not self.cuda:
+            times = []
+            for _ in range(n_rep):
+                pre()
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+            return statistics.median(times)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+        for i in range(n_rep):
+            pre()
+            if flush:
+                self.flush_buf.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        self.sync()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+    def graph_ms(self, fn: Callable) -> float:
+        """Capture graph_calls calls in one CUDA graph; median replay time / calls."""
+        if not self.cuda:
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        b = self.budget
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(b.graph_calls):
+                fn()
+        graph.replay()
+        self.sync()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(b.graph_replays)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(b.graph_replays)]
+        for s, e in zip(starts, ends):
+            s.record()
+            graph.replay()
+            e.record()
+        self.sync()
+        ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / b.graph_calls
+        del graph
+        return ms
+
+    def call_ms(self, fn: Callable) -> float:
+        """Eager per-call time with the host path: wall clock around a loop of calls, one sync."""
+        b = self.budget
+        for _ in range(10):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(b.call_repeats):
+            t0 = time.perf_counter()
+            for _ in range(b.call_loop):
+                fn()
+            self.sync()
+            times.append((time.perf_counter() - t0) * 1e3 / b.call_loop)
+        return statistics.median(times)
+
+
+def measure_copy_gbps(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy of a 1 GiB buffer, bytes read + written over the median time."""
+    if device.type != "cuda":
+        return float("nan")
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        dst.copy_(src)
+        e.record()
+    torch.cuda.synchronize(device)
+    ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+# ---- correctness of the peers ------------------------------------------------------------------
+
+CHECK_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # relative L2 error
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.detach().double().flatten()
+    b = b.detach().double().flatten()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    den = b.norm().item()
+    return (a - b).norm().item() / (den if den > 0 else 1.0)
+
+
+def run_once(fn, t, op, mode):
+    """Outputs (and, for fwdbwd, the grads of GRAD_INPUTS) of one call, detached copies."""
+    names = GRAD_INPUTS[op]
+    if mode == "fwdbwd":
+        for n in names:
+            t[n].grad = None
+        outs = fn(t)
+        outs[0].backward(t["dy"])
+        res = [o.detach().clone() for o in outs] + [t[n].grad.clone() for n in names]
+        for n in names:
+            t[n].grad = None
+        return res
+    with torch.no_grad():
+        return [o.detach().clone() for o in fn(t)]
+
+
+def result_names(op, mode):
+    outs = ["y", "s"] if op == "add_rms_norm" else ["y"]
+    return outs + ([f"d{n}" for n in GRAD_INPUTS[op]] if mode == "fwdbwd" else [])
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "tflops",
+              "pct_of_copy_bw", "speedup_vs_best_peer", "gpu", "torch_version", "commit")
+
+
+@dataclass
+class Result:
+    op: str
+    mode: str
+    rows: int
+    hidden: int
+    dtype: str
+    provider: str
+    ms: float
+    note: str = ""
+
+    @property
+    def shape(self) -> str:
+        return f"{self.rows}x{self.hidden}"
+
+
+@dataclass
+class RunInfo:
+    gpu: str
+    torch_version: str
+    commit: str
+    copy_gbps: float
+    problems: list = field(default_factory=list)
+
+
+def git_commit() -> str:
+    env = os.environ.get("KF_COMMIT")
+    if env:
+        return env
+    here = os.path.dirname(os.path.realpath(__file__))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+        if sha.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if not item:
+            continue
+        parts = item.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"shape {item!r} is not ROWSxHIDDEN, e.g. 16384x4096")
+        shapes.append((int(parts[0]), int(parts[1])))
+    if not shapes:
+        raise argparse.ArgumentTypeError("--shapes is empty")
+    return shapes
+
+
+def _csv_list(allowed, what):
+    def parse(text):
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        bad = [s for s in items if s not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or '(none)'}; choose from {', '.join(allowed)}")
+        return items
+    return parse
+
+
+def default_shapes(op: str) -> list[tuple[int, int]]:
+    return list(DEFAULT_SHAPES) + (list(LONG_ROW_SHAPES) if op in LONG_ROW_OPS else [])
+
+
+def plan_cases(args) -> list[tuple[str, int, int, str]]:
+    cases = []
+    for op in args.ops:
+        for rows, hidden in (args.shapes or default_shapes(op)):
+            for dt in args.dtype:
+                cases.append((op, rows, hidden, dt))
+    return cases
+
+
+def modes_for(rows: int, modes) -> list[str]:
+    return [m for m in modes if m in ("fwd", "fwdbwd") or rows <= DECODE_MAX_ROWS]
+
+
+def fmt_ms(ms: float) -> str:
+    return "nan" if not math.isfinite(ms) else f"{ms:.5f}"
+
+
+def derived(res: Result, elt: int, copy_gbps: float, best_peer_ms: float) -> dict:
+    ok = math.isfinite(res.ms) and res.ms > 0
+    gbps = traffic_bytes(res.op, res.mode, res.rows, res.hidden, elt) / (res.ms * 1e-3) / 1e9 if ok else float("nan")
+    tflops = flop_count(res.op, res.mode, res.rows, res.hidden) / (res.ms * 1e-3) / 1e12 if ok else float("nan")
+    pct = 100.0 * gbps / copy_gbps if ok and math.isfinite(copy_gbps) else float("nan")
+    speed = best_peer_ms / res.ms if ok and math.isfinite(best_peer_ms) else float("nan")
+    return {"gbps": gbps, "tflops": tflops, "pct": pct, "speedup": speed}
+
+
+def _num(v: float, digits: int) -> str:
+    return f"{v:.{digits}f}" if math.isfinite(v) else ""
+
+
+def best_peer(results: list[Result]) -> tuple[str, float]:
+    peers = [r for r in results if r.provider != "kernelforge" and math.isfinite(r.ms)]
+    if not peers:
+        return "", float("nan")
+    b = min(peers, key=lambda r: r.ms)
+    return b.provider, b.ms
+
+
+class CsvSink:
+    """Writes one group of rows (same op/mode/shape/dtype) at a time, so a killed run keeps them."""
+
+    def __init__(self, path: str, info: RunInfo):
+        self.path = path
+        self.info = info
+        self.f = open(path, "w", newline="")
+        self.w = csv.writer(self.f)
+        self.w.writerow(CSV_FIELDS)
+        self.f.flush()
+
+    def write_group(self, group: list[Result], elt: int):
+        _, peer_ms = best_peer(group)
+        for r in group:
+            d = derived(r, elt, self.info.copy_gbps, peer_ms)
+            self.w.writerow([r.op, r.mode, r.shape, r.dtype, r.provider, fmt_ms(r.ms),
+                             _num(d["gbps"], 1), _num(d["tflops"], 3), _num(d["pct"], 1),
+                             _num(d["speedup"], 3), self.info.gpu, self.info.torch_version,
+                             self.info.commit])
+        self.f.flush()
+
+    def close(self):
+        self.f.close()
+
+
+def run_case(op, rows, hidden, dt, args, timer, info, providers, log) -> list[list[Result]]:
+    """All modes and providers of one (op, shape, dtype); returns one list of results per mode."""
+    dtype = DTYPES[dt]
+    device = timer.device
+    elt = torch.empty((), dtype=dtype).element_size()
+    torch._dynamo.reset()  # fresh compile caches: every shape compiles for itself (dynamic=False)
+    t = make_inputs(op, rows, hidden, dtype, device)
+    fns: dict = {}
+    for name in providers:
+        try:
+            fn = make_provider(name, op)
+        except Exception as e:  # noqa: BLE001
+            fn = e
+        if fn is not None:
+            fns[name] = fn
+    groups = []
+    for mode in modes_for(rows, args.modes):
+        bmode = base_mode(mode)
+        for n in GRAD_INPUTS[op]:
+            t[n].requires_grad_(bmode == "fwdbwd")
+        ref = None
+        group = []
+        for name, fn in fns.items():
+            note = ""
+            ms = float("nan")
+            try:
+                if isinstance(fn, Exception):
+                    raise fn
+                # correctness against kernelforge (kernelforge itself runs first)
+                if mode in ("fwd", "fwdbwd"):
+                    got = run_once(fn, t, op, bmode)
+                    if name == "kernelforge":
+                        ref = got
+                    elif ref is not None:
+                        tol = CHECK_TOL[dtype]
+                        errs = [rel_l2(a, b) for a, b in zip(got, ref)]
+                        worst = max(range(len(errs)), key=lambda i: errs[i])
+                        if errs[worst] > tol:
+                            note = (f"MISMATCH vs kernelforge: {result_names(op, bmode)[worst]} "
+                                    f"rel_l2={errs[worst]:.2e} > {tol:.0e}")
+                ms = time_one(fn, t, op, mode, timer)
+            except Exception as e:  # noqa: BLE001  (a failing provider is recorded, not fatal)
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                note = f"FAILED: {type(e).__name__}: {msg[:160]}"
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            res = Result(op, mode, rows, hidden, dt, name, ms, note)
+            group.append(res)
+            if note:
+                info.problems.append(((op, res.shape, dt, name, note), mode))
+            log(res, elt, info)
+        for n in GRAD_INPUTS[op]:
+            t[n].requires_grad_(False)
+            t[n].grad = None
+        groups.append(group)
+    del t, fns
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return groups
+
+
+def time_one(fn, t, op, mode, timer: Timer) -> float:
+    if mode == "fwdbwd":
+        names = GRAD_INPUTS[op]
+        dy = t["dy"]
+
+        def pre():
+            for n in names:
+                t[n].grad = None
+
+        def step():
+            fn(t)[0].backward(dy)
+
+        return timer.median_ms(step, pre)
+    with torch.no_grad():
+        if mode == "fwd":
+            return timer.median_ms(lambda: fn(t))
+        if mode == "fwd_graph":
+            return timer.graph_ms(lambda: fn(t))
+        if mode == "fwd_call":
+            return timer.call_ms(lambda: fn(t))
+    raise ValueError(mode)
+
+
+# ---- output: summary table and plots ---------------------------------------------------------
+
+def merge_problems(problems: list) -> list[str]:
+    """One line per (op, shape, dtype, provider, note), listing the modes it happened in."""
+    merged: dict = {}
+    for p in problems:
+        if isinstance(p, tuple):
+            merged.setdefault(p[0], []).append(p[1])
+        else:
+            merged.setdefault((p,), [])
+    out = []
+    for key, modes in merged.items():
+        if len(key) == 1:
+            out.append(key[0])
+        else:
+            op, shape, dt, name, note = key
+            out.append(f"{op} {shape} {dt} {name} [{','.join(modes)}]: {note}")
+    return out
+
+
+def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
+    head = (f"{'op':<13} {'mode':<9} {'shape':<12} {'dtype':<5} {'kf us':>9} {'kf GB/s':>8} "
+            f"{'%copy':>6} {'best peer':<13} {'peer us':>9} {'peer GB/s':>9} {'speedup':>8}")
+    lines = [head, "-" * len(head)]
+    for group in groups:
+        if not group:
+            continue
+        r0 = group[0]
+        elt = torch.empty((), dtype=DTYPES[r0.dtype]).element_size()
+        peer_name, peer_ms = best_peer(group)
+        kf = next((r for r in group if r.provider == "kernelforge"), None)
+        kf_ms = kf.ms if kf else float("nan")
+        kfd = derived(kf, elt, info.copy_gbps, peer_ms) if kf else {"gbps": float("nan"), "pct": float("nan"), "speedup": float("nan")}
+        peer_gbps = (traffic_bytes(r0.op, r0.mode, r0.rows, r0.hidden, elt) / (peer_ms * 1e-3) / 1e9
+                     if math.isfinite(peer_ms) else float("nan"))
+
+        def f(v, d):
+            return f"{v:.{d}f}" if math.isfinite(v) else "-"
+
+        lines.append(f"{r0.op:<13} {r0.mode:<9} {r0.shape:<12} {r0.dtype:<5} {f(kf_ms * 1e3, 2):>9} "
+                     f"{f(kfd['gbps'], 0):>8} {f(kfd['pct'], 1):>6} {peer_name or '-':<13} "
+                     f"{f(peer_ms * 1e3, 2):>9} {f(peer_gbps, 0):>9} "
+                     f"{(f(kfd['speedup'], 2) + 'x') if math.isfinite(kfd['speedup']) else '-':>8}")
+    return lines
+
+
+PROVIDER_COLORS = {"kernelforge": "#d62728", "eager": "#7f7f7f", "torch_native": "#1f77b4",
+                   "compile": "#2ca02c", "liger": "#ff7f0e"}
+
+
+def plot_op(op: str, groups: list[list[Result]], info: RunInfo, path: str) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    groups = [g for g in groups if g and g[0].op == op]
+    modes = [m for m in MODES if any(g[0].mode == m for g in groups)]
+    if not modes:
+        return
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8.0, 1.6 * 8), 3.6 * len(modes)), squeeze=False)
+    for ax, mode in zip(axes[:, 0], modes):
+        mg = [g for g in groups if g[0].mode == mode]
+        labels = [f"{g[0].shape}\n{g[0].dtype}" for g in mg]
+        provs = [p for p in PROVIDERS if any(r.provider == p for g in mg for r in g)]
+        width = 0.8 / max(len(provs), 1)
+        vals_all = []
+        for j, p in enumerate(provs):
+            xs, vals = [], []
+            for i, g in enumerate(mg):
+                r = next((r for r in g if r.provider == p), None)
+                if r is None:
+                    continue
+                elt = torch.empty((), dtype=DTYPES[r.dtype]).element_size()
+                v = derived(r, elt, info.copy_gbps, float("nan"))["gbps"]
+                xs.append(i - 0.4 + width * (j + 0.5))
+                vals.append(v if math.isfinite(v) else 0.0)
+                if math.isfinite(v):
+                    vals_all.append(v)
+            ax.bar(xs, vals, width, label=p, color=PROVIDER_COLORS.get(p))
+            for x, v in zip(xs, vals):
+                if v == 0.0:  # failed or not run: mark the empty slot
+                    ax.text(x, 0.01, "x", transform=ax.get_xaxis_transform(), ha="center",
+                            va="bottom", fontsize=8, color=PROVIDER_COLORS.get(p))
+        if math.isfinite(info.copy_gbps):
+            ax.axhline(info.copy_gbps, color="k", linestyle="--", linewidth=1,
+                       label=f"D2D copy {info.copy_gbps:.0f} GB/s")
+            vals_all.append(info.copy_gbps)
+        pos = [v for v in vals_all if v > 0]
+        if pos and max(pos) / min(pos) > 50:
+            ax.set_yscale("log")
+        ax.set_xticks(range(len(mg)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylabel("GB/s (minimum traffic)")
+        ax.set_title(f"{op} {mode}", fontsize=10)
+        ax.legend(fontsize=7, ncol=3, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"kernelforge {op} on {info.gpu} (torch {info.torch_version}, {info.commit or 'no commit'})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ops", nargs="*", metavar="OP",
+                   help=f"ops to time (default all): {' '.join(OPS)}")
+    p.add_argument("--shapes", type=parse_shapes, default=None,
+                   help="ROWSxHIDDEN list, e.g. 16384x4096,1x4096 (default: 16384x{2048,4096,8192}, "
+                        "{1,64}x4096, and 4096x65536, 2048x131072 for rms_norm and layer_norm)")
+    p.add_argument("--dtype", type=_csv_list(tuple(DTYPES), "dtype"), default=["bf16"],
+                   help="bf16 | fp16 | fp32 (comma list allowed; default bf16)")
+    p.add_argument("--providers", type=_csv_list(PROVIDERS, "provider"), default=list(PROVIDERS),
+                   help=f"comma list of {','.join(PROVIDERS)} (kernelforge always runs: it is the "
+                        "reference for the peers' check and the speedup)")
+    p.add_argument("--modes", type=_csv_list(MODES, "mode"), default=list(MODES),
+                   help=f"comma list of {','.join(MODES)} (fwd_graph, fwd_call only for rows <= "
+                        f"{DECODE_MAX_ROWS})")
+    p.add_argument("--out", default="bench_out", help="output folder (default bench_out)")
+    p.add_argument("--quick", action="store_true", help="few repetitions (smoke tests)")
+    p.add_argument("--max-seconds", type=float, default=0.0,
+                   help="soft time budget: no new case starts after it (outputs still written)")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: smoke tests only
+
+
+def main(args: argparse.Namespace) -> int:
+    t_start = time.monotonic()
+    bad = [o for o in args.ops if o not in OPS]
+    if bad:
+        print(f"kforge bench: unknown op {', '.join(bad)}; choose from {' '.join(OPS)}", file=sys.stderr)
+        return 2
+    args.ops = list(dict.fromkeys(args.ops or OPS))
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("kforge bench: no CUDA GPU is visible (torch.cuda.is_available() is False); "
+              "the benchmark times CUDA kernels and needs one.", file=sys.stderr)
+        return 2
+    try:
+        _kf()
+        getattr(torch.ops.kernelforge, "rms_norm")
+    except Exception as e:  # noqa: BLE001
+        print(f"kforge bench: the kernelforge ops are not loaded ({type(e).__name__}: {e}). Build the "
+              "extension first (scripts/dev_build.sh copies it to python/kernelforge/).",
+              file=sys.stderr)
+        return 2
+
+    providers = ["kernelforge"] + [p for p in args.providers if p != "kernelforge"]
+    if "liger" in providers and not liger_available():
+        print("note: liger_kernel is not importable: no liger peer in this run", flush=True)
+        providers.remove("liger")
+    budget = QUICK if args.quick else Budget()
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 256))
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        gpu = torch.cuda.get_device_name(device)
+    else:
+        gpu = "cpu"
+    info = RunInfo(gpu=gpu, torch_version=torch.__version__, commit=git_commit(),
+                   copy_gbps=measure_copy_gbps(device))
+    timer = Timer(device, budget)
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, "bench.csv")
+    sink = CsvSink(csv_path, info)
+    cases = plan_cases(args)
+    n_meas = sum(len(modes_for(r, args.modes)) * len([p for p in providers if p in OP_PROVIDERS[op]])
+                 for op, r, _, _ in cases)
+    print(f"kforge bench on {gpu} | torch {info.torch_version} | commit {info.commit or '-'} | "
+          f"D2D copy {info.copy_gbps:.0f} GB/s | {len(cases)} cases, {n_meas} measurements | "
+          f"providers {','.join(providers)}", flush=True)
+    counter = [0]
+
+    def log(res: Result, elt: int, info: RunInfo):
+        counter[0] += 1
+        d = derived(res, elt, info.copy_gbps, float("nan"))
+        gb = f"{d['gbps']:8.1f} GB/s {d['pct']:5.1f}%" if math.isfinite(d["gbps"]) else f"{'-':>8} GB/s {'-':>5} "
+        us = f"{res.ms * 1e3:10.2f} us" if math.isfinite(res.ms) else f"{'nan':>10} us"
+        print(f"[{counter[0]:>4}/{n_meas}] {res.op:<12} {res.mode:<9} {res.shape:<12} {res.dtype:<4} "
+              f"{res.provider:<12} {us} {gb} {res.note}", flush=True)
+
+    all_groups: list[list[Result]] = []
+    skipped = 0
+    for op, rows, hidden, dt in cases:
+        if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
+            skipped += 1
+            continue
+        ops_providers = [p for p in providers if p in OP_PROVIDERS[op]]
+        try:
+            groups = run_case(op, rows, hidden, dt, args, timer, info, ops_providers, log)
+        except torch.cuda.OutOfMemoryError as e:  # inputs of a case did not fit
+            info.problems.append(f"{op} {rows}x{hidden} {dt}: case skipped, out of memory: {e}")
+            torch.cuda.empty_cache()
+            continue
+        elt = torch.empty((), dtype=DTYPES[dt]).element_size()
+        for g in groups:
+            sink.write_group(g, elt)
+        all_groups.extend(groups)
+    sink.close()
+    if skipped:
+        info.problems.append(f"time budget --max-seconds {args.max_seconds:.0f} reached: "
+                             f"{skipped} case(s) not run")
+
+    pngs = []
+    for op in args.ops:
+        path = os.path.join(args.out, f"{op}.png")
+        try:
+            plot_op(op, all_groups, info, path)
+            if os.path.exists(path):
+                pngs.append(path)
+        except Exception as e:  # noqa: BLE001  (a plot must not lose the CSV and the summary)
+            info.problems.append(f"plot {op}: {type(e).__name__}: {e}")
+
+    lines = [f"kforge bench summary: {gpu}, torch {info.torch_version}, commit {info.commit or '-'}, "
+             f"D2D copy {info.copy_gbps:.0f} GB/s; speedup = best peer time / kernelforge time", ""]
+    lines += summary_lines(all_groups, info)
+    if info.problems:
+        lines += ["", "problems:"] + [f"  {p}" for p in merge_problems(info.problems)]
+    lines += ["", f"csv: {csv_path}", f"png: {', '.join(pngs) or '-'}",
+              f"wall: {time.monotonic() - t_start:.0f} s"]
+    text = "\n".join(lines)
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(text + "\n")
+    print("\n" + text, flush=True)
+    return 0

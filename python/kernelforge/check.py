@@ -1,0 +1,344 @@
+"""`kforge check`: every norm op, forward and backward, on the current GPU against float64 oracles.
+
+For each op, dtype (bf16, fp16, fp32), shape (one row, N = 1, odd N, long rows, ...) and variant
+(with / without weight and bias; AdaLN layer and rms kinds, three scale shapes), on fresh random data:
+
+  * the GPU result through the public API (kf.*, autograd for the gradients) is compared with
+    (a) the op's own CPU implementation, the C++ float64 reference, run on the inputs upcast to
+        float64, and
+    (b) an independent float64 PyTorch formula (autograd for its gradients),
+  * NaN/Inf never passes; the allocator is pre-filled with NaN blocks of the outputs' sizes before
+    each GPU call (best effort: an output element the kernel forgets then shows up as NaN),
+  * the GPU forward and backward are run twice and must be bit-identical (fixed reduction order).
+
+Error = max|got - ref| / max(max|ref|, 1), plus the relative L2 error (same floor of 1); PASS needs both under the
+dtype's tolerance against both oracles. Prints one PASS/FAIL line per op and dtype; exit status 1
+if anything FAILs, 2 without a GPU or without the extension.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# (max error relative to max|ref|, relative L2 error): bf16/fp16 allow a couple of roundings of
+# the result; fp32 only accumulation-order differences.
+TOL = {torch.float32: (1e-4, 3e-5), torch.float16: (4e-3, 2e-3), torch.bfloat16: (2e-2, 8e-3)}
+# one per code path: a single row, N = 1, odd N, N not a multiple of the vector width, a mid-size
+# batch, and long rows that do not fit one pass of registers
+SHAPES = ((1, 4096), (3, 1), (7, 1000), (19, 4097), (128, 2048), (2, 65536), (1, 131072))
+EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6, "layer_norm": 1e-5, "ada_norm": 1e-6}
+
+# variants: which optional tensors are present (and, for ada_norm, the kind and scale shape)
+VARIANTS = {
+    "rms_norm": ({"weight": True}, {"weight": False}),
+    "add_rms_norm": ({"weight": True}, {"weight": False}),
+    "layer_norm": ({"weight": True, "bias": True}, {"weight": False, "bias": False}),
+    "ada_norm": (
+        {"kind": "layer", "weight": False, "bias": False, "mod": "B1N"},
+        {"kind": "layer", "weight": True, "bias": True, "mod": "N"},
+        {"kind": "rms", "weight": False, "bias": False, "mod": "B1N"},
+        {"kind": "rms", "weight": True, "bias": False, "mod": "BSN"},
+    ),
+}
+
+
+def variant_label(v: dict) -> str:
+    parts = [v["kind"]] if "kind" in v else []
+    parts += [k for k in ("weight", "bias") if v.get(k)]
+    if "mod" in v:
+        parts.append("scale[" + ",".join(v["mod"]) + "]")
+    return "+".join(parts) if parts else "plain"
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+def make_inputs(op: str, rows: int, n: int, v: dict, dtype, device) -> dict:
+    """Fresh random inputs in `dtype` (never zeros), on `device`."""
+
+    def rnd(*shape, scale=1.0, offset=0.0):
+        return (torch.randn(*shape, device=device) * scale + offset).to(dtype)
+
+    t = {"weight": None, "bias": None}
+    if op == "ada_norm":
+        b = 2 if rows >= 2 and rows % 2 == 0 else 1
+        s = rows // b
+        t["x"] = rnd(b, s, n)
+        mshape = {"N": (n,), "B1N": (b, 1, n), "BSN": (b, s, n)}[v["mod"]]
+        t["scale"] = rnd(*mshape, scale=0.5)
+        t["shift"] = rnd(*mshape, scale=0.5)
+    else:
+        t["x"] = rnd(rows, n)
+    if op == "add_rms_norm":
+        t["residual"] = rnd(rows, n)
+    if v.get("weight"):
+        t["weight"] = rnd(n, scale=0.5, offset=1.0)
+    if v.get("bias"):
+        t["bias"] = rnd(n, scale=0.5)
+    t["dy"] = rnd(*t["x"].shape)
+    if op == "add_rms_norm":
+        t["ds"] = rnd(rows, n)  # gradient flowing into s = x + residual from later layers
+    return t
+
+
+def grad_names(op: str, t: dict) -> list[str]:
+    names = {"rms_norm": ["x", "weight"], "add_rms_norm": ["x", "residual", "weight"],
+             "layer_norm": ["x", "weight", "bias"],
+             "ada_norm": ["x", "scale", "shift", "weight", "bias"]}[op]
+    return [k for k in names if t.get(k) is not None]
+
+
+# ---- the GPU path through the public API ------------------------------------------------------
+
+def _poison(shapes, dtype, device):
+    """Leave NaN-filled blocks of these sizes in the caching allocator for the next outputs."""
+    if device.type != "cuda":
+        return
+    blocks = [torch.full(s, float("nan"), dtype=dtype, device=device) for s in shapes]
+    del blocks
+
+
+def run_kf(kf, op: str, t: dict, v: dict) -> dict:
+    """Outputs and gradients through kf.* and autograd."""
+    names = grad_names(op, t)
+    leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
+    a = {**t, **leaves}
+    _poison([a["x"].shape] * 2 + [leaves[k].shape for k in names], a["x"].dtype, a["x"].device)
+    eps = EPS[op]
+    if op == "rms_norm":
+        outs = {"y": kf.rms_norm(a["x"], a["weight"], eps)}
+        grads_out = [(outs["y"], a["dy"])]
+    elif op == "add_rms_norm":
+        y, s = kf.add_rms_norm(a["x"], a["residual"], a["weight"], eps)
+        outs = {"y": y, "s": s}
+        grads_out = [(y, a["dy"]), (s, a["ds"])]
+    elif op == "layer_norm":
+        outs = {"y": kf.layer_norm(a["x"], a["weight"], a["bias"], eps)}
+        grads_out = [(outs["y"], a["dy"])]
+    else:
+        outs = {"y": kf.ada_norm(a["x"], a["scale"], a["shift"], a["weight"], a["bias"], eps,
+                                 kind=v["kind"])}
+        grads_out = [(outs["y"], a["dy"])]
+    for k, o in outs.items():
+        want = a["x"]
+        if o.shape != want.shape or o.dtype != want.dtype:
+            raise AssertionError(f"{k} has shape {tuple(o.shape)} {o.dtype}, expected "
+                                 f"{tuple(want.shape)} {want.dtype}")
+    grads = torch.autograd.grad([o for o, _ in grads_out], [leaves[k] for k in names],
+                                [g for _, g in grads_out])
+    res = {k: o.detach() for k, o in outs.items()}
+    for k, g in zip(names, grads):
+        if g.shape != t[k].shape:
+            raise AssertionError(f"d{k} has shape {tuple(g.shape)}, expected {tuple(t[k].shape)}")
+        res["d" + k] = g
+    return res
+
+
+# ---- oracle (a): the op's CPU implementation (C++ float64 reference) on float64 inputs ----------
+
+def _f64(t: dict) -> dict:
+    return {k: (v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) else v)
+            for k, v in t.items()}
+
+
+def run_cpp_ref(op: str, t: dict, v: dict) -> dict:
+    ops = torch.ops.kernelforge
+    a = _f64(t)
+    eps = EPS[op]
+    if op == "rms_norm":
+        y = ops.rms_norm(a["x"], a["weight"], eps)
+        dx, dw = ops.rms_norm_backward(a["dy"], a["x"], a["weight"], eps)
+        res = {"y": y, "dx": dx, "dweight": dw}
+    elif op == "add_rms_norm":
+        y, s = ops.add_rms_norm(a["x"], a["residual"], a["weight"], eps)
+        dx, dw = ops.add_rms_norm_backward(a["dy"], a["ds"], s, a["weight"], eps)
+        res = {"y": y, "s": s, "dx": dx, "dresidual": dx, "dweight": dw}
+    elif op == "layer_norm":
+        y = ops.layer_norm(a["x"], a["weight"], a["bias"], eps)
+        dx, dw, db = ops.layer_norm_backward(a["dy"], a["x"], a["weight"], a["bias"], eps)
+        res = {"y": y, "dx": dx, "dweight": dw, "dbias": db}
+    else:
+        kind = 0 if v["kind"] == "rms" else 1
+        y = ops.ada_norm(a["x"], a["scale"], a["shift"], a["weight"], a["bias"], eps, kind)
+        dx, dsc, dsh, dw, db = ops.ada_norm_backward(a["dy"], a["x"], a["scale"], a["shift"],
+                                                     a["weight"], a["bias"], eps, kind)
+        res = {"y": y, "dx": dx, "dscale": dsc, "dshift": dsh, "dweight": dw, "dbias": db}
+    return {k: r for k, r in res.items() if not (k in ("dweight", "dbias") and t.get(k[1:]) is None)}
+
+
+# ---- oracle (b): float64 PyTorch formulas, autograd for the gradients ---------------------------
+
+def _rms64(x, w, eps):
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
+def _layer64(x, w, b, eps):
+    mu = x.mean(-1, keepdim=True)
+    d = x - mu
+    y = d * torch.rsqrt(d.pow(2).mean(-1, keepdim=True) + eps)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+def run_torch_ref(op: str, t: dict, v: dict) -> dict:
+    a = _f64(t)
+    names = grad_names(op, t)
+    for k in names:
+        a[k].requires_grad_(True)
+    eps = EPS[op]
+    if op == "rms_norm":
+        outs = {"y": _rms64(a["x"], a["weight"], eps)}
+        pairs = [(outs["y"], a["dy"])]
+    elif op == "add_rms_norm":
+        s = a["x"] + a["residual"]
+        outs = {"y": _rms64(s, a["weight"], eps), "s": s}
+        pairs = [(outs["y"], a["dy"]), (s, a["ds"])]
+    elif op == "layer_norm":
+        outs = {"y": _layer64(a["x"], a["weight"], a["bias"], eps)}
+        pairs = [(outs["y"], a["dy"])]
+    else:
+        norm = (_layer64(a["x"], a["weight"], a["bias"], eps) if v["kind"] == "layer"
+                else _rms64(a["x"], a["weight"], eps))
+        outs = {"y": norm * (1 + a["scale"]) + a["shift"]}
+        pairs = [(outs["y"], a["dy"])]
+    grads = torch.autograd.grad([o for o, _ in pairs], [a[k] for k in names], [g for _, g in pairs])
+    res = {k: o.detach() for k, o in outs.items()}
+    res.update({"d" + k: g for k, g in zip(names, grads)})
+    return res
+
+
+# ---- comparison --------------------------------------------------------------------------------
+
+def errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max|got - ref| / max(max|ref|, 1), relative L2); inf when got has NaN/Inf."""
+    g = got.detach().to("cpu", torch.float64).flatten()
+    r = ref.detach().to("cpu", torch.float64).flatten()
+    if g.shape != r.shape:
+        return math.inf, math.inf
+    if g.numel() == 0:
+        return 0.0, 0.0
+    if not torch.isfinite(g).all():
+        return math.inf, math.inf
+    diff = g - r
+    mx = diff.abs().max().item() / max(r.abs().max().item(), 1.0)
+    # relative L2 with the same floor: rms error over max(rms of ref, 1) (near-zero refs, e.g. the
+    # gradients of an N = 1 row, are judged on absolute error, as the inputs are O(1))
+    l2 = diff.norm().item() / max(r.norm().item(), math.sqrt(r.numel()))
+    return mx, l2
+
+
+@dataclass
+class Tally:
+    fwd_err: float = 0.0
+    bwd_err: float = 0.0
+    worst_fwd: str = ""
+    worst_bwd: str = ""
+    cases: int = 0
+    failures: list = field(default_factory=list)
+
+
+def check_case(kf, op, rows, n, v, dtype, device, tally: Tally) -> None:
+    label = f"{rows}x{n} {variant_label(v)}"
+    tol_max, tol_l2 = TOL[dtype]
+    tally.cases += 1
+    try:
+        t = make_inputs(op, rows, n, v, dtype, device)
+        got = run_kf(kf, op, t, v)
+        again = run_kf(kf, op, t, v)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        for k in got:
+            if not torch.equal(got[k], again[k]) and torch.isfinite(got[k]).all():
+                tally.failures.append(f"{label}: {k} differs between two identical runs (race or "
+                                      "nondeterministic reduction)")
+        refs = {"C++ ref": run_cpp_ref(op, t, v), "torch f64": run_torch_ref(op, t, v)}
+    except Exception as e:  # noqa: BLE001  (an op that raises is a FAIL with its message)
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        tally.failures.append(f"{label}: raised {type(e).__name__}: {msg[:200]}")
+        return
+    for oracle, ref in refs.items():
+        for k, r in ref.items():
+            if k not in got:
+                tally.failures.append(f"{label}: no {k} from kernelforge (oracle {oracle} has one)")
+                continue
+            mx, l2 = errors(got[k], r)
+            bwd = k.startswith("d")
+            if bwd and mx > tally.bwd_err:
+                tally.bwd_err, tally.worst_bwd = mx, f"{label} {k}"
+            if not bwd and mx > tally.fwd_err:
+                tally.fwd_err, tally.worst_fwd = mx, f"{label} {k}"
+            if not (mx <= tol_max and l2 <= tol_l2):
+                tally.failures.append(f"{label}: {k} vs {oracle}: max_err {mx:.2e} (tol {tol_max:.0e}), "
+                                      f"rel_l2 {l2:.2e} (tol {tol_l2:.0e})")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ops", nargs="*", metavar="OP", help=f"ops to check (default all): {' '.join(OPS)}")
+    p.add_argument("--dtype", default="bf16,fp16,fp32",
+                   help="comma list of bf16, fp16, fp32 (default all three)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: smoke tests only
+
+
+def main(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    bad = [o for o in args.ops if o not in OPS]
+    dts = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    bad += [d for d in dts if d not in DTYPES]
+    if bad or not dts:
+        print(f"kforge check: unknown op/dtype {', '.join(bad) or '(none)'}; ops: {' '.join(OPS)}; "
+              f"dtypes: {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("kforge check: no CUDA GPU is visible (torch.cuda.is_available() is False); the check "
+              "runs the CUDA kernels against the float64 reference and needs one.", file=sys.stderr)
+        return 2
+    try:
+        import kernelforge as kf  # noqa: PLC0415
+
+        for name in OPS:
+            getattr(torch.ops.kernelforge, name)
+    except Exception as e:  # noqa: BLE001
+        print(f"kforge check: the kernelforge ops are not loaded ({type(e).__name__}: {e}). Build the "
+              "extension first (scripts/dev_build.sh copies it to python/kernelforge/).",
+              file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
+    torch.manual_seed(seed)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"kforge check on {where} | torch {torch.__version__} | seed {seed} | "
+          f"oracles: C++ float64 reference (CPU op) and float64 PyTorch formulas", flush=True)
+    print(f"{'':6}{'op':<14}{'dtype':<6}{'cases':>6}  {'fwd max_err':>11}  {'bwd max_err':>11}  "
+          f"{'tol':>7}  worst", flush=True)
+    ops = list(dict.fromkeys(args.ops or OPS))
+    any_fail = False
+    for op in ops:
+        for dt in dts:
+            dtype = DTYPES[dt]
+            tally = Tally()
+            for rows, n in SHAPES:
+                for v in VARIANTS[op]:
+                    check_case(kf, op, rows, n, v, dtype, device, tally)
+            status = "FAIL" if tally.failures else "PASS"
+            any_fail |= bool(tally.failures)
+            worst = tally.worst_bwd if tally.bwd_err >= tally.fwd_err else tally.worst_fwd
+            print(f"{status:<6}{op:<14}{dt:<6}{tally.cases:>6}  {tally.fwd_err:>11.2e}  "
+                  f"{tally.bwd_err:>11.2e}  {TOL[dtype][0]:>7.0e}  {worst}", flush=True)
+            for f in tally.failures[:8]:
+                print(f"        {f}", flush=True)
+            if len(tally.failures) > 8:
+                print(f"        ... {len(tally.failures) - 8} more", flush=True)
+    print(f"kforge check: {'FAIL' if any_fail else 'PASS'} ({time.monotonic() - t0:.1f} s, seed {seed})",
+          flush=True)
+    return 1 if any_fail else 0
