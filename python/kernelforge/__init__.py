@@ -1,0 +1,28 @@
+"""kernelforge: fast CUDA kernels for transformer workloads, with a thin PyTorch front end.
+
+    import kernelforge as kf
+    y = kf.rms_norm(x, weight, eps=1e-6)
+    report = kf.patch(model)      # route a transformers / diffusers model's norms to the kernels
+    print(report)
+
+Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:
+on CPU the ops run the float64 C++ reference.
+"""
+
+from . import nn
+from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
+from .patch import PatchReport, patch, unpatch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "rms_norm",
+    "add_rms_norm",
+    "layer_norm",
+    "ada_norm",
+    "patch",
+    "unpatch",
+    "PatchReport",
+    "nn",
+    "__version__",
+]

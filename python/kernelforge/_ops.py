@@ -1,0 +1,151 @@
+"""Loads the compiled ops, registers their fake (meta) implementations, and defines the functional API.
+
+The ops themselves (CUDA kernels, the float64 CPU reference, autograd) live in C++
+(`torch/kf_torch.cpp`, library `kernelforge`); see notes/interfaces.md for the schemas. This file
+stays thin on purpose: every public function is one call into the dispatcher, because the decode
+path calls them with one row at a time and Python overhead is then the whole cost. Arguments are
+validated in C++ only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_LIB_NAME = "libkernelforge_torch.so"
+_LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIB_NAME)
+
+
+def _load_library() -> None:
+    if not os.path.exists(_LIB_PATH):
+        raise ImportError(
+            f"kernelforge: the compiled extension {_LIB_NAME} was not found next to the package "
+            f"({_LIB_PATH}). Build it with `scripts/dev_build.sh` (developer checkout, then use "
+            "PYTHONPATH=python) or install the package with `pip install .`."
+        )
+    try:
+        torch.ops.load_library(_LIB_PATH)
+    except OSError as e:  # e.g. built against another torch, or a missing CUDA runtime library
+        raise ImportError(
+            f"kernelforge: could not load {_LIB_PATH}: {e}. Rebuild it against the installed torch "
+            f"({torch.__version__}) with `scripts/dev_build.sh` or reinstall with `pip install .`."
+        ) from e
+
+
+_load_library()
+
+_ops = torch.ops.kernelforge
+
+# ---- fake implementations (shape/dtype propagation for torch.compile, FakeTensor, meta) ----------
+# Outputs are contiguous, with the input's shape, dtype and device. Gradients of absent optional
+# parameters are empty [0] tensors, as the C++ ops return them.
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty(t.shape)  # contiguous even when t is a row-strided view
+
+
+def _grad_of(p: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((0,)) if p is None else _like(p)
+
+
+@torch.library.register_fake("kernelforge::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    return _like(x)
+
+
+@torch.library.register_fake("kernelforge::rms_norm_backward")
+def _rms_norm_backward_fake(dy, x, weight, eps):
+    return _like(x), _grad_of(weight, x)
+
+
+@torch.library.register_fake("kernelforge::add_rms_norm")
+def _add_rms_norm_fake(x, residual, weight, eps):
+    return _like(x), _like(x)
+
+
+@torch.library.register_fake("kernelforge::add_rms_norm_backward")
+def _add_rms_norm_backward_fake(dy, dsum, sum, weight, eps):
+    return _like(sum), _grad_of(weight, sum)
+
+
+@torch.library.register_fake("kernelforge::layer_norm")
+def _layer_norm_fake(x, weight, bias, eps):
+    return _like(x)
+
+
+@torch.library.register_fake("kernelforge::layer_norm_backward")
+def _layer_norm_backward_fake(dy, x, weight, bias, eps):
+    return _like(x), _grad_of(weight, x), _grad_of(bias, x)
+
+
+@torch.library.register_fake("kernelforge::ada_norm")
+def _ada_norm_fake(x, scale, shift, weight, bias, eps, kind):
+    return _like(x)
+
+
+@torch.library.register_fake("kernelforge::ada_norm_backward")
+def _ada_norm_backward_fake(dy, x, scale, shift, weight, bias, eps, kind):
+    return _like(x), _like(scale), _like(shift), _grad_of(weight, x), _grad_of(bias, x)
+
+
+# ---- functional API ------------------------------------------------------------------------------
+# OpOverloads resolved once: calling `.default` directly skips the overload-packet lookup.
+_rms_norm = _ops.rms_norm.default
+_add_rms_norm = _ops.add_rms_norm.default
+_layer_norm = _ops.layer_norm.default
+_ada_norm = _ops.ada_norm.default
+
+_NORM_KINDS = {"rms": 0, "layer": 1}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dimension with HF LlamaRMSNorm semantics.
+
+    ``y = T(T(x * rsqrt(mean(x^2) + eps)) * weight)`` with float32 statistics, where ``T`` rounds to
+    x's dtype (the cast to the input dtype happens before the weight multiply, as in transformers).
+    ``weight`` (shape ``[N]``, x's dtype) is optional. Differentiable in x and weight.
+    """
+    return _rms_norm(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused residual add + RMSNorm: returns ``(rms_norm(s, weight, eps), s)`` with ``s = x + residual``.
+
+    ``s`` is rounded to the dtype first, exactly like the eager ``x + residual``; it is the new
+    residual stream of a pre-norm transformer block.
+    """
+    return _add_rms_norm(x, residual, weight, eps)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """LayerNorm over the last dimension, matching ``F.layer_norm(x, (N,), weight, bias, eps)``."""
+    return _layer_norm(x, weight, bias, eps)
+
+
+def ada_norm(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    kind: str = "layer",
+) -> torch.Tensor:
+    """Adaptive norm (AdaLN / DiT modulation): ``norm(x) * (1 + scale) + shift``, one rounding.
+
+    ``kind`` is ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm, no intermediate rounding).
+    ``scale``/``shift`` have shape ``[N]``, ``[B, 1, N]`` or ``[B, S, N]`` for x ``[B, S, N]``.
+    """
+    k = _NORM_KINDS.get(kind)
+    if k is None:
+        raise ValueError(f"ada_norm: kind must be 'layer' or 'rms', got {kind!r}")
+    return _ada_norm(x, scale, shift, weight, bias, eps, k)

@@ -1,0 +1,380 @@
+"""patch(model): route the norm modules of a transformers / diffusers / plain torch model to kernelforge.
+
+Only the *forward* of matching module instances is replaced (``module.forward = MethodType(...)``);
+parameters, buffers, state_dict keys and the class are untouched, and ``unpatch(model)`` puts the
+original forward back. Matching is table-driven: ``REPLACEMENTS`` is an ordered list of
+``Replacement(matcher -> forward)`` entries; the first entry whose matcher claims a module decides
+(patch it, or skip it with a reason). New op families add entries with ``register_replacement``.
+
+At run time a patched forward sends an input to the kernel only when the result is the one the
+original forward would give; otherwise (e.g. weight dtype != input dtype, where transformers would
+return the promoted dtype) it calls the original forward and warns once, or raises when the
+environment has ``KF_STRICT=1``. It never falls back silently.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import _ops
+
+__all__ = ["patch", "unpatch", "PatchReport", "Replacement", "REPLACEMENTS", "register_replacement"]
+
+_STATE_ATTR = "_kf_patch"
+
+
+# ---- the replacement table -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One entry of the patch table.
+
+    ``match(module)`` returns None when the entry does not apply to the module, True to patch it,
+    or a string: the reason the module is recognised but skipped. ``forward`` is the function
+    installed as the module's forward (bound to the instance); ``op`` names the kernelforge op it
+    calls, for the report.
+    """
+
+    name: str
+    op: str
+    match: Callable[[torch.nn.Module], "bool | str | None"]
+    forward: Callable
+
+
+REPLACEMENTS: list[Replacement] = []
+
+
+def register_replacement(entry: Replacement, *, before: str | None = None) -> None:
+    """Add an entry to the table (at the end, or before the entry named ``before``)."""
+    if before is None:
+        REPLACEMENTS.append(entry)
+        return
+    idx = next(i for i, e in enumerate(REPLACEMENTS) if e.name == before)
+    REPLACEMENTS.insert(idx, entry)
+
+
+def _unsupported_reason(m: torch.nn.Module) -> str | None:
+    """Consulted after the table: norm-looking classes no entry claimed are reported as skipped."""
+    name = type(m).__name__
+    if name.endswith("RMSNorm") or name.endswith("LayerNorm"):
+        return "no kernelforge replacement for this class"
+    return None
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PatchedModule:
+    path: str
+    cls: str
+    op: str
+
+
+@dataclass(frozen=True)
+class SkippedModule:
+    path: str
+    cls: str
+    reason: str
+
+
+@dataclass
+class PatchReport:
+    patched: list[PatchedModule] = field(default_factory=list)
+    skipped: list[SkippedModule] = field(default_factory=list)
+
+    @property
+    def patched_paths(self) -> list[str]:
+        return [m.path for m in self.patched]
+
+    @property
+    def skipped_paths(self) -> list[str]:
+        return [m.path for m in self.skipped]
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def format(self, max_paths: int = 3) -> str:
+        """Grouped summary: one line per (class, op) patched and per (class, reason) skipped."""
+        lines = [f"kernelforge.patch: {len(self.patched)} module(s) patched, {len(self.skipped)} skipped"]
+
+        def paths(ps: list[str]) -> str:
+            shown = ", ".join(ps[:max_paths])
+            return shown + (f", ... (+{len(ps) - max_paths} more)" if len(ps) > max_paths else "")
+
+        groups: dict[tuple[str, str], list[str]] = {}
+        for m in self.patched:
+            groups.setdefault((m.cls, m.op), []).append(m.path or "<root>")
+        if groups:
+            lines.append("  patched:")
+            for (cls, op), ps in groups.items():
+                lines.append(f"    {len(ps):4d} x {cls} -> {op}: {paths(ps)}")
+        groups = {}
+        for m in self.skipped:
+            groups.setdefault((m.cls, m.reason), []).append(m.path or "<root>")
+        if groups:
+            lines.append("  skipped:")
+            for (cls, reason), ps in groups.items():
+                lines.append(f"    {len(ps):4d} x {cls}: {reason}: {paths(ps)}")
+        return "\n".join(lines)
+
+
+# ---- patch / unpatch -----------------------------------------------------------------------------
+
+
+@dataclass
+class _PatchState:
+    entry: Replacement
+    original: Callable  # the class forward, bound to the module (used by the runtime fallback)
+    installed: Callable  # the bound forward we installed (unpatch checks nobody replaced it since)
+
+
+def patch(model: torch.nn.Module) -> PatchReport:
+    """Replace the forward of every supported norm module in ``model``; returns what was done."""
+    report = PatchReport()
+    for path, module in model.named_modules():
+        cls = type(module).__name__
+        if _STATE_ATTR in module.__dict__:
+            report.skipped.append(SkippedModule(path, cls, "already patched by kernelforge"))
+            continue
+        entry, verdict = next(((e, v) for e in REPLACEMENTS if (v := e.match(module)) is not None), (None, None))
+        if entry is None:
+            reason = _unsupported_reason(module)
+            if reason is not None:
+                report.skipped.append(SkippedModule(path, cls, reason))
+            continue
+        if verdict is True and "forward" in module.__dict__:
+            verdict = "forward is already overridden on this instance (e.g. by an accelerate hook)"
+        if verdict is not True:
+            report.skipped.append(SkippedModule(path, cls, str(verdict)))
+            continue
+        installed = types.MethodType(entry.forward, module)
+        module.__dict__[_STATE_ATTR] = _PatchState(entry, module.forward, installed)
+        module.forward = installed
+        report.patched.append(PatchedModule(path, cls, entry.op))
+    return report
+
+
+def unpatch(model: torch.nn.Module) -> int:
+    """Restore the original forward of every module ``patch`` changed; returns how many."""
+    restored = 0
+    for path, module in model.named_modules():
+        state = module.__dict__.get(_STATE_ATTR)
+        if state is None:
+            continue
+        if module.__dict__.get("forward") is not state.installed:
+            warnings.warn(
+                f"kernelforge.unpatch: the forward of {path or '<root>'} ({type(module).__name__}) was "
+                "replaced after kernelforge patched it; leaving it as it is",
+                stacklevel=2,
+            )
+            continue
+        # patch() only takes modules whose forward comes from the class, so removing the instance
+        # attribute restores exactly what was there.
+        del module.__dict__["forward"]
+        del module.__dict__[_STATE_ATTR]
+        restored += 1
+    return restored
+
+
+# ---- runtime helpers -----------------------------------------------------------------------------
+
+_warned: set[str] = set()
+
+
+def _fallback(module: torch.nn.Module, why: str, *args, **kwargs):
+    """Run the original forward for an input the kernel cannot take: warn once, or raise if strict."""
+    msg = (
+        f"kernelforge: {type(module).__name__} called with {why}; the kernel cannot reproduce the "
+        "original result, so the original forward runs instead"
+    )
+    if os.environ.get("KF_STRICT") == "1":
+        raise RuntimeError(msg + " (KF_STRICT=1 makes this an error)")
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg + ". Cast the model and its inputs to one dtype to use the kernel.", stacklevel=3)
+    return module.__dict__[_STATE_ATTR].original(*args, **kwargs)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x itself when the op can read it as rows (contiguous last dim, leading dims collapse into one
+    stride); otherwise a contiguous copy. Same values either way, so this is not a fallback."""
+    if x.is_contiguous():
+        return x
+    shape, strides = x.shape, x.stride()
+    if x.dim() == 0 or (shape[-1] > 1 and strides[-1] != 1):
+        return x.contiguous()
+    expect = -1
+    for size, stride in zip(reversed(shape[:-1]), reversed(strides[:-1])):
+        if size == 1:
+            continue
+        if expect >= 0 and stride != expect:
+            return x.contiguous()
+        expect = stride * size
+    return x
+
+
+def _dtype_mismatch(x: torch.Tensor, p: torch.Tensor | None, name: str) -> str | None:
+    if p is not None and p.dtype != x.dtype:
+        return f"input dtype {x.dtype} and {name} dtype {p.dtype}"
+    return None
+
+
+_RMS_EPS_F32 = torch.finfo(torch.float32).eps
+_RMS_EPS_F64 = torch.finfo(torch.float64).eps
+
+
+# ---- entries: transformers Llama-style RMSNorm ---------------------------------------------------
+
+_llama_key: tuple | None = None
+
+
+def _code_key(fn) -> tuple | None:
+    """What a function computes, independent of its name, file, line numbers and docstring."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    consts = code.co_consts
+    if fn.__doc__ is not None and consts and consts[0] == fn.__doc__:
+        consts = consts[1:]
+    return (code.co_code, code.co_names, consts, code.co_argcount, code.co_kwonlyargcount)
+
+
+def _llama_forward_key() -> tuple | None:
+    global _llama_key
+    if _llama_key is None:
+        try:
+            from transformers.models.llama.modeling_llama import LlamaRMSNorm
+        except Exception:  # transformers missing or broken: nothing to compare against
+            return None
+        _llama_key = _code_key(LlamaRMSNorm.forward)
+    return _llama_key
+
+
+def _match_hf_rms_norm(m: torch.nn.Module):
+    cls = type(m)
+    if not cls.__name__.endswith("RMSNorm") or isinstance(m, torch.nn.RMSNorm):
+        return None
+    w = getattr(m, "weight", None)
+    if not isinstance(w, torch.nn.Parameter):
+        return "has no `weight` parameter"
+    key, ref = _code_key(cls.forward), _llama_forward_key()
+    if ref is None:
+        return "cannot import transformers' LlamaRMSNorm to verify that the forward is the same"
+    if key != ref:
+        consts = key[2] if key else ()
+        if any(c == 1 for c in consts if isinstance(c, (int, float)) and not isinstance(c, bool)):
+            return "forward differs from LlamaRMSNorm: Gemma-style x * (1 + weight)"
+        return "forward differs from LlamaRMSNorm (different math or rounding order)"
+    if not isinstance(getattr(m, "variance_epsilon", None), (int, float)):
+        return "has no numeric `variance_epsilon` attribute"
+    if w.dim() != 1:
+        return f"weight has shape {list(w.shape)}, expected one dimension"
+    return True
+
+
+def _hf_rms_norm_forward(self, hidden_states):
+    w = self.weight
+    if hidden_states.dtype != w.dtype:
+        return _fallback(self, _dtype_mismatch(hidden_states, w, "weight"), hidden_states)
+    return _ops._rms_norm(_rows(hidden_states), w, self.variance_epsilon)
+
+
+# ---- entries: diffusers RMSNorm ------------------------------------------------------------------
+
+
+def _diffusers_class(module_name: str, cls_name: str):
+    mod = sys.modules.get(module_name)  # never import diffusers: if it is not loaded, no model uses it
+    return getattr(mod, cls_name, None) if mod is not None else None
+
+
+def _match_diffusers_rms_norm(m: torch.nn.Module):
+    cls = _diffusers_class("diffusers.models.normalization", "RMSNorm")
+    if cls is None or not isinstance(m, cls):
+        return None
+    if type(m).forward is not cls.forward:
+        return "subclass overrides forward"
+    if getattr(m, "bias", None) is not None:
+        return "has a bias (norm(x) * weight + bias)"
+    if m.weight is not None and m.weight.dim() != 1:
+        return f"weight has shape {list(m.weight.shape)}, expected one dimension"
+    return True
+
+
+def _diffusers_rms_norm_forward(self, hidden_states):
+    w = self.weight
+    if w is not None:
+        if hidden_states.dtype != w.dtype:
+            return _fallback(self, _dtype_mismatch(hidden_states, w, "weight"), hidden_states)
+        if self.bias is not None:
+            return _fallback(self, "a bias (set after patching)", hidden_states)
+    return _ops._rms_norm(_rows(hidden_states), w, self.eps)
+
+
+# ---- entries: torch.nn.RMSNorm / torch.nn.LayerNorm ----------------------------------------------
+
+
+def _match_torch(base: type):
+    def match(m: torch.nn.Module):
+        if not isinstance(m, base):
+            return None
+        if type(m).forward is not base.forward:
+            return "subclass overrides forward"
+        return True
+
+    return match
+
+
+def _flat(x: torch.Tensor, k: int) -> torch.Tensor:
+    return _rows(x) if k == 1 else x.reshape(*x.shape[: x.dim() - k], -1)
+
+
+def _flat_param(p: torch.Tensor | None, k: int) -> torch.Tensor | None:
+    return p if p is None or k == 1 else p.reshape(-1)
+
+
+def _torch_rms_norm_forward(self, input):
+    w = self.weight
+    if w is not None and input.dtype != w.dtype:
+        return _fallback(self, _dtype_mismatch(input, w, "weight"), input)
+    shape = self.normalized_shape
+    k = len(shape)
+    if input.dim() < k or input.shape[input.dim() - k :] != shape:
+        return self.__dict__[_STATE_ATTR].original(input)  # torch raises its own shape error
+    eps = self.eps
+    if eps is None:  # aten: epsilon of the computation dtype
+        eps = _RMS_EPS_F64 if input.dtype == torch.float64 else _RMS_EPS_F32
+    y = _ops._rms_norm(_flat(input, k), _flat_param(w, k), eps)
+    return y if k == 1 else y.view(input.shape)
+
+
+def _torch_layer_norm_forward(self, input):
+    w, b = self.weight, self.bias
+    why = _dtype_mismatch(input, w, "weight") or _dtype_mismatch(input, b, "bias")
+    if why is not None:
+        return _fallback(self, why, input)
+    shape = self.normalized_shape
+    k = len(shape)
+    if input.dim() < k or input.shape[input.dim() - k :] != shape:
+        return self.__dict__[_STATE_ATTR].original(input)  # torch raises its own shape error
+    y = _ops._layer_norm(_flat(input, k), _flat_param(w, k), _flat_param(b, k), self.eps)
+    return y if k == 1 else y.view(input.shape)
+
+
+for _entry in (
+    Replacement("torch.nn.RMSNorm", "kernelforge.rms_norm", _match_torch(torch.nn.RMSNorm), _torch_rms_norm_forward),
+    Replacement("torch.nn.LayerNorm", "kernelforge.layer_norm", _match_torch(torch.nn.LayerNorm),
+                _torch_layer_norm_forward),
+    Replacement("diffusers RMSNorm", "kernelforge.rms_norm", _match_diffusers_rms_norm, _diffusers_rms_norm_forward),
+    Replacement("transformers LlamaRMSNorm", "kernelforge.rms_norm", _match_hf_rms_norm, _hf_rms_norm_forward),
+):
+    register_replacement(_entry)
+del _entry
