@@ -1,0 +1,70 @@
+"""Shared fixtures for the kernelforge Python tests.
+
+GPU policy: tests that need CUDA carry the `cuda` marker (parametrized device "cuda" gets it
+automatically). Without a GPU they are skipped, unless KF_REQUIRE_GPU=1: then a missing GPU stops
+the session with an error and any skipped GPU test is reported as a failure, so a GPU CI job can
+never pass by skipping its GPU tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+REQUIRE_GPU = os.environ.get("KF_REQUIRE_GPU") == "1"
+HAS_CUDA = torch.cuda.is_available()
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA GPU (skipped without one; a failure when KF_REQUIRE_GPU=1)"
+    )
+
+
+def pytest_sessionstart(session):
+    if REQUIRE_GPU and not HAS_CUDA:
+        pytest.exit("KF_REQUIRE_GPU=1 but torch.cuda.is_available() is False", returncode=1)
+
+
+def _uses_cuda(item) -> bool:
+    if item.get_closest_marker("cuda") is not None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return False
+    return any(isinstance(v, (str, torch.device)) and str(v).startswith("cuda") for v in callspec.params.values())
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _uses_cuda(item) and item.get_closest_marker("cuda") is None:
+            item.add_marker(pytest.mark.cuda)
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
+        if REQUIRE_GPU:
+            pytest.fail("KF_REQUIRE_GPU=1 but no CUDA GPU is available", pytrace=False)
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if REQUIRE_GPU and rep.skipped and item.get_closest_marker("cuda") is not None:
+        rep.outcome = "failed"
+        rep.longrepr = f"KF_REQUIRE_GPU=1: GPU test was skipped: {rep.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def kf():
+    import kernelforge
+
+    return kernelforge

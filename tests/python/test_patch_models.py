@@ -1,0 +1,166 @@
+"""patch() on tiny random transformers (Llama, Qwen2, Qwen3) and diffusers (LTX-Video) models:
+patched and unpatched outputs and gradients agree, the report lists the expected modules, and
+unpatch restores the original forwards."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import norm_ref as R
+
+MODEL_CASES = [pytest.param("cpu", torch.float32, id="cpu-float32")] + [
+    pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=pytest.mark.cuda)
+]
+# Whole-model agreement, as ||patched - original|| / ||original|| (elementwise tolerances are
+# meaningless after several layers). float32 on CPU: the patched norms run the float64 reference,
+# the original ones float32 eager. bfloat16: both round differently at every norm, and the
+# differences are carried through attention and MLPs.
+MODEL_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    assert a.isfinite().all() and b.isfinite().all()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _randomize_norms(model):
+    """HF initializes norm weights to ones, which would hide a wrong weight multiply."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(R.rand(p.shape, p.dtype, p.device, scale=0.3, offset=1.0))
+    return model
+
+
+def _run(model, inputs, forward):
+    model.zero_grad(set_to_none=True)
+    out = forward(model, inputs)
+    loss = (out.float() * inputs["_dy"]).sum()
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads
+
+
+def check_model(kf, model, inputs, forward, expected_patched, dtype):
+    torch.manual_seed(1)
+    out0, grads0 = _run(model, inputs, forward)
+    report = kf.patch(model)
+    print(report)
+    assert sorted(report.patched_paths) == sorted(expected_patched), str(report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one dtype everywhere: no runtime fallback may happen
+        out1, grads1 = _run(model, inputs, forward)
+    tol = MODEL_TOL[dtype]
+    assert out1.dtype == out0.dtype and out1.shape == out0.shape
+    assert rel_err(out1, out0) < tol, f"output rel err {rel_err(out1, out0):.2e}"
+    assert grads1.keys() == grads0.keys()
+    for name in grads0:
+        err = rel_err(grads1[name], grads0[name])
+        assert err < tol, f"grad {name}: rel err {err:.2e}"
+    # norm weights received gradients through the kernel's backward
+    assert any("norm" in n for n in grads1)
+
+    assert kf.unpatch(model) == len(report.patched)
+    for name, m in model.named_modules():
+        assert "forward" not in m.__dict__, name
+    out2, _ = _run(model, inputs, forward)
+    assert torch.equal(out2, out0), "unpatched model must compute exactly what it did before"
+    return report
+
+
+# ---- transformers ------------------------------------------------------------------------------------
+
+
+def _hf_model(arch: str, device, dtype):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  attn_implementation="eager")
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    elif arch == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif arch == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    else:
+        raise ValueError(arch)
+    return _randomize_norms(model.to(device=device, dtype=dtype))
+
+
+def _hf_expected(arch: str) -> list[str]:
+    paths = ["model.norm"]
+    for i in range(2):
+        paths += [f"model.layers.{i}.input_layernorm", f"model.layers.{i}.post_attention_layernorm"]
+        if arch == "qwen3":
+            paths += [f"model.layers.{i}.self_attn.q_norm", f"model.layers.{i}.self_attn.k_norm"]
+    return paths
+
+
+@pytest.mark.parametrize("device,dtype", MODEL_CASES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_transformers_model(kf, arch, device, dtype):
+    model = _hf_model(arch, device, dtype)
+    ids = torch.randint(0, 128, (2, 9), device=device)
+    inputs = {"ids": ids, "_dy": R.rand((2, 9, 128), torch.float32, device)}
+
+    def forward(m, inp):
+        return m(input_ids=inp["ids"], use_cache=False).logits
+
+    report = check_model(kf, model, inputs, forward, _hf_expected(arch), dtype)
+    assert {p.cls for p in report.patched} == {type(model.model.norm).__name__}
+    assert {p.op for p in report.patched} == {"kernelforge.rms_norm"}
+
+
+@pytest.mark.parametrize("device,dtype", MODEL_CASES)
+def test_transformers_decode_step(kf, device, dtype):
+    """One-token decode with a KV cache (1-row norm calls) matches the unpatched model."""
+    model = _hf_model("llama", device, dtype).eval()
+    ids = torch.randint(0, 128, (1, 6), device=device)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        want_logits = model(input_ids=want).logits
+        kf.patch(model)
+        got = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        got_logits = model(input_ids=want).logits
+        kf.unpatch(model)
+    assert rel_err(got_logits, want_logits) < MODEL_TOL[dtype]
+    if dtype == torch.float32:
+        assert torch.equal(got, want)  # greedy tokens agree when logits agree to 1e-4
+
+
+# ---- diffusers ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("affine", [False, True], ids=["default", "affine_norms"])
+@pytest.mark.parametrize("device,dtype", MODEL_CASES)
+def test_diffusers_ltx_video(kf, device, dtype, affine):
+    diffusers = pytest.importorskip("diffusers")
+    model = diffusers.LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+        num_layers=2, caption_channels=16, norm_elementwise_affine=affine,
+    )
+    model = _randomize_norms(model.to(device=device, dtype=dtype))
+    b, f, h, w = 2, 2, 4, 4
+    inputs = {
+        "hidden_states": R.rand((b, f * h * w, 8), dtype, device),
+        "encoder_hidden_states": R.rand((b, 6, 16), dtype, device),
+        "timestep": torch.tensor([10, 500], device=device),
+        "encoder_attention_mask": torch.ones(b, 6, device=device, dtype=dtype),
+        "_dy": R.rand((b, f * h * w, 8), torch.float32, device),
+    }
+
+    def forward(m, inp):
+        return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], inp["encoder_attention_mask"],
+                 num_frames=f, height=h, width=w).sample
+
+    expected = ["norm_out"]
+    for i in range(2):
+        expected += [f"transformer_blocks.{i}.norm1", f"transformer_blocks.{i}.norm2"]
+        expected += [f"transformer_blocks.{i}.attn{a}.norm_{qk}" for a in (1, 2) for qk in ("q", "k")]
+    report = check_model(kf, model, inputs, forward, expected, dtype)
+    by_cls = {(p.cls, p.op) for p in report.patched}
+    assert by_cls == {("RMSNorm", "kernelforge.rms_norm"), ("LayerNorm", "kernelforge.layer_norm")}
