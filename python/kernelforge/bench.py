@@ -517,12 +517,25 @@ def default_shapes(op: str) -> list[tuple[int, int]]:
 
 
 def plan_cases(args) -> list[tuple[str, int, int, str]]:
-    cases = []
+    """Shape-major: every op at the first shape, then the next shape, ... so that a run cut short
+    by --max-seconds has covered all ops at the leading shapes (summary and plots regroup by op)."""
+    shapes: list = []
     for op in args.ops:
-        for rows, hidden in (args.shapes or default_shapes(op)):
-            for dt in args.dtype:
-                cases.append((op, rows, hidden, dt))
+        for sh in (args.shapes or default_shapes(op)):
+            if sh not in shapes:
+                shapes.append(sh)
+    cases = []
+    for rows, hidden in shapes:
+        for op in args.ops:
+            if (rows, hidden) in (args.shapes or default_shapes(op)):
+                for dt in args.dtype:
+                    cases.append((op, rows, hidden, dt))
     return cases
+
+
+def op_order(groups: list[list[Result]], ops) -> list[list[Result]]:
+    """Groups regrouped by op (stable: shapes keep their run order)."""
+    return sorted((g for g in groups if g), key=lambda g: list(ops).index(g[0].op))
 
 
 def modes_for(rows: int, modes) -> list[str]:
@@ -723,7 +736,9 @@ def plot_op(op: str, groups: list[list[Result]], info: RunInfo, path: str) -> No
     modes = [m for m in MODES if any(g[0].mode == m for g in groups)]
     if not modes:
         return
-    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8.0, 1.6 * 8), 3.6 * len(modes)), squeeze=False)
+    n_shapes = max(sum(1 for g in groups if g[0].mode == m) for m in modes)
+    fig, axes = plt.subplots(len(modes), 1, figsize=(max(8.0, 1.5 * n_shapes + 4), 3.6 * len(modes)),
+                             squeeze=False)
     for ax, mode in zip(axes[:, 0], modes):
         mg = [g for g in groups if g[0].mode == mode]
         labels = [f"{g[0].shape}\n{g[0].dtype}" for g in mg]
@@ -883,7 +898,7 @@ def main(args: argparse.Namespace) -> int:
 
     lines = [f"kforge bench summary: {gpu}, torch {info.torch_version}, commit {info.commit or '-'}, "
              f"D2D copy {info.copy_gbps:.0f} GB/s; speedup = best peer time / kernelforge time", ""]
-    lines += summary_lines(all_groups, info)
+    lines += summary_lines(op_order(all_groups, args.ops), info)
     if info.problems:
         lines += ["", "problems:"] + [f"  {p}" for p in merge_problems(info.problems)]
     lines += ["", f"csv: {csv_path}", f"png: {', '.join(pngs) or '-'}",
