@@ -873,9 +873,12 @@ def main(args: argparse.Namespace) -> int:
         ops_providers = [p for p in providers if p in OP_PROVIDERS[op]]
         try:
             groups = run_case(op, rows, hidden, dt, args, timer, info, ops_providers, log)
-        except torch.cuda.OutOfMemoryError as e:  # inputs of a case did not fit
-            info.problems.append(f"{op} {rows}x{hidden} {dt}: case skipped, out of memory: {e}")
-            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001  (e.g. inputs out of memory: skip the case, go on)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            info.problems.append(f"{op} {rows}x{hidden} {dt}: case skipped: {type(e).__name__}: {msg[:200]}")
+            print(f"!! {op} {rows}x{hidden} {dt}: case skipped: {type(e).__name__}: {msg[:200]}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             continue
         elt = torch.empty((), dtype=DTYPES[dt]).element_size()
         for g in groups:

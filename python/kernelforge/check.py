@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -314,7 +315,7 @@ def main(args: argparse.Namespace) -> int:
               "extension first (scripts/dev_build.sh copies it to python/kernelforge/).",
               file=sys.stderr)
         return 2
-    seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"kforge check on {where} | torch {torch.__version__} | seed {seed} | "
