@@ -312,6 +312,10 @@ using torch::autograd::variable_list;
 
 Tensor grad_or_empty(bool want, const Tensor& g) { return want && g.numel() > 0 ? g : Tensor(); }
 
+// Autograd may hand an expanded gradient (e.g. of y.sum(): stride 0); the kernels need a
+// contiguous last dimension.
+Tensor dense(const Tensor& g) { return g.dim() > 0 && g.size(-1) > 1 && g.stride(-1) != 1 ? g.contiguous() : g; }
+
 class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const OptTensor& weight, double eps) {
@@ -326,7 +330,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const OptTensor w = saved[1].defined() ? OptTensor(saved[1]) : std::nullopt;
     static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, double)>(
         "kernelforge::rms_norm_backward");
-    auto [dx, dw] = op.call(grads[0], saved[0], w, ctx->saved_data["eps"].toDouble());
+    auto [dx, dw] = op.call(dense(grads[0]), saved[0], w, ctx->saved_data["eps"].toDouble());
     return {dx, grad_or_empty(w.has_value(), dw), Tensor()};
   }
 };
@@ -349,7 +353,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
                                                           const OptTensor&, double)>(
         "kernelforge::add_rms_norm_backward");
-    auto [dx, dw] = op.call(grads[0], grads[1], saved[0], w, ctx->saved_data["eps"].toDouble());
+    auto [dx, dw] = op.call(dense(grads[0]), dense(grads[1]), saved[0], w, ctx->saved_data["eps"].toDouble());
     return {dx, dx, grad_or_empty(w.has_value(), dw), Tensor()};
   }
 };
@@ -372,7 +376,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&,
                                                                   const OptTensor&, double)>(
         "kernelforge::layer_norm_backward");
-    auto [dx, dw, db] = op.call(grads[0], saved[0], w, b, ctx->saved_data["eps"].toDouble());
+    auto [dx, dw, db] = op.call(dense(grads[0]), saved[0], w, b, ctx->saved_data["eps"].toDouble());
     return {dx, grad_or_empty(w.has_value(), dw), grad_or_empty(b.has_value(), db), Tensor()};
   }
 };
@@ -396,7 +400,7 @@ class AdaNormFn : public torch::autograd::Function<AdaNormFn> {
     static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&, double,
         int64_t)>("kernelforge::ada_norm_backward");
-    auto [dx, dsc, dsh, dw, db] = op.call(grads[0], saved[0], saved[1], saved[2], w, b,
+    auto [dx, dsc, dsh, dw, db] = op.call(dense(grads[0]), saved[0], saved[1], saved[2], w, b,
                                           ctx->saved_data["eps"].toDouble(), ctx->saved_data["kind"].toInt());
     return {dx, dsc, dsh, grad_or_empty(w.has_value(), dw), grad_or_empty(b.has_value(), db), Tensor(), Tensor()};
   }

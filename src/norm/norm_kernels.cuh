@@ -347,30 +347,31 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
 }
 
 // ---- backward -------------------------------------------------------------------------------
-// Work split. G groups of R consecutive rows share one scale/shift row (grouped AdaLN with
-// dscale/dshift requested); otherwise G = 1, R = rows. With bpg > 1, block b works on group
-// b / bpg, rows (b % bpg) + k·bpg, and writes float32 partial column sums; with bpg == 1, block b
-// loops over groups b, b + gridDim.x, ... and writes dscale/dshift of each group directly.
+// Column sums. With u = dy·(1 + scale) (AdaLN with one scale row per x row) or u = dy (otherwise),
+// every block accumulates A = Σ u·xh and D = Σ u over its rows for the columns its threads own.
+//   RMSNorm/LayerNorm:        dw = Σ_blocks A, db = Σ_blocks D
+//   AdaLN, per-row scale:     the same, and dscale = dy·(xh·w + b), dshift = dy written per row
+//   AdaLN, grouped scale (R > 1 rows share a scale row; scale is constant within a group):
+//     A_g, D_g summed per group, then dshift_g = D_g, dscale_g = w·A_g + b·D_g,
+//     dw = Σ_g (1 + scale_g)·A_g, db = Σ_g (1 + scale_g)·D_g.
+// So two accumulators per element suffice for every op.
+//
+// Work split: G groups of R consecutive rows (G = 1, R = rows unless grouped). With bpg > 1, block b
+// works on group b / bpg, rows (b % bpg) + k·bpg, and writes partial row b; with bpg == 1, block b
+// loops over groups b, b + gridDim.x, ... and writes partial row g at the end of each group.
 struct BwdWork {
-  int64_t groups;     // G
-  int64_t group_rows; // R
-  int64_t bpg;        // blocks per group (1: groups per block instead)
-  bool grouped;       // dscale/dshift accumulate over R > 1 rows
-  float* part_w;      // [gridDim.x, N] or nullptr
-  float* part_b;
-  float* part_sc;     // [gridDim.x, N] when grouped && bpg > 1
-  float* part_sh;
+  int64_t groups;      // G
+  int64_t group_rows;  // R
+  int64_t bpg;         // blocks per group (1: groups per block instead)
+  bool grouped;
+  float* part_a;  // [partial rows, N]: Σ u·xh   (nullptr: not needed)
+  float* part_d;  // [partial rows, N]: Σ u
 };
 
-// Per-row math shared by the register and streaming backward kernels.
-template <typename T, NormOp kOp>
-struct BwdElem {
-  // g = dy·(1 + scale); dn = g·w
-  static __device__ __forceinline__ void grads(float dy, float w, float sc, float& g, float& dn) {
-    g = OpTraits<kOp>::kAda ? dy * (1.f + sc) : dy;
-    dn = g * w;
-  }
-};
+template <NormOp kOp>
+__device__ __forceinline__ int64_t part_row(const BwdWork& wk, int64_t b, int64_t grp) {
+  return (wk.grouped && wk.bpg == 1) ? grp : b;
+}
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p, const BwdWork wk) {
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     constexpr int E = kIters * kVec;
+    constexpr bool kNeedD = Tr::kLayer || Tr::kAda;
     __shared__ ReduceSmem<2> sm;
     int slot = 0;
     const int tpr = blockDim.x, t = threadIdx.x;
@@ -388,57 +390,57 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
     auto col_of = [&](int i) { return (int64_t(i) * tpr + t) * kVec; };
 
-    V wv[kIters];  // weight and bias are the same for every row: kept in registers
-    V bv[kIters];
+    V wv[kIters], bv[kIters];  // the same for every row: kept in registers
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int64_t col = col_of(i);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) wv[i].v[j] = bv[i].v[j] = from_float<T>(0.f);
       if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
-      if (col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+      if (Tr::kAda && col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
     }
-    float acc_w[E], acc_b[E], acc_sc[E], acc_sh[E];
+    float acc_a[E], acc_d[E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc_w[e] = acc_b[e] = acc_sc[e] = acc_sh[e] = 0.f;
+    for (int e = 0; e < E; ++e) acc_a[e] = acc_d[e] = 0.f;
 
     const int64_t b = blockIdx.x;
     const int64_t g_first = wk.bpg > 1 ? b / wk.bpg : b;
     const int64_t g_step = wk.bpg > 1 ? wk.groups : gridDim.x;  // bpg > 1: exactly one group
+    bool wrote = false;
     for (int64_t grp = g_first; grp < wk.groups; grp += g_step) {
       const int64_t r_first = wk.bpg > 1 ? b % wk.bpg : 0, r_step = wk.bpg > 1 ? wk.bpg : 1;
       for (int64_t lr = r_first; lr < wk.group_rows; lr += r_step) {
         const int64_t row = grp * wk.group_rows + lr;
-        V xv[kIters], dyv[kIters], scv[kIters], shv[kIters];
+        V xv[kIters], dyv[kIters], scv[kIters];
         const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           const int64_t col = col_of(i);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) xv[i].v[j] = dyv[i].v[j] = scv[i].v[j] = from_float<T>(0.f);
           if (col < n) {
             xv[i] = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + col);
             dyv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dy) + row * p.dy_stride + col);
-            if constexpr (Tr::kAda) {
+            if constexpr (Tr::kAda)
               scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
-              shv[i] = load_vec<T, kVec>(static_cast<const T*>(p.shift) + ga * p.shift_stride + col);
-            } else {
-#pragma unroll
-              for (int j = 0; j < kVec; ++j) scv[i].v[j] = shv[i].v[j] = from_float<T>(0.f);
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) xv[i].v[j] = dyv[i].v[j] = scv[i].v[j] = shv[i].v[j] = from_float<T>(0.f);
           }
         }
+        // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
+        auto dn_of = [&](int i, int j) {
+          float g = to_float(dyv[i].v[j]);
+          if constexpr (Tr::kAda) g *= 1.f + to_float(scv[i].v[j]);
+          return has_w ? g * to_float(wv[i].v[j]) : g;
+        };
         float mean = 0.f, rstd, mdn = 0.f, mdnxh;
         if constexpr (Tr::kLayer) {
-          float s[2] = {0.f, 0.f};
+          float s[2] = {0.f, 0.f};  // Σx (padding is 0)
 #pragma unroll
           for (int i = 0; i < kIters; ++i)
 #pragma unroll
             for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);
           team_sum<2>(s, tpr, 0, sm, slot, 1);
           mean = s[0] * inv_n;
-          float q[2] = {0.f, 0.f};
+          float q[2] = {0.f, 0.f};  // Σ(x - mean)²
 #pragma unroll
           for (int i = 0; i < kIters; ++i) {
             const bool ok = col_of(i) < n;
@@ -450,115 +452,100 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           }
           team_sum<2>(q, tpr, 0, sm, slot, 1);
           rstd = rsqrtf(q[0] * inv_n + p.eps);
-          float r[2] = {0.f, 0.f};  // Σdn, Σdn·xh
+          float r[2] = {0.f, 0.f};  // Σdn, Σdn·xh (padding: dy = 0 -> dn = 0)
 #pragma unroll
           for (int i = 0; i < kIters; ++i)
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
-              float g, dn;
-              BwdElem<T, kOp>::grads(to_float(dyv[i].v[j]), has_w ? to_float(wv[i].v[j]) : 1.f,
-                                     to_float(scv[i].v[j]), g, dn);
-              const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
+              const float dn = dn_of(i, j);
               r[0] += dn;
-              r[1] += dn * xh;  // padding: dy = 0 -> dn = 0
+              r[1] += dn * (to_float(xv[i].v[j]) - mean) * rstd;
             }
           team_sum<2>(r, tpr, 0, sm, slot, 1);
           mdn = r[0] * inv_n;
           mdnxh = r[1] * inv_n;
         } else {
-          float r[2] = {0.f, 0.f};  // Σx², Σdn·x
+          float r[2] = {0.f, 0.f};  // Σx², Σdn·x in one reduction
 #pragma unroll
           for (int i = 0; i < kIters; ++i)
 #pragma unroll
             for (int j = 0; j < kVec; ++j) {
-              float g, dn;
-              BwdElem<T, kOp>::grads(to_float(dyv[i].v[j]), has_w ? to_float(wv[i].v[j]) : 1.f,
-                                     to_float(scv[i].v[j]), g, dn);
               const float a = to_float(xv[i].v[j]);
               r[0] += a * a;
-              r[1] += dn * a;
+              r[1] += dn_of(i, j) * a;
             }
           team_sum<2>(r, tpr, 0, sm, slot, 1);
           rstd = rsqrtf(r[0] * inv_n + p.eps);
-          mdnxh = r[1] * inv_n * rstd;
+          mdnxh = r[1] * inv_n * rstd;  // mean(dn·xh)
         }
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           const int64_t col = col_of(i);
           if (col >= n) continue;
-          V dsv, dxv, dscv, dshv;
+          V dsv, dxv, dscv;
           if (p.dsum) dsv = load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + col);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const float w = has_w ? to_float(wv[i].v[j]) : 1.f;
-            const float dy = to_float(dyv[i].v[j]);
-            float g, dn;
-            BwdElem<T, kOp>::grads(dy, w, to_float(scv[i].v[j]), g, dn);
             const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
-            float dx = rstd * (dn - mdn - xh * mdnxh);
+            float dx = rstd * (dn_of(i, j) - mdn - xh * mdnxh);
             if (p.dsum) dx += to_float(dsv.v[j]);
             dxv.v[j] = from_float<T>(dx);
-            acc_w[i * kVec + j] += g * xh;
-            if constexpr (Tr::kLayer) acc_b[i * kVec + j] += g;
+            float u = to_float(dyv[i].v[j]);
             if constexpr (Tr::kAda) {
-              const float nrm = xh * w + (has_b ? to_float(bv[i].v[j]) : 0.f);
-              if (wk.grouped) {
-                acc_sc[i * kVec + j] += dy * nrm;
-                acc_sh[i * kVec + j] += dy;
-              } else {
-                dscv.v[j] = from_float<T>(dy * nrm);
-                dshv.v[j] = dyv[i].v[j];
+              if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift, u includes (1 + scale)
+                const float nrm = (has_w ? xh * to_float(wv[i].v[j]) : xh) + to_float(bv[i].v[j]);
+                dscv.v[j] = from_float<T>(u * nrm);
+                u *= 1.f + to_float(scv[i].v[j]);
               }
             }
+            acc_a[i * kVec + j] += u * xh;
+            if constexpr (kNeedD) acc_d[i * kVec + j] += u;
           }
           store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, dxv);
           if constexpr (Tr::kAda) {
-            if (!wk.grouped) {  // one scale row per x row: the gradient is elementwise
+            if (!wk.grouped) {
               if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, dscv);
-              if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, dshv);
+              if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, dyv[i]);
             }
           }
         }
       }
-      if constexpr (Tr::kAda) {
-        if (wk.grouped) {
+      if (wk.grouped && wk.bpg == 1) {  // end of a group owned by this block
 #pragma unroll
-          for (int i = 0; i < kIters; ++i) {
-            const int64_t col = col_of(i);
-            if (col >= n) continue;
+        for (int i = 0; i < kIters; ++i) {
+          const int64_t col = col_of(i);
+          if (col >= n) continue;
 #pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              const int e = i * kVec + j;
-              if (wk.bpg > 1) {
-                if (wk.part_sc) wk.part_sc[b * n + col + j] = acc_sc[e];
-                if (wk.part_sh) wk.part_sh[b * n + col + j] = acc_sh[e];
-              } else {
-                if (p.dscale) static_cast<T*>(p.dscale)[grp * n + col + j] = from_float<T>(acc_sc[e]);
-                if (p.dshift) static_cast<T*>(p.dshift)[grp * n + col + j] = from_float<T>(acc_sh[e]);
-              }
-              acc_sc[e] = acc_sh[e] = 0.f;
-            }
+          for (int j = 0; j < kVec; ++j) {
+            const int e = i * kVec + j;
+            wk.part_a[grp * n + col + j] = acc_a[e];
+            wk.part_d[grp * n + col + j] = acc_d[e];
+            acc_a[e] = acc_d[e] = 0.f;
           }
         }
+        wrote = true;
       }
     }
+    if (!(wk.grouped && wk.bpg == 1)) {
+      (void)wrote;
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int64_t col = col_of(i);
-      if (col >= n) continue;
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
+        if (col >= n) continue;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if (wk.part_w) wk.part_w[b * n + col + j] = acc_w[i * kVec + j];
-        if constexpr (Tr::kLayer) {
-          if (wk.part_b) wk.part_b[b * n + col + j] = acc_b[i * kVec + j];
+        for (int j = 0; j < kVec; ++j) {
+          if (wk.part_a) wk.part_a[b * n + col + j] = acc_a[i * kVec + j];
+          if constexpr (kNeedD) {
+            if (wk.part_d) wk.part_d[b * n + col + j] = acc_d[i * kVec + j];
+          }
         }
       }
     }
   }
 }
 
-// Backward for rows too long for registers: several passes over global memory, partial column sums
-// accumulated in this block's own partial rows (read-modify-write, one block per partial row).
+// Backward for rows too long for registers: several passes over global memory; the column sums
+// are accumulated in this block's own partial rows (read-modify-write; one owner per partial row).
 template <typename T, NormOp kOp, int kVec>
 __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, const BwdWork wk) {
   if constexpr (!arch_supports<T>()) {
@@ -575,9 +562,11 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
     const int64_t b = blockIdx.x;
     const int64_t g_first = wk.bpg > 1 ? b / wk.bpg : b;
     const int64_t g_step = wk.bpg > 1 ? wk.groups : gridDim.x;
-    bool first_row = true;
+    const bool per_group = wk.grouped && wk.bpg == 1;
+    bool first = true;
     for (int64_t grp = g_first; grp < wk.groups; grp += g_step) {
-      bool first_in_group = true;
+      if (per_group) first = true;
+      const int64_t pr = per_group ? grp : b;
       const int64_t r_first = wk.bpg > 1 ? b % wk.bpg : 0, r_step = wk.bpg > 1 ? wk.bpg : 1;
       for (int64_t lr = r_first; lr < wk.group_rows; lr += r_step) {
         const int64_t row = grp * wk.group_rows + lr;
@@ -585,15 +574,12 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
         const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
         const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
         const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ga * p.scale_stride : nullptr;
-        const T* sh = Tr::kAda ? static_cast<const T*>(p.shift) + ga * p.shift_stride : nullptr;
-        auto elem = [&](int64_t c, float& xf, float& dyf, float& g, float& dn, float& wf) {
-          xf = to_float(x[c]);
-          dyf = to_float(dy[c]);
-          wf = w ? to_float(w[c]) : 1.f;
-          BwdElem<T, kOp>::grads(dyf, wf, Tr::kAda ? to_float(sc[c]) : 0.f, g, dn);
+        auto dn_of = [&](int64_t c) {
+          float g = to_float(dy[c]);
+          if constexpr (Tr::kAda) g *= 1.f + to_float(sc[c]);
+          return w ? g * to_float(w[c]) : g;
         };
         float mean = 0.f, rstd, mdn = 0.f, mdnxh;
-        float xf, dyf, g, dn, wf;
         if constexpr (Tr::kLayer) {
           float s[2] = {0.f, 0.f};
           for (int64_t c = threadIdx.x; c < n; c += tpr) s[0] += to_float(x[c]);
@@ -608,9 +594,9 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
           rstd = rsqrtf(q[0] * inv_n + p.eps);
           float r[2] = {0.f, 0.f};
           for (int64_t c = threadIdx.x; c < n; c += tpr) {
-            elem(c, xf, dyf, g, dn, wf);
+            const float dn = dn_of(c);
             r[0] += dn;
-            r[1] += dn * (xf - mean) * rstd;
+            r[1] += dn * (to_float(x[c]) - mean) * rstd;
           }
           team_sum<2>(r, tpr, 0, sm, slot, 1);
           mdn = r[0] * inv_n;
@@ -618,61 +604,56 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
         } else {
           float r[2] = {0.f, 0.f};
           for (int64_t c = threadIdx.x; c < n; c += tpr) {
-            elem(c, xf, dyf, g, dn, wf);
-            r[0] += xf * xf;
-            r[1] += dn * xf;
+            const float a = to_float(x[c]);
+            r[0] += a * a;
+            r[1] += dn_of(c) * a;
           }
           team_sum<2>(r, tpr, 0, sm, slot, 1);
           rstd = rsqrtf(r[0] * inv_n + p.eps);
           mdnxh = r[1] * inv_n * rstd;
         }
         for (int64_t c = threadIdx.x; c < n; c += tpr) {
-          elem(c, xf, dyf, g, dn, wf);
-          const float xh = (xf - mean) * rstd;
-          float dx = rstd * (dn - mdn - xh * mdnxh);
+          const float xh = (to_float(x[c]) - mean) * rstd;
+          float dx = rstd * (dn_of(c) - mdn - xh * mdnxh);
           if (p.dsum) dx += to_float(static_cast<const T*>(p.dsum)[row * p.dsum_stride + c]);
           static_cast<T*>(p.dx)[row * p.dx_stride + c] = from_float<T>(dx);
-          if (wk.part_w) wk.part_w[b * n + c] = (first_row ? 0.f : wk.part_w[b * n + c]) + g * xh;
-          if (wk.part_b) wk.part_b[b * n + c] = (first_row ? 0.f : wk.part_b[b * n + c]) + g;
+          float u = to_float(dy[c]);
           if constexpr (Tr::kAda) {
-            const float nrm = xh * wf + (bb ? to_float(bb[c]) : 0.f);
             if (!wk.grouped) {
-              if (p.dscale) static_cast<T*>(p.dscale)[row * n + c] = from_float<T>(dyf * nrm);
+              const float nrm = (w ? xh * to_float(w[c]) : xh) + (bb ? to_float(bb[c]) : 0.f);
+              if (p.dscale) static_cast<T*>(p.dscale)[row * n + c] = from_float<T>(u * nrm);
               if (p.dshift) static_cast<T*>(p.dshift)[row * n + c] = dy[c];
-            } else {
-              // accumulate in float32 in the partial rows (bpg > 1) or in dscale's group row via
-              // the partial buffer too: this block owns partial row b.
-              if (wk.part_sc) wk.part_sc[b * n + c] = (first_in_group ? 0.f : wk.part_sc[b * n + c]) + dyf * nrm;
-              if (wk.part_sh) wk.part_sh[b * n + c] = (first_in_group ? 0.f : wk.part_sh[b * n + c]) + dyf;
+              u *= 1.f + to_float(sc[c]);
             }
           }
+          if (wk.part_a) wk.part_a[pr * n + c] = (first ? 0.f : wk.part_a[pr * n + c]) + u * xh;
+          if (wk.part_d) wk.part_d[pr * n + c] = (first ? 0.f : wk.part_d[pr * n + c]) + u;
         }
-        first_row = false;
-        first_in_group = false;
+        first = false;
       }
-      if constexpr (Tr::kAda) {
-        if (wk.grouped && wk.bpg == 1) {  // the block owns the whole group: write the result
-          for (int64_t c = threadIdx.x; c < n; c += tpr) {
-            if (p.dscale) static_cast<T*>(p.dscale)[grp * n + c] = from_float<T>(wk.part_sc[b * n + c]);
-            if (p.dshift) static_cast<T*>(p.dshift)[grp * n + c] = from_float<T>(wk.part_sh[b * n + c]);
-          }
+      if (per_group && first) {  // an empty group (R == 0 cannot happen, kept for safety)
+        for (int64_t c = threadIdx.x; c < n; c += tpr) {
+          if (wk.part_a) wk.part_a[pr * n + c] = 0.f;
+          if (wk.part_d) wk.part_d[pr * n + c] = 0.f;
         }
       }
     }
-    if (first_row) {  // a block without rows still owns its partial rows
+    if (!per_group && first) {  // a block without rows still owns its partial row
       for (int64_t c = threadIdx.x; c < n; c += tpr) {
-        if (wk.part_w) wk.part_w[b * n + c] = 0.f;
-        if (wk.part_b) wk.part_b[b * n + c] = 0.f;
+        if (wk.part_a) wk.part_a[b * n + c] = 0.f;
+        if (wk.part_d) wk.part_d[b * n + c] = 0.f;
       }
     }
   }
 }
 
-// out[o, c] = Σ_{r < rows_per_out} partial[o·rows_per_out + r, c], in a fixed order (deterministic).
-// Block (32, 8): 32 columns, 8 row-slices summed in order through shared memory.
-template <typename T>
+// out[o, c] = Σ_{r < rows_per_out} f_r · partial[o·rows_per_out + r, c] in a fixed order
+// (deterministic), with f_r = 1 + scale[r·scale_stride + c] when `scale` is given (AdaLN's
+// Σ_g (1 + scale_g)·A_g), else 1. Block (32, 8): 32 columns, 8 row-slices summed in order.
+template <typename OutT, typename T>
 __global__ void __launch_bounds__(256) reduce_columns(const float* __restrict__ partial, int64_t n,
-                                                      int64_t rows_per_out, int64_t out_rows, T* __restrict__ out) {
+                                                      int64_t rows_per_out, int64_t out_rows, OutT* __restrict__ out,
+                                                      const T* __restrict__ scale, int64_t scale_stride) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -682,8 +663,11 @@ __global__ void __launch_bounds__(256) reduce_columns(const float* __restrict__ 
       float s = 0.f;
       if (col < n) {
         const float* src = partial + o * rows_per_out * n + col;
-#pragma unroll 8
-        for (int64_t r = threadIdx.y; r < rows_per_out; r += 8) s += src[r * n];
+#pragma unroll 4
+        for (int64_t r = threadIdx.y; r < rows_per_out; r += 8) {
+          const float f = scale ? 1.f + to_float(scale[r * scale_stride + col]) : 1.f;
+          s += f * src[r * n];
+        }
       }
       sm[threadIdx.y][threadIdx.x] = s;
       __syncthreads();
@@ -691,9 +675,27 @@ __global__ void __launch_bounds__(256) reduce_columns(const float* __restrict__ 
         float tot = 0.f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) tot += sm[k][threadIdx.x];
-        out[o * n + col] = from_float<T>(tot);
+        if constexpr (std::is_same<OutT, float>::value) out[o * n + col] = tot;
+        else out[o * n + col] = from_float<T>(tot);
       }
       __syncthreads();
+    }
+  }
+}
+
+// Grouped AdaLN: dshift_g = D_g, dscale_g = w·A_g + b·D_g (elementwise over [G, N]).
+template <typename T>
+__global__ void ada_group_grads(const float* __restrict__ a, const float* __restrict__ d, int64_t n, int64_t total,
+                                const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ dscale,
+                                T* __restrict__ dshift) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+      const int64_t c = i % n;
+      const float wc = w ? to_float(w[c]) : 1.f, bc = bias ? to_float(bias[c]) : 0.f;
+      if (dscale) dscale[i] = from_float<T>(wc * a[i] + bc * d[i]);
+      if (dshift) dshift[i] = from_float<T>(d[i]);
     }
   }
 }
@@ -808,12 +810,13 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
-template <typename T>
-Status reduce_into(const float* partial, int64_t n, int64_t rows_per_out, int64_t out_rows, void* out,
-                   cudaStream_t stream) {
+template <typename OutT, typename T>
+Status reduce_into(const float* partial, int64_t n, int64_t rows_per_out, int64_t out_rows, OutT* out,
+                   const T* scale, int64_t scale_stride, cudaStream_t stream) {
   if (out == nullptr || partial == nullptr) return Status::Ok();
   const dim3 grid(unsigned(ceil_div(n, 32)), unsigned(std::min<int64_t>(out_rows, 65535)));
-  reduce_columns<T><<<grid, dim3(32, 8), 0, stream>>>(partial, n, rows_per_out, out_rows, static_cast<T*>(out));
+  reduce_columns<OutT, T><<<grid, dim3(32, 8), 0, stream>>>(partial, n, rows_per_out, out_rows, out, scale,
+                                                            scale_stride);
   return check_launch("norm backward (column reduction)");
 }
 
@@ -821,7 +824,7 @@ template <typename T, NormOp kOp, int kVec>
 Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace, size_t* workspace_bytes,
                     cudaStream_t stream) {
   using Tr = OpTraits<kOp>;
-  // AdaLN keeps scale, shift and two more accumulators per element: half the elements per thread.
+  // AdaLN also holds the scale and bias per element: half the elements per thread (no spills).
   constexpr int kMaxIters = std::max(1, (Tr::kAda ? kBwdMaxElems / 2 : kBwdMaxElems) / kVec);
   const int64_t nvec = p.n / kVec;
   const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, kBwdTargetTeam)));
@@ -843,24 +846,26 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   if (kernel == nullptr) return Status::Cuda("norm backward: no kernel for this configuration");
 
   BwdWork wk = {};
-  wk.grouped = Tr::kAda && p.ada_rpg > 1 && (p.dscale || p.dshift);
+  wk.grouped = Tr::kAda && p.ada_rpg > 1;
   wk.groups = wk.grouped ? p.ada_groups : 1;
   wk.group_rows = wk.grouped ? p.ada_rpg : p.rows;
   const int64_t target = resident_blocks(kernel, tpr, dev);
   int64_t nblocks;
   if (wk.groups >= target) {
     wk.bpg = 1;
-    nblocks = target;
+    nblocks = std::min<int64_t>(target, INT_MAX);
   } else {
     wk.bpg = std::max<int64_t>(1, std::min(wk.group_rows, ceil_div(target, wk.groups)));
     nblocks = wk.groups * wk.bpg;
   }
-  nblocks = std::max<int64_t>(1, std::min<int64_t>(nblocks, INT_MAX));
-  // Streaming kernels also keep grouped dscale/dshift sums in partial rows when bpg == 1.
-  const bool part_mod = wk.grouped && (wk.bpg > 1 || !regs);
-  const int64_t slab = nblocks * p.n;  // floats per partial array
-  const int64_t arrays = (p.dweight ? 1 : 0) + (p.dbias ? 1 : 0) + (part_mod ? 2 : 0);
-  const size_t need = size_t(arrays * slab) * sizeof(float);
+  // Partial rows: one per block, or one per group when a block owns whole groups. Grouped AdaLN
+  // with bpg > 1 also needs the per-group sums A, D [G, N] before the final step.
+  const int64_t prows = (wk.grouped && wk.bpg == 1) ? wk.groups : nblocks;
+  const bool need_a = p.dweight || (wk.grouped && p.dscale);
+  const bool need_d = ((Tr::kLayer || Tr::kAda) && p.dbias) || (wk.grouped && (p.dscale || p.dshift));
+  const bool staged = wk.grouped && wk.bpg > 1;
+  const int64_t slab = prows * p.n, gslab = staged ? wk.groups * p.n : 0;
+  const size_t need = size_t((need_a ? slab + gslab : 0) + (need_d ? slab + gslab : 0)) * sizeof(float);
   if (workspace == nullptr) {
     *workspace_bytes = need;
     return Status::Ok();
@@ -869,22 +874,49 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     return Status::Invalid("norm backward: workspace too small: need " + std::to_string(need) + " bytes, got " +
                            std::to_string(*workspace_bytes));
   float* ws = static_cast<float*>(workspace);
-  int64_t k = 0;
-  wk.part_w = p.dweight ? ws + (k++) * slab : nullptr;
-  wk.part_b = p.dbias ? ws + (k++) * slab : nullptr;
-  wk.part_sc = part_mod ? ws + (k++) * slab : nullptr;
-  wk.part_sh = part_mod ? ws + (k++) * slab : nullptr;
+  float* ga = nullptr;
+  float* gd = nullptr;
+  if (need_a) {
+    wk.part_a = ws;
+    ws += slab;
+    ga = staged ? ws : wk.part_a;
+    ws += gslab;
+  }
+  if (need_d) {
+    wk.part_d = ws;
+    ws += slab;
+    gd = staged ? ws : wk.part_d;
+    ws += gslab;
+  }
 
   kernel<<<dim3(unsigned(nblocks)), dim3(tpr), 0, stream>>>(p, wk);
   Status s = check_launch("norm backward");
   if (!s.ok()) return s;
-  if (!(s = reduce_into<T>(wk.part_w, p.n, nblocks, 1, p.dweight, stream)).ok()) return s;
-  if (!(s = reduce_into<T>(wk.part_b, p.n, nblocks, 1, p.dbias, stream)).ok()) return s;
-  if (wk.grouped && wk.bpg > 1) {
-    if (!(s = reduce_into<T>(wk.part_sc, p.n, wk.bpg, wk.groups, p.dscale, stream)).ok()) return s;
-    if (!(s = reduce_into<T>(wk.part_sh, p.n, wk.bpg, wk.groups, p.dshift, stream)).ok()) return s;
+  const T* no_scale = nullptr;
+  T* dw = static_cast<T*>(p.dweight);
+  T* db = static_cast<T*>(p.dbias);
+  if (!wk.grouped) {
+    if (!(s = reduce_into<T, T>(wk.part_a, p.n, nblocks, 1, dw, no_scale, 0, stream)).ok()) return s;
+    if (Tr::kLayer || Tr::kAda)
+      if (!(s = reduce_into<T, T>(wk.part_d, p.n, nblocks, 1, db, no_scale, 0, stream)).ok()) return s;
+    return Status::Ok();
   }
-  return Status::Ok();
+  // Grouped AdaLN: per-group sums (when several blocks shared a group), then the parameter grads.
+  if (staged) {
+    if (!(s = reduce_into<float, T>(wk.part_a, p.n, wk.bpg, wk.groups, ga, no_scale, 0, stream)).ok()) return s;
+    if (!(s = reduce_into<float, T>(wk.part_d, p.n, wk.bpg, wk.groups, gd, no_scale, 0, stream)).ok()) return s;
+  }
+  if (p.dscale || p.dshift) {
+    const int64_t total = wk.groups * p.n;
+    const int64_t grid = std::min<int64_t>(ceil_div(total, 256), int64_t(dev.sm_count) * 16);
+    ada_group_grads<T><<<dim3(unsigned(grid)), dim3(256), 0, stream>>>(
+        ga, gd, p.n, total, static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), static_cast<T*>(p.dscale),
+        static_cast<T*>(p.dshift));
+    if (!(s = check_launch("ada_norm backward (scale/shift)")).ok()) return s;
+  }
+  const T* sc = static_cast<const T*>(p.scale);
+  if (!(s = reduce_into<T, T>(ga, p.n, wk.groups, 1, dw, sc, p.scale_stride, stream)).ok()) return s;
+  return reduce_into<T, T>(gd, p.n, wk.groups, 1, db, sc, p.scale_stride, stream);
 }
 
 template <typename T, NormOp kOp>
