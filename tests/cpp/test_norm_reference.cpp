@@ -327,6 +327,28 @@ TEST(NormReference, AdaNormBackwardFiniteDifference) {
   }
 }
 
+// Tensors with no elements are valid whatever their strides (a framework's empty tensor [2, 0, 64]
+// has strides [64, 64, 1]); nothing is computed and parameter gradients are zero.
+TEST(NormReference, EmptyTensorsWithAnyStrides) {
+  auto empty = [](DType t) {
+    TensorView v = kernelforge::make_view(nullptr, t, {2, 0, 64}, Device{DeviceType::kCPU, 0});
+    v.strides[0] = 64;  // as torch.empty(2, 0, 64).stride()
+    v.strides[1] = 64;
+    return v;
+  };
+  Rng rng(hash_str("empty"));
+  for (DType t : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const TensorView x = empty(t), y = empty(t);
+    HostTensor w = random_weight(t, {64}, rng), dw(t, {64});
+    TensorView wv = w.view(), dwv = dw.view();
+    KF_ASSERT_OK(ref::rms_norm(x, &wv, 1e-6f, y));
+    KF_ASSERT_OK(ref::layer_norm(x, &wv, nullptr, 1e-5f, y));
+    KF_ASSERT_OK(ref::rms_norm_backward(x, x, &wv, 1e-6f, y, &dwv));
+    for (int64_t i = 0; i < 64; ++i) ASSERT_EQ(dw.get(i), 0.0) << "dweight[" << i << "] of no rows";
+  }
+}
+
 // ---- the test helpers themselves -------------------------------------------------------------
 TEST(TestUtil, HalfConversionsRoundTrip) {
   for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 0.333333f}) {

@@ -10,12 +10,18 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernelforge/kernelforge.h"
+
+namespace kernelforge {
+// gtest prints test parameters with this (found by argument-dependent lookup)
+inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace kernelforge
 
 namespace kftest {
 
