@@ -74,9 +74,10 @@ def _unsupported_reason(m: torch.nn.Module) -> str | None:
 
 @dataclass(frozen=True)
 class PatchedModule:
-    path: str
-    cls: str
-    op: str
+    path: str  # as in model.named_modules(); "" is the model itself
+    cls: str  # class name, e.g. "Qwen2RMSNorm"
+    op: str  # the kernelforge op the new forward calls
+    qualname: str = ""  # library-qualified class name, e.g. "transformers.Qwen2RMSNorm"
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,15 @@ class SkippedModule:
     path: str
     cls: str
     reason: str
+    qualname: str = ""
+
+
+def _qualname(cls: type) -> str:
+    """torch.nn.RMSNorm, diffusers.RMSNorm, transformers.Qwen2RMSNorm: tells same-named classes apart."""
+    mod = cls.__module__ or ""
+    if mod.startswith("torch.nn."):
+        return f"torch.nn.{cls.__name__}"
+    return f"{mod.split('.')[0]}.{cls.__name__}" if mod else cls.__name__
 
 
 @dataclass
@@ -112,18 +122,20 @@ class PatchReport:
 
         groups: dict[tuple[str, str], list[str]] = {}
         for m in self.patched:
-            groups.setdefault((m.cls, m.op), []).append(m.path or "<root>")
+            groups.setdefault((m.qualname or m.cls, m.op), []).append(m.path or "<root>")
         if groups:
             lines.append("  patched:")
             for (cls, op), ps in groups.items():
-                lines.append(f"    {len(ps):4d} x {cls} -> {op}: {paths(ps)}")
+                lines.append(f"    {len(ps):4d} x {cls} -> {op}")
+                lines.append(f"           {paths(ps)}")
         groups = {}
         for m in self.skipped:
-            groups.setdefault((m.cls, m.reason), []).append(m.path or "<root>")
+            groups.setdefault((m.qualname or m.cls, m.reason), []).append(m.path or "<root>")
         if groups:
             lines.append("  skipped:")
             for (cls, reason), ps in groups.items():
-                lines.append(f"    {len(ps):4d} x {cls}: {reason}: {paths(ps)}")
+                lines.append(f"    {len(ps):4d} x {cls}: {reason}")
+                lines.append(f"           {paths(ps)}")
         return "\n".join(lines)
 
 
@@ -141,25 +153,25 @@ def patch(model: torch.nn.Module) -> PatchReport:
     """Replace the forward of every supported norm module in ``model``; returns what was done."""
     report = PatchReport()
     for path, module in model.named_modules():
-        cls = type(module).__name__
+        cls, qual = type(module).__name__, _qualname(type(module))
         if _STATE_ATTR in module.__dict__:
-            report.skipped.append(SkippedModule(path, cls, "already patched by kernelforge"))
+            report.skipped.append(SkippedModule(path, cls, "already patched by kernelforge", qual))
             continue
         entry, verdict = next(((e, v) for e in REPLACEMENTS if (v := e.match(module)) is not None), (None, None))
         if entry is None:
             reason = _unsupported_reason(module)
             if reason is not None:
-                report.skipped.append(SkippedModule(path, cls, reason))
+                report.skipped.append(SkippedModule(path, cls, reason, qual))
             continue
         if verdict is True and "forward" in module.__dict__:
             verdict = "forward is already overridden on this instance (e.g. by an accelerate hook)"
         if verdict is not True:
-            report.skipped.append(SkippedModule(path, cls, str(verdict)))
+            report.skipped.append(SkippedModule(path, cls, str(verdict), qual))
             continue
         installed = types.MethodType(entry.forward, module)
         module.__dict__[_STATE_ATTR] = _PatchState(entry, module.forward, installed)
         module.forward = installed
-        report.patched.append(PatchedModule(path, cls, entry.op))
+        report.patched.append(PatchedModule(path, cls, entry.op, qual))
     return report
 
 

@@ -100,7 +100,9 @@ def test_report_lists_patched_and_skipped(kf):
     assert "" not in patched and "" not in skipped  # the ModuleDict itself
     text = str(report)
     assert f"{len(report.patched)} module(s) patched, {len(report.skipped)} skipped" in text
-    assert "LlamaRMSNorm -> kernelforge.rms_norm" in text and "GemmaRMSNorm" in text and "Gemma-style" in text
+    assert "transformers.LlamaRMSNorm -> kernelforge.rms_norm" in text and "Gemma-style" in text
+    assert "diffusers.RMSNorm -> kernelforge.rms_norm" in text and "torch.nn.RMSNorm -> kernelforge.rms_norm" in text
+    print(text)
     assert kf.unpatch(model) == len(report.patched)
 
 
