@@ -50,6 +50,17 @@ def pytest_runtest_setup(item):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A module skipped at import (e.g. a module-level importorskip) may hold GPU tests that would
+    # then never run: with KF_REQUIRE_GPU=1 that is a failure too.
+    outcome = yield
+    rep = outcome.get_result()
+    if REQUIRE_GPU and rep.skipped:
+        rep.outcome = "failed"
+        rep.longrepr = f"KF_REQUIRE_GPU=1: {collector.nodeid} was skipped at collection: {rep.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()

@@ -150,7 +150,7 @@ def test_cuda_graph_forward_backward(kf, op, dtype):
             d.copy_(R.rand(shape, dtype, "cuda"))
     g.replay()
     torch.cuda.synchronize()
-    eager = {k: (v.clone().requires_grad_() if v is not None else None) for k, v in static.items()}
+    eager = {k: (v.detach().clone().requires_grad_() if v is not None else None) for k, v in static.items()}
     e_out = run_kf(kf, op, eager)
     torch.autograd.backward(e_out, dys)
     for a, e in zip(out, e_out):

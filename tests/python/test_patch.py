@@ -13,15 +13,23 @@ import torch
 import norm_ref as R
 from norm_ref import DEVICES
 
-transformers = pytest.importorskip("transformers")
-from transformers.models.gemma.modeling_gemma import GemmaRMSNorm  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
-from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm  # noqa: E402
-from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
-
-diffusers_norm = pytest.importorskip("diffusers.models.normalization")
-
 N = 64
+
+
+# transformers / diffusers are imported per test (not at module level): a module-level skip would
+# hide this file's GPU tests from the KF_REQUIRE_GPU=1 check in conftest.py.
+def _hf():
+    pytest.importorskip("transformers")
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    return types.SimpleNamespace(Gemma=GemmaRMSNorm, Llama=LlamaRMSNorm, Olmo2=Olmo2RMSNorm, Qwen2=Qwen2RMSNorm)
+
+
+def _diffusers():
+    return pytest.importorskip("diffusers.models.normalization")
 
 
 class MyLayerNorm(torch.nn.LayerNorm):
@@ -50,6 +58,8 @@ def _randomize(model):
 
 def zoo():
     """name -> (module, expected verdict: an op name when patched, else a substring of the reason)."""
+    hf, diffusers_norm = _hf(), _diffusers()
+    LlamaRMSNorm, Qwen2RMSNorm, GemmaRMSNorm, Olmo2RMSNorm = hf.Llama, hf.Qwen2, hf.Gemma, hf.Olmo2
     return {
         "llama": (LlamaRMSNorm(N, eps=1e-5), "kernelforge.rms_norm"),
         "qwen2": (Qwen2RMSNorm(N, eps=1e-6), "kernelforge.rms_norm"),
@@ -164,7 +174,7 @@ def test_patch_twice_is_idempotent(kf):
 
 def test_instance_forward_is_left_alone(kf):
     """A forward already overridden on the instance (accelerate hooks do this) is not replaced."""
-    m = LlamaRMSNorm(N)
+    m = _hf().Llama(N)
     hook = types.MethodType(lambda self, x: x, m)
     m.forward = hook
     report = kf.patch(m)
@@ -173,7 +183,7 @@ def test_instance_forward_is_left_alone(kf):
 
 
 def test_root_module_can_be_patched(kf):
-    m = _randomize(LlamaRMSNorm(N))
+    m = _randomize(_hf().Llama(N))
     report = kf.patch(m)
     assert report.patched_paths == [""] and "<root>" in str(report)
     x = R.rand((2, N), torch.float32, "cpu")
@@ -185,10 +195,10 @@ def test_root_module_can_be_patched(kf):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: LlamaRMSNorm(N),
+    lambda: _hf().Llama(N),
     lambda: torch.nn.RMSNorm(N),
     lambda: torch.nn.LayerNorm(N),
-    lambda: diffusers_norm.RMSNorm(N, eps=1e-6),
+    lambda: _diffusers().RMSNorm(N, eps=1e-6),
 ], ids=["llama", "torch_rms", "torch_ln", "diffusers"])
 def test_mixed_dtype_falls_back_with_one_warning(kf, make, monkeypatch):
     """float32 weights with a bfloat16 input: the original forward runs (its dtype promotion rules
@@ -217,7 +227,7 @@ def test_diffusers_bias_added_after_patch_falls_back(kf, monkeypatch):
     P = importlib.import_module("kernelforge.patch")  # `kernelforge.patch` the attribute is the function
 
     monkeypatch.setattr(P, "_warned", set())
-    m = _randomize(diffusers_norm.RMSNorm(N, eps=1e-6))
+    m = _randomize(_diffusers().RMSNorm(N, eps=1e-6))
     kf.patch(m)
     m.bias = torch.nn.Parameter(torch.randn(N))
     x = R.rand((3, N), torch.float32, "cpu")
