@@ -103,6 +103,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--kf-only", action="store_true", help="time kernelforge only (tuning sweeps)")
+    ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument("--shapes", default="16384x2048,16384x4096,16384x8192,4096x65536,2048x131072")
     a = ap.parse_args()
     fails = 0
     if not a.time_only:
@@ -130,9 +133,9 @@ def main():
     copy_dst = torch.empty_like(copy_src)
     t = time_fn(lambda: copy_dst.copy_(copy_src))
     bw = 2 * (1 << 30) / t / 1e6
-    print(f"d2d copy: {bw:.0f} GB/s")
+    print(f"d2d copy: {bw:.0f} GB/s  KF_TUNE={__import__('os').environ.get('KF_TUNE', '')}")
     comp = torch.compile(hf_rms)
-    for rows, n in [(16384, 2048), (16384, 4096), (16384, 8192), (4096, 65536), (2048, 131072)]:
+    for rows, n in [tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",")]:
         x = make((rows, n), torch.bfloat16, "cuda", 1)
         w = make((n,), torch.bfloat16, "cuda", 2)
         b = make((n,), torch.bfloat16, "cuda", 3)
@@ -141,16 +144,17 @@ def main():
         sh = make((B, 1, n), torch.bfloat16, "cuda", 6) * 0.1
         r = make((rows, n), torch.bfloat16, "cuda", 7)
         byt = 2 * rows * n * 2
-        res = {
-            "kf_rms": (time_fn(lambda: kf.rms_norm(x, w)), byt),
-            "F.rms": (time_fn(lambda: F.rms_norm(x, (n,), w, 1e-6)), byt),
-            "compile_rms": (time_fn(lambda: comp(x, w)), byt),
-            "kf_add_rms": (time_fn(lambda: kf.add_rms_norm(x, r, w)), 2 * byt),
-            "kf_layer": (time_fn(lambda: kf.layer_norm(x, w, b)), byt),
-            "F.layer": (time_fn(lambda: F.layer_norm(x, (n,), w, b, 1e-5)), byt),
-            "kf_ada": (time_fn(lambda: kf.ada_norm(x.view(B, -1, n), sc, sh)), byt),
+        cases = {
+            "kf_rms": (lambda: kf.rms_norm(x, w), byt),
+            "F.rms": (lambda: F.rms_norm(x, (n,), w, 1e-6), byt),
+            "compile_rms": (lambda: comp(x, w), byt),
+            "kf_add_rms": (lambda: kf.add_rms_norm(x, r, w), 2 * byt),
+            "kf_layer": (lambda: kf.layer_norm(x, w, b), byt),
+            "F.layer": (lambda: F.layer_norm(x, (n,), w, b, 1e-5), byt),
+            "kf_ada": (lambda: kf.ada_norm(x.view(B, -1, n), sc, sh), byt),
         }
-        if n <= 8192:
+        res = {k: (time_fn(f), nb) for k, (f, nb) in cases.items() if k.startswith("kf") or not a.kf_only}
+        if n <= 8192 and not a.fwd_only:
             xg = x.clone().requires_grad_(True)
             wg = w.clone().requires_grad_(True)
             dy = make((rows, n), torch.bfloat16, "cuda", 4)
@@ -161,7 +165,8 @@ def main():
                     torch.autograd.grad(y, [xg], dy)
                 return run
             res["kf_rms_fb"] = (time_fn(fb(lambda: kf.rms_norm(xg, wg))), 5 * rows * n * 2)
-            res["compile_rms_fb"] = (time_fn(fb(lambda: comp(xg, wg))), 5 * rows * n * 2)
+            if not a.kf_only:
+                res["compile_rms_fb"] = (time_fn(fb(lambda: comp(xg, wg))), 5 * rows * n * 2)
             bg = b.clone().requires_grad_(True)
             res["kf_layer_fb"] = (time_fn(fb(lambda: kf.layer_norm(xg, wg, bg))), 5 * rows * n * 2)
             scg, shg = sc.clone().requires_grad_(True), sh.clone().requires_grad_(True)

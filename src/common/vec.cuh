@@ -30,15 +30,38 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 template <typename T>
 __device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
 
-// Loads bypass L1 allocation only through the default path; rows are read once, so plain global
-// loads are used and the compiler emits LDG.E.128 for 16-byte Vecs.
+// 16/8/4-byte vectors move through one integer register group so that the compiler emits a single
+// LDG.E.128 / STG.E.128 (element-wise struct copies were split into 32-bit stores).
+template <int kBytes>
+struct RawVec;
+template <>
+struct RawVec<16> { using type = uint4; };
+template <>
+struct RawVec<8> { using type = uint2; };
+template <>
+struct RawVec<4> { using type = unsigned int; };
+template <>
+struct RawVec<2> { using type = unsigned short; };
+
 template <typename T, int kVec>
 __device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, kVec>*>(p);
+  using R = typename RawVec<sizeof(T) * kVec>::type;
+  const R r = *reinterpret_cast<const R*>(p);
+  Vec<T, kVec> v;
+  memcpy(&v, &r, sizeof(R));
+  return v;
 }
 template <typename T, int kVec>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
-  *reinterpret_cast<Vec<T, kVec>*>(p) = v;
+  using R = typename RawVec<sizeof(T) * kVec>::type;
+  R r;
+  memcpy(&r, &v, sizeof(R));
+  if constexpr (sizeof(R) == 16) {  // explicit: NVVM otherwise split it into four 32-bit stores
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
+                 : "memory");
+  } else {
+    *reinterpret_cast<R*>(p) = r;
+  }
 }
 
 }  // namespace kernelforge

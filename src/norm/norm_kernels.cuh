@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -53,6 +54,23 @@ constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers p
 constexpr int kBwdMaxElems = 16;  // per thread: x, dy and up to four column accumulators
 constexpr int kBwdMinTeam = 128;
 constexpr int kMaxCluster = 8;    // portable cluster size limit
+
+// Developer override of the tables above for tuning sweeps: KF_TUNE="fwd_team=128,cluster_team=256".
+// Read once per process; unknown keys are ignored. Production runs leave KF_TUNE unset.
+inline int tune(const char* key, int def) {
+  static const std::string env = [] {
+    const char* e = std::getenv("KF_TUNE");
+    return std::string(e ? e : "");
+  }();
+  if (env.empty()) return def;
+  const std::string k = std::string(key) + "=";
+  size_t pos = 0;
+  while ((pos = env.find(k, pos)) != std::string::npos) {
+    if (pos == 0 || env[pos - 1] == ',') return std::atoi(env.c_str() + pos + k.size());
+    pos += k.size();
+  }
+  return def;
+}
 
 inline int pow2_ceil(int64_t v) {
   int p = 1;
@@ -165,60 +183,98 @@ __device__ __forceinline__ float fwd_value(float xh, const NormParams& p, float 
   return y;
 }
 
-// ---- forward, row in registers --------------------------------------------------------------
+// ---- forward, row in registers ----------------------------------------------------------------
+// Persistent when cluster == 1: a block loops over rows; weight/bias live in registers across rows
+// and the next row's x (and residual) is loaded before the current row is reduced and stored, so
+// DRAM reads stay in flight through the reduction (kPipe: when the per-thread row slice is small
+// enough to hold twice).
 template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p, const int tpr, const int cluster) {
+__global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p, const int tpr_shift, const int cluster) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
+    constexpr int kSliceBytes = kIters * kVec * int(sizeof(T)) * (Tr::kRes ? 2 : 1);
+    constexpr bool kPipe = kSliceBytes <= 32;
     __shared__ ReduceSmem<1> sm;
     int slot = 0;
     const T* __restrict__ xg = static_cast<const T*>(p.x);
+    const T* __restrict__ rg = static_cast<const T*>(p.residual);
     T* __restrict__ yg = static_cast<T*>(p.y);
-    const int rpb = blockDim.x / tpr;
-    const int team = threadIdx.x / tpr;
-    const int t = threadIdx.x - team * tpr;
+    const int tpr = 1 << tpr_shift;
+    const int rpb = int(blockDim.x) >> tpr_shift;
+    const int team = int(threadIdx.x) >> tpr_shift;
+    const int t = int(threadIdx.x) & (tpr - 1);
     const int64_t n = p.n;
     const int64_t v0 = int64_t(cluster_rank(cluster)) * tpr * kIters + t;
     const float inv_n = 1.f / float(n);
-    const int64_t row_step = int64_t(gridDim.x / cluster) * rpb;
+    const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
+    auto col_of = [&](int i) { return (v0 + int64_t(i) * tpr) * kVec; };
 
-    for (int64_t base = int64_t(blockIdx.x / cluster) * rpb; base < p.rows; base += row_step) {
-      const int64_t row = base + team;
-      const bool row_ok = row < p.rows;
-      V xv[kIters];
+    V wv[kPipe ? kIters : 1], bv[kPipe ? kIters : 1];  // parameters kept across rows (kPipe)
+    if constexpr (kPipe) {
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
-        const int64_t col = (v0 + int64_t(i) * tpr) * kVec;
-        if (row_ok && col < n) {
-          xv[i] = load_vec<T, kVec>(xg + row * p.x_stride + col);
+        const int64_t col = col_of(i);
+        if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if constexpr (!Tr::kHfRms) {
+          if (col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+        }
+      }
+    }
+    V xv[kIters], rv[Tr::kRes ? kIters : 1];
+    auto load_row = [&](int64_t row, V (&xd)[kIters], V (&rd)[Tr::kRes ? kIters : 1]) {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
+        if (row < p.rows && col < n) {
+          xd[i] = load_vec<T, kVec>(xg + row * p.x_stride + col);
+          if constexpr (Tr::kRes) rd[i] = load_vec<T, kVec>(rg + row * p.res_stride + col);
+        }
+      }
+    };
+
+    const int64_t step = int64_t(gridDim.x / cluster) * rpb;
+    int64_t base = int64_t(blockIdx.x / cluster) * rpb;
+    if (base < p.rows) load_row(base + team, xv, rv);
+    for (; base < p.rows; base += step) {
+      const int64_t row = base + team;
+      const bool row_ok = row < p.rows;
+      V xn[kPipe ? kIters : 1], rn[kPipe && Tr::kRes ? kIters : 1];
+      if constexpr (kPipe) {
+        if (base + step < p.rows) load_row(row + step, xn, rn);
+      }
+      // Padding (columns past n, rows past the end) enters the sums as zeros.
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const bool ok = row_ok && col_of(i) < n;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
           if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
-            const V rv = load_vec<T, kVec>(static_cast<const T*>(p.residual) + row * p.res_stride + col);
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) xv[i].v[j] = from_float<T>(to_float(xv[i].v[j]) + to_float(rv.v[j]));
-            store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col, xv[i]);
+            xv[i].v[j] = from_float<T>(ok ? to_float(xv[i].v[j]) + to_float(rv[i].v[j]) : 0.f);
+          } else {
+            if (!ok) xv[i].v[j] = from_float<T>(0.f);
           }
-        } else {
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) xv[i].v[j] = from_float<T>(0.f);
+        }
+        if constexpr (Tr::kRes) {
+          if (ok) store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col_of(i), xv[i]);
         }
       }
       float mean = 0.f;
       if constexpr (Tr::kLayer) {
-        float s[1] = {0.f};
+        float s1[1] = {0.f};
 #pragma unroll
         for (int i = 0; i < kIters; ++i)
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);  // padding is 0
-        team_sum<1>(s, tpr, team, sm, slot, cluster);
-        mean = s[0] * inv_n;
+          for (int j = 0; j < kVec; ++j) s1[0] += to_float(xv[i].v[j]);
+        team_sum<1>(s1, tpr, team, sm, slot, cluster);
+        mean = s1[0] * inv_n;
       }
       float q[1] = {0.f};
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
-        const bool ok = (v0 + int64_t(i) * tpr) * kVec < n;
+        const bool ok = col_of(i) < n;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float d = to_float(xv[i].v[j]) - mean;
@@ -231,12 +287,17 @@ __global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p,
       const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
-        const int64_t col = (v0 + int64_t(i) * tpr) * kVec;
+        const int64_t col = col_of(i);
         if (!(row_ok && col < n)) continue;
-        V wv, bv, scv, shv;
-        if (p.weight) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
-        if constexpr (!Tr::kHfRms) {
-          if (p.bias) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+        V w_i, b_i, scv, shv;
+        if constexpr (kPipe) {
+          w_i = wv[i];
+          b_i = bv[i];
+        } else {
+          if (has_w) w_i = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+          if constexpr (!Tr::kHfRms) {
+            if (has_b) b_i = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+          }
         }
         if constexpr (Tr::kAda) {
           scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
@@ -246,10 +307,10 @@ __global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p,
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
-          const float w = p.weight ? to_float(wv.v[j]) : 1.f;
+          const float w = has_w ? to_float(w_i.v[j]) : 1.f;
           float b = 0.f, sc = 0.f, sh = 0.f;
           if constexpr (!Tr::kHfRms) {
-            if (p.bias) b = to_float(bv.v[j]);
+            if (has_b) b = to_float(b_i.v[j]);
           }
           if constexpr (Tr::kAda) {
             sc = to_float(scv.v[j]);
@@ -259,8 +320,185 @@ __global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p,
         }
         store_vec<T, kVec>(yg + row * p.y_stride + col, out);
       }
+      if constexpr (kPipe) {
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          xv[i] = xn[i];
+          if constexpr (Tr::kRes) rv[i] = rn[i];
+        }
+      } else {
+        if (base + step < p.rows) load_row(row + step, xv, rv);
+      }
     }
     cluster_exit_sync(cluster);
+  }
+}
+
+// ---- forward, Hopper bulk-copy pipeline ----------------------------------------------------------
+// sm_90: each CTA owns one slice of a row (the whole row, or 1/C of it inside a cluster of C CTAs).
+// Thread 0 streams slices of the next S-1 rows into shared memory with cp.async.bulk (the copy
+// engine, completion on an mbarrier), so DRAM reads stay in flight while the current row is
+// reduced from shared memory and written out. Registers hold nothing row-sized: many threads per SM.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bulk_load_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n\t.reg .pred p;\n"
+      "KF_WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+      "@!p bra KF_WAIT_%=;\n}" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+constexpr int kBulkMaxStages = 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kHasBulk = false;
+#else
+constexpr bool kHasBulk = true;
+#endif
+
+template <typename T, NormOp kOp, int kVec>
+__global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using Tr = OpTraits<kOp>;
+    using V = Vec<T, kVec>;
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
+    __shared__ ReduceSmem<1> sm;
+    int slot = 0;
+    const int tpr = blockDim.x, t = threadIdx.x;
+    const int rank = cluster_rank(cluster);
+    const int64_t n = p.n;
+    const int64_t slice = n / cluster;  // elements of a row held by this CTA (host guarantees it divides)
+    const int64_t col0 = int64_t(rank) * slice;
+    const int64_t svec = slice / kVec;
+    const uint32_t slice_bytes = uint32_t(slice * sizeof(T));
+    const int nbuf = Tr::kRes ? 2 : 1;
+    T* stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][nbuf][slice]
+    const float inv_n = 1.f / float(n);
+    const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
+
+    const int64_t step = gridDim.x / cluster;
+    const int64_t first = blockIdx.x / cluster;
+    auto issue = [&](int64_t row, int s) {  // thread 0 only
+      mbar_expect(&bars[s], slice_bytes * nbuf);
+      T* dst = stage_base + int64_t(s) * nbuf * slice;
+      bulk_load_row(dst, static_cast<const T*>(p.x) + row * p.x_stride + col0, slice_bytes, &bars[s]);
+      if constexpr (Tr::kRes)
+        bulk_load_row(dst + slice, static_cast<const T*>(p.residual) + row * p.res_stride + col0, slice_bytes,
+                      &bars[s]);
+    };
+    if (t == 0) {
+      for (int s = 0; s < stages; ++s)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int s = 0; s < stages; ++s) {
+        const int64_t row = first + int64_t(s) * step;
+        if (row < p.rows) issue(row, s);
+      }
+    }
+    __syncthreads();
+
+    int64_t k = 0;  // rows done by this CTA
+    for (int64_t row = first; row < p.rows; row += step, ++k) {
+      const int s = int(k % stages);
+      mbar_wait(&bars[s], uint32_t((k / stages) & 1));
+      T* xs = stage_base + int64_t(s) * nbuf * slice;
+      if constexpr (Tr::kRes) {  // s = T(x + residual): written to `sum` and kept in shared memory
+        for (int64_t v = t; v < svec; v += tpr) {
+          V a = *reinterpret_cast<const V*>(xs + v * kVec);
+          const V r = *reinterpret_cast<const V*>(xs + slice + v * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
+          *reinterpret_cast<V*>(xs + v * kVec) = a;
+          store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col0 + v * kVec, a);
+        }
+      }
+      float mean = 0.f;
+      if constexpr (Tr::kLayer) {
+        float s1[1] = {0.f};
+        for (int64_t v = t; v < svec; v += tpr) {
+          const V a = *reinterpret_cast<const V*>(xs + v * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s1[0] += to_float(a.v[j]);
+        }
+        team_sum<1>(s1, tpr, 0, sm, slot, cluster);
+        mean = s1[0] * inv_n;
+      }
+      float q[1] = {0.f};
+      for (int64_t v = t; v < svec; v += tpr) {
+        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = to_float(a.v[j]) - mean;
+          q[0] += d * d;
+        }
+      }
+      team_sum<1>(q, tpr, 0, sm, slot, cluster);  // (a barrier: every thread wrote its s first)
+      const float rstd = rsqrtf(q[0] * inv_n + p.eps);
+      const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+      for (int64_t v = t; v < svec; v += tpr) {
+        const int64_t col = col0 + v * kVec;
+        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
+        V wv, bv, scv, shv, out;
+        if (has_w) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if constexpr (!Tr::kHfRms) {
+          if (has_b) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+        }
+        if constexpr (Tr::kAda) {
+          scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
+          shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xh = (to_float(a.v[j]) - mean) * rstd;
+          const float w = has_w ? to_float(wv.v[j]) : 1.f;
+          float b = 0.f, sc = 0.f, sh = 0.f;
+          if constexpr (!Tr::kHfRms) {
+            if (has_b) b = to_float(bv.v[j]);
+          }
+          if constexpr (Tr::kAda) {
+            sc = to_float(scv.v[j]);
+            sh = to_float(shv.v[j]);
+          }
+          out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
+        }
+        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col, out);
+      }
+      __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
+      if (t == 0) {
+        const int64_t next = row + int64_t(stages) * step;
+        if (next < p.rows) {
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          issue(next, s);
+        }
+      }
+    }
+    cluster_exit_sync(cluster);
+#endif
   }
 }
 
@@ -368,14 +606,25 @@ struct BwdWork {
   float* part_d;  // [partial rows, N]: Σ u
 };
 
-template <NormOp kOp>
-__device__ __forceinline__ int64_t part_row(const BwdWork& wk, int64_t b, int64_t grp) {
-  return (wk.grouped && wk.bpg == 1) ? grp : b;
-}
+// The rows of one block, in order: k = 0, 1, ... (see the work split above). row_of returns -1 past
+// the end; group_end tells when a block that owns whole groups has finished one.
+struct BwdSeq {
+  int64_t b, grid, bpg, R, G;
+  __device__ __forceinline__ int64_t row_of(int64_t k) const {
+    if (bpg > 1) {
+      const int64_t lr = b % bpg + k * bpg;
+      return lr < R ? (b / bpg) * R + lr : -1;
+    }
+    const int64_t grp = b + (k / R) * grid;
+    return grp < G ? grp * R + k % R : -1;
+  }
+};
 
-template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p, const BwdWork wk) {
-  if constexpr (!arch_supports<T>()) {
+// kBulk (sm_90, 16-byte aligned rows that fit a stage): x, dy (and dsum) of the next rows stream
+// into shared memory through cp.async.bulk while the current row is processed; else plain loads.
+template <typename T, NormOp kOp, int kVec, int kIters, bool kBulk>
+__global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p, const BwdWork wk, const int stages) {
+  if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk)) {
     __trap();
   } else {
     using Tr = OpTraits<kOp>;
@@ -404,113 +653,160 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     for (int e = 0; e < E; ++e) acc_a[e] = acc_d[e] = 0.f;
 
     const int64_t b = blockIdx.x;
-    const int64_t g_first = wk.bpg > 1 ? b / wk.bpg : b;
-    const int64_t g_step = wk.bpg > 1 ? wk.groups : gridDim.x;  // bpg > 1: exactly one group
-    bool wrote = false;
-    for (int64_t grp = g_first; grp < wk.groups; grp += g_step) {
-      const int64_t r_first = wk.bpg > 1 ? b % wk.bpg : 0, r_step = wk.bpg > 1 ? wk.bpg : 1;
-      for (int64_t lr = r_first; lr < wk.group_rows; lr += r_step) {
-        const int64_t row = grp * wk.group_rows + lr;
-        V xv[kIters], dyv[kIters], scv[kIters];
-        const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
+    const BwdSeq seq = {b, int64_t(gridDim.x), wk.bpg, wk.group_rows, wk.groups};
+    const bool per_group = wk.grouped && wk.bpg == 1;
+
+    // Bulk pipeline state (kBulk only).
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
+    const int nbuf = p.dsum ? 3 : 2;
+    const uint32_t row_bytes = uint32_t(n * sizeof(T));
+    T* stage_base = reinterpret_cast<T*>(dyn_smem);
+    auto issue = [&](int64_t row, int s) {
+      mbar_expect(&bars[s], row_bytes * nbuf);
+      T* dst = stage_base + int64_t(s) * nbuf * n;
+      bulk_load_row(dst, static_cast<const T*>(p.x) + row * p.x_stride, row_bytes, &bars[s]);
+      bulk_load_row(dst + n, static_cast<const T*>(p.dy) + row * p.dy_stride, row_bytes, &bars[s]);
+      if (p.dsum) bulk_load_row(dst + 2 * n, static_cast<const T*>(p.dsum) + row * p.dsum_stride, row_bytes, &bars[s]);
+    };
+    if constexpr (kBulk) {
+      if (t == 0) {
+        for (int s = 0; s < stages; ++s)
+          asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < stages; ++s) {
+          const int64_t row = seq.row_of(s);
+          if (row >= 0) issue(row, s);
+        }
+      }
+      __syncthreads();
+    }
+
+    for (int64_t k = 0;; ++k) {
+      const int64_t row = seq.row_of(k);
+      if (row < 0) break;
+      V xv[kIters], dyv[kIters], dsv[kIters], scv[kIters];
+      const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
+      const T* xs = nullptr;
+      if constexpr (kBulk) {
+        const int s = int(k % stages);
+        mbar_wait(&bars[s], uint32_t((k / stages) & 1));
+        xs = stage_base + int64_t(s) * nbuf * n;
+      }
 #pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          const int64_t col = col_of(i);
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) xv[i].v[j] = dyv[i].v[j] = scv[i].v[j] = from_float<T>(0.f);
-          if (col < n) {
+        for (int j = 0; j < kVec; ++j) xv[i].v[j] = dyv[i].v[j] = dsv[i].v[j] = scv[i].v[j] = from_float<T>(0.f);
+        if (col < n) {
+          if constexpr (kBulk) {
+            xv[i] = *reinterpret_cast<const V*>(xs + col);
+            dyv[i] = *reinterpret_cast<const V*>(xs + n + col);
+            if (p.dsum) dsv[i] = *reinterpret_cast<const V*>(xs + 2 * n + col);
+          } else {
             xv[i] = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + col);
             dyv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dy) + row * p.dy_stride + col);
-            if constexpr (Tr::kAda)
-              scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
+            if (p.dsum) dsv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + col);
           }
+          if constexpr (Tr::kAda)
+            scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
         }
-        // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
-        auto dn_of = [&](int i, int j) {
-          float g = to_float(dyv[i].v[j]);
-          if constexpr (Tr::kAda) g *= 1.f + to_float(scv[i].v[j]);
-          return has_w ? g * to_float(wv[i].v[j]) : g;
-        };
-        float mean = 0.f, rstd, mdn = 0.f, mdnxh;
-        if constexpr (Tr::kLayer) {
-          float s[2] = {0.f, 0.f};  // Σx (padding is 0)
-#pragma unroll
-          for (int i = 0; i < kIters; ++i)
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);
-          team_sum<2>(s, tpr, 0, sm, slot, 1);
-          mean = s[0] * inv_n;
-          float q[2] = {0.f, 0.f};  // Σ(x - mean)²
-#pragma unroll
-          for (int i = 0; i < kIters; ++i) {
-            const bool ok = col_of(i) < n;
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              const float d = to_float(xv[i].v[j]) - mean;
-              q[0] += ok ? d * d : 0.f;
-            }
-          }
-          team_sum<2>(q, tpr, 0, sm, slot, 1);
-          rstd = rsqrtf(q[0] * inv_n + p.eps);
-          float r[2] = {0.f, 0.f};  // Σdn, Σdn·xh (padding: dy = 0 -> dn = 0)
-#pragma unroll
-          for (int i = 0; i < kIters; ++i)
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              const float dn = dn_of(i, j);
-              r[0] += dn;
-              r[1] += dn * (to_float(xv[i].v[j]) - mean) * rstd;
-            }
-          team_sum<2>(r, tpr, 0, sm, slot, 1);
-          mdn = r[0] * inv_n;
-          mdnxh = r[1] * inv_n;
-        } else {
-          float r[2] = {0.f, 0.f};  // Σx², Σdn·x in one reduction
-#pragma unroll
-          for (int i = 0; i < kIters; ++i)
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              const float a = to_float(xv[i].v[j]);
-              r[0] += a * a;
-              r[1] += dn_of(i, j) * a;
-            }
-          team_sum<2>(r, tpr, 0, sm, slot, 1);
-          rstd = rsqrtf(r[0] * inv_n + p.eps);
-          mdnxh = r[1] * inv_n * rstd;  // mean(dn·xh)
-        }
-#pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          const int64_t col = col_of(i);
-          if (col >= n) continue;
-          V dsv, dxv, dscv;
-          if (p.dsum) dsv = load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + col);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
-            float dx = rstd * (dn_of(i, j) - mdn - xh * mdnxh);
-            if (p.dsum) dx += to_float(dsv.v[j]);
-            dxv.v[j] = from_float<T>(dx);
-            float u = to_float(dyv[i].v[j]);
-            if constexpr (Tr::kAda) {
-              if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift, u includes (1 + scale)
-                const float nrm = (has_w ? xh * to_float(wv[i].v[j]) : xh) + to_float(bv[i].v[j]);
-                dscv.v[j] = from_float<T>(u * nrm);
-                u *= 1.f + to_float(scv[i].v[j]);
-              }
-            }
-            acc_a[i * kVec + j] += u * xh;
-            if constexpr (kNeedD) acc_d[i * kVec + j] += u;
-          }
-          store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, dxv);
-          if constexpr (Tr::kAda) {
-            if (!wk.grouped) {
-              if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, dscv);
-              if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, dyv[i]);
-            }
+      }
+      if constexpr (kBulk) {
+        __syncthreads();  // the stage is in registers now: refill it with the row `stages` ahead
+        if (t == 0) {
+          const int64_t next = seq.row_of(k + stages);
+          if (next >= 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(next, int(k % stages));
           }
         }
       }
-      if (wk.grouped && wk.bpg == 1) {  // end of a group owned by this block
+      // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
+      auto dn_of = [&](int i, int j) {
+        float g = to_float(dyv[i].v[j]);
+        if constexpr (Tr::kAda) g *= 1.f + to_float(scv[i].v[j]);
+        return has_w ? g * to_float(wv[i].v[j]) : g;
+      };
+      float mean = 0.f, rstd, mdn = 0.f, mdnxh;
+      if constexpr (Tr::kLayer) {
+        float s[2] = {0.f, 0.f};  // Σx (padding is 0)
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);
+        team_sum<2>(s, tpr, 0, sm, slot, 1);
+        mean = s[0] * inv_n;
+        float q[2] = {0.f, 0.f};  // Σ(x - mean)²
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const bool ok = col_of(i) < n;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float d = to_float(xv[i].v[j]) - mean;
+            q[0] += ok ? d * d : 0.f;
+          }
+        }
+        team_sum<2>(q, tpr, 0, sm, slot, 1);
+        rstd = rsqrtf(q[0] * inv_n + p.eps);
+        float r[2] = {0.f, 0.f};  // Σdn, Σdn·xh (padding: dy = 0 -> dn = 0)
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float dn = dn_of(i, j);
+            r[0] += dn;
+            r[1] += dn * (to_float(xv[i].v[j]) - mean) * rstd;
+          }
+        team_sum<2>(r, tpr, 0, sm, slot, 1);
+        mdn = r[0] * inv_n;
+        mdnxh = r[1] * inv_n;
+      } else {
+        float r[2] = {0.f, 0.f};  // Σx², Σdn·x in one reduction
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float a = to_float(xv[i].v[j]);
+            r[0] += a * a;
+            r[1] += dn_of(i, j) * a;
+          }
+        team_sum<2>(r, tpr, 0, sm, slot, 1);
+        rstd = rsqrtf(r[0] * inv_n + p.eps);
+        mdnxh = r[1] * inv_n * rstd;  // mean(dn·xh)
+      }
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
+        if (col >= n) continue;
+        V dxv, dscv;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
+          float dx = rstd * (dn_of(i, j) - mdn - xh * mdnxh);
+          if (p.dsum) dx += to_float(dsv[i].v[j]);
+          dxv.v[j] = from_float<T>(dx);
+          float u = to_float(dyv[i].v[j]);
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift, u includes (1 + scale)
+              const float nrm = (has_w ? xh * to_float(wv[i].v[j]) : xh) + to_float(bv[i].v[j]);
+              dscv.v[j] = from_float<T>(u * nrm);
+              u *= 1.f + to_float(scv[i].v[j]);
+            }
+          }
+          acc_a[i * kVec + j] += u * xh;
+          if constexpr (kNeedD) acc_d[i * kVec + j] += u;
+        }
+        store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, dxv);
+        if constexpr (Tr::kAda) {
+          if (!wk.grouped) {
+            if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, dscv);
+            if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, dyv[i]);
+          }
+        }
+      }
+      if (per_group && (k % wk.group_rows) == wk.group_rows - 1) {  // end of a group owned by this block
+        const int64_t grp = row / wk.group_rows;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           const int64_t col = col_of(i);
@@ -523,11 +819,9 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
             acc_a[e] = acc_d[e] = 0.f;
           }
         }
-        wrote = true;
       }
     }
-    if (!(wk.grouped && wk.bpg == 1)) {
-      (void)wrote;
+    if (!per_group) {
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
@@ -547,7 +841,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
 // Backward for rows too long for registers: several passes over global memory; the column sums
 // are accumulated in this block's own partial rows (read-modify-write; one owner per partial row).
 template <typename T, NormOp kOp, int kVec>
-__global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, const BwdWork wk) {
+__global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, const BwdWork wk, const int) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -729,70 +1023,6 @@ inline Status check_launch(const char* what) {
   return Status::Ok();
 }
 
-template <typename T, NormOp kOp, int kVec, int kIters>
-Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, cudaStream_t stream) {
-  const int block = std::max(tpr, kFwdTuning<T>.min_block);
-  const int rpb = block / tpr;
-  const int64_t max_units = (INT_MAX / cluster);
-  const int64_t units = std::min<int64_t>(ceil_div(p.rows, rpb), max_units);
-  auto kernel = norm_fwd_regs<T, kOp, kVec, kIters>;
-  if (cluster == 1) {
-    kernel<<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, tpr, 1);
-  } else {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(units * cluster));
-    cfg.blockDim = dim3(block);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, tpr, cluster);
-    if (err != cudaSuccess) return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
-  }
-  return check_launch("norm forward");
-}
-
-template <typename T, NormOp kOp, int kVec>
-Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  constexpr NormTuning tune = kFwdTuning<T>;
-  constexpr int kMaxIters = kVec == 1 ? 16 : tune.max_elems / kVec;
-  const int64_t nvec = p.n / kVec;
-  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, tune.target_team)));
-  const bool clusters = dev.capability >= 90;
-  const int team_cap = std::min(tune.cluster_team, kFwdMaxTeam);
-  int tpr = 0, cluster = 1;
-  if (nvec <= int64_t(team_cap) * iters) {
-    tpr = std::min(kFwdMaxTeam, std::max(32, pow2_ceil(ceil_div(nvec, iters))));
-  } else if (clusters && nvec <= int64_t(tune.cluster_team) * iters * kMaxCluster) {
-    tpr = tune.cluster_team;
-    cluster = int(ceil_div(nvec, int64_t(tpr) * iters));
-  }
-  if (tpr == 0) {  // streaming: one 1024-thread block per row
-    const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
-    norm_fwd_stream<T, kOp, kVec><<<dim3(unsigned(grid)), dim3(1024), 0, stream>>>(p);
-    return check_launch("norm forward (streaming)");
-  }
-  switch (iters) {
-    case 1: return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, cluster, stream);
-    case 2: return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, cluster, stream);
-    case 4: return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, cluster, stream);
-    case 8: return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, cluster, stream);
-    default:
-      if constexpr (kMaxIters >= 16) return launch_fwd_regs<T, kOp, kVec, 16>(p, tpr, cluster, stream);
-      return Status::Cuda("norm forward: no kernel for this configuration");
-  }
-}
-
-template <typename T, NormOp kOp>
-Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  if (can_vectorize<T>(p)) return fwd_with_vec<T, kOp, 16 / sizeof(T)>(p, dev, stream);
-  return fwd_with_vec<T, kOp, 1>(p, dev, stream);
-}
-
 // Resident blocks of `kernel` at `threads` per block, cached per kernel instantiation and size.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
@@ -808,6 +1038,137 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
     cache[idx] = per_sm;
   }
   return cache[idx] * dev.sm_count;
+}
+
+template <typename T, NormOp kOp, int kVec, int kIters>
+Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
+  const int block = std::max(tpr, tune("min_block", kFwdTuning<T>.min_block));
+  const int rpb = block / tpr;
+  int shift = 0;
+  while ((1 << shift) < tpr) ++shift;
+  auto kernel = norm_fwd_regs<T, kOp, kVec, kIters>;
+  int64_t units = ceil_div(p.rows, rpb);
+  if (cluster == 1) {
+    // Persistent: as many blocks as fit at once (times a wave factor), each looping over rows.
+    const int64_t resident = int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1);
+    units = std::min(units, std::max<int64_t>(resident, 1));
+    kernel<<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift, 1);
+  } else {
+    units = std::min<int64_t>(units, INT_MAX / cluster);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(units * cluster));
+    cfg.blockDim = dim3(block);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, shift, cluster);
+    if (err != cudaSuccess) return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
+  }
+  return check_launch("norm forward");
+}
+
+// Bulk-copy pipeline (sm_90, 16-byte aligned rows): slice = N / C elements per CTA, S stages.
+constexpr int kBulkSliceBytes = 32 * 1024;   // largest row slice per CTA before splitting over a cluster
+constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
+
+template <typename T, NormOp kOp, int kVec>
+bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream, Status* st) {
+  using Tr = OpTraits<kOp>;
+  if (kVec == 1 || dev.capability < 90 || tune("bulk", 1) == 0) return false;
+  const int64_t row_bytes = p.n * int64_t(sizeof(T));
+  const int slice_cap = tune("bulk_slice", kBulkSliceBytes);
+  int cluster = int(ceil_div(row_bytes, slice_cap));
+  while (cluster <= kMaxCluster && (p.n % cluster != 0 || ((p.n / cluster) * int64_t(sizeof(T))) % 16 != 0)) ++cluster;
+  if (cluster > kMaxCluster) return false;
+  const int64_t slice_bytes = row_bytes / cluster;
+  const int nbuf = Tr::kRes ? 2 : 1;
+  const int budget = tune("bulk_smem", kBulkStageBudget);
+  const int stages = int(std::min<int64_t>(kBulkMaxStages, std::max<int64_t>(2, budget / (slice_bytes * nbuf))));
+  const size_t smem = size_t(stages) * nbuf * size_t(slice_bytes);
+  if (smem > 200 * 1024) return false;
+  const int64_t svec = (p.n / cluster) / kVec;
+  const int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", 2)))));
+  auto kernel = norm_fwd_bulk<T, kOp, kVec>;
+  static bool attr_set = false;  // per instantiation: allow up to 200 KB of dynamic shared memory
+  if (!attr_set) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+    attr_set = true;
+  }
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tpr, smem) != cudaSuccess || per_sm < 1) {
+    cudaGetLastError();
+    return false;
+  }
+  int64_t ctas = int64_t(per_sm) * dev.sm_count;
+  ctas = std::max<int64_t>(cluster, (ctas / cluster) * cluster);
+  ctas = std::min<int64_t>(ctas, p.rows * cluster);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(ctas));
+  cfg.blockDim = dim3(tpr);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, cluster, stages);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return false;  // e.g. no room for this cluster shape: the register kernels take it
+  }
+  *st = check_launch("norm forward (bulk)");
+  return true;
+}
+
+template <typename T, NormOp kOp, int kVec>
+Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if constexpr (kVec > 1) {
+    Status st;
+    if (try_fwd_bulk<T, kOp, kVec>(p, dev, stream, &st)) return st;
+  }
+  constexpr NormTuning tune = kFwdTuning<T>;
+  constexpr int kMaxIters = kVec == 1 ? 16 : tune.max_elems / kVec;
+  const int64_t nvec = p.n / kVec;
+  const int target_team = norm_detail::tune("fwd_team", tune.target_team);
+  const int cluster_team = norm_detail::tune("cluster_team", tune.cluster_team);
+  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, target_team)));
+  const bool clusters = dev.capability >= 90 && norm_detail::tune("clusters", 1) != 0;
+  const int team_cap = std::min(norm_detail::tune("team_cap", kFwdMaxTeam), kFwdMaxTeam);
+  int tpr = 0, cluster = 1;
+  if (nvec <= int64_t(team_cap) * iters) {
+    tpr = std::min(team_cap, std::max(32, pow2_ceil(ceil_div(nvec, iters))));
+  } else if (clusters && nvec <= int64_t(cluster_team) * iters * kMaxCluster) {
+    tpr = cluster_team;
+    cluster = int(ceil_div(nvec, int64_t(tpr) * iters));
+  }
+  if (tpr == 0) {  // streaming: one 1024-thread block per row
+    const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
+    norm_fwd_stream<T, kOp, kVec><<<dim3(unsigned(grid)), dim3(1024), 0, stream>>>(p);
+    return check_launch("norm forward (streaming)");
+  }
+  switch (iters) {
+    case 1: return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, cluster, dev, stream);
+    case 2: return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, cluster, dev, stream);
+    case 4: return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, cluster, dev, stream);
+    case 8: return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, cluster, dev, stream);
+    default:
+      if constexpr (kMaxIters >= 16) return launch_fwd_regs<T, kOp, kVec, 16>(p, tpr, cluster, dev, stream);
+      return Status::Cuda("norm forward: no kernel for this configuration");
+  }
+}
+
+template <typename T, NormOp kOp>
+Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  if (can_vectorize<T>(p)) return fwd_with_vec<T, kOp, 16 / sizeof(T)>(p, dev, stream);
+  return fwd_with_vec<T, kOp, 1>(p, dev, stream);
 }
 
 template <typename OutT, typename T>
@@ -827,29 +1188,56 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   // AdaLN also holds the scale and bias per element: half the elements per thread (no spills).
   constexpr int kMaxIters = std::max(1, (Tr::kAda ? kBwdMaxElems / 2 : kBwdMaxElems) / kVec);
   const int64_t nvec = p.n / kVec;
-  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, kBwdTargetTeam)));
+  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, tune("bwd_team", kBwdTargetTeam))));
   const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
   const int tpr = regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : 1024;
 
-  void (*kernel)(const NormParams, const BwdWork) = nullptr;
+  // sm_90 with 16-byte aligned rows: stream x/dy(/dsum) rows through shared memory (bulk copies).
+  const int nbuf = p.dsum ? 3 : 2;
+  const int64_t stage_bytes = int64_t(nbuf) * p.n * int64_t(sizeof(T));
+  const int budget = tune("bwd_bulk_smem", 96 * 1024);
+  const bool bulk = regs && kVec > 1 && dev.capability >= 90 && tune("bulk", 1) != 0 && 2 * stage_bytes <= budget;
+  const int stages = bulk ? int(std::min<int64_t>(kBulkMaxStages, budget / stage_bytes)) : 1;
+  const size_t smem = bulk ? size_t(stages) * size_t(stage_bytes) : 0;
+
+  using Kernel = void (*)(const NormParams, const BwdWork, const int);
+  Kernel kernel = nullptr;
+  auto pick = [&](auto k_plain, auto k_bulk) { kernel = bulk ? Kernel(k_bulk) : Kernel(k_plain); };
   if (!regs) kernel = norm_bwd_stream<T, kOp, kVec>;
-  else if (iters == 1) kernel = norm_bwd_regs<T, kOp, kVec, 1>;
+  else if (iters == 1) pick(norm_bwd_regs<T, kOp, kVec, 1, false>, norm_bwd_regs<T, kOp, kVec, 1, (kVec > 1)>);
   else if (iters == 2) {
-    if constexpr (kMaxIters >= 2) kernel = norm_bwd_regs<T, kOp, kVec, 2>;
+    if constexpr (kMaxIters >= 2) pick(norm_bwd_regs<T, kOp, kVec, 2, false>, norm_bwd_regs<T, kOp, kVec, 2, (kVec > 1)>);
   } else if (iters == 4) {
-    if constexpr (kMaxIters >= 4) kernel = norm_bwd_regs<T, kOp, kVec, 4>;
+    if constexpr (kMaxIters >= 4) pick(norm_bwd_regs<T, kOp, kVec, 4, false>, norm_bwd_regs<T, kOp, kVec, 4, (kVec > 1)>);
   } else if (iters == 8) {
-    if constexpr (kMaxIters >= 8) kernel = norm_bwd_regs<T, kOp, kVec, 8>;
+    if constexpr (kMaxIters >= 8) pick(norm_bwd_regs<T, kOp, kVec, 8, false>, norm_bwd_regs<T, kOp, kVec, 8, (kVec > 1)>);
   } else if (iters == 16) {
-    if constexpr (kMaxIters >= 16) kernel = norm_bwd_regs<T, kOp, kVec, 16>;
+    if constexpr (kMaxIters >= 16) pick(norm_bwd_regs<T, kOp, kVec, 16, false>, norm_bwd_regs<T, kOp, kVec, 16, (kVec > 1)>);
   }
   if (kernel == nullptr) return Status::Cuda("norm backward: no kernel for this configuration");
+  if (bulk) {
+    static bool attr_set = false;  // per instantiation of this launcher
+    if (!attr_set) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+      attr_set = true;
+    }
+  }
 
   BwdWork wk = {};
   wk.grouped = Tr::kAda && p.ada_rpg > 1;
   wk.groups = wk.grouped ? p.ada_groups : 1;
   wk.group_rows = wk.grouped ? p.ada_rpg : p.rows;
-  const int64_t target = resident_blocks(kernel, tpr, dev);
+  int64_t target;
+  if (bulk) {
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tpr, smem) != cudaSuccess || per_sm < 1) {
+      cudaGetLastError();
+      per_sm = 1;
+    }
+    target = int64_t(per_sm) * dev.sm_count * tune("bwd_waves", 1);
+  } else {
+    target = int64_t(resident_blocks(kernel, tpr, dev)) * tune("bwd_waves", 1);
+  }
   int64_t nblocks;
   if (wk.groups >= target) {
     wk.bpg = 1;
@@ -889,7 +1277,7 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     ws += gslab;
   }
 
-  kernel<<<dim3(unsigned(nblocks)), dim3(tpr), 0, stream>>>(p, wk);
+  kernel<<<dim3(unsigned(nblocks)), dim3(tpr), smem, stream>>>(p, wk, stages);
   Status s = check_launch("norm backward");
   if (!s.ok()) return s;
   const T* no_scale = nullptr;
