@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ostream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -159,20 +158,28 @@ struct HostTensor {
   }
 };
 
-// Deterministic random numbers; a test seeds its own stream so that each case gets fresh data.
-// KF_TEST_SEED overrides the base seed.
+// Deterministic random numbers (splitmix64: fast, and the same on every platform); a test seeds its
+// own stream so that each case gets fresh data. KF_TEST_SEED overrides the base seed.
 class Rng {
  public:
   explicit Rng(uint64_t salt) {
     uint64_t base = 0x6b666f726765ull;  // "kforge"
     if (const char* s = std::getenv("KF_TEST_SEED")) base = std::strtoull(s, nullptr, 0);
-    gen_.seed(base ^ (salt * 0x9E3779B97F4A7C15ull));
+    state_ = base ^ (salt * 0x9E3779B97F4A7C15ull);
   }
-  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(gen_); }
-  std::mt19937_64& gen() { return gen_; }
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // uniform in [lo, hi)
+  double uniform(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
+  }
 
  private:
-  std::mt19937_64 gen_;
+  uint64_t state_;
 };
 
 inline uint64_t hash_str(const std::string& s) {
