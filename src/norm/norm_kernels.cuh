@@ -685,7 +685,10 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     for (int64_t k = 0;; ++k) {
       const int64_t row = seq.row_of(k);
       if (row < 0) break;
-      V xv[kIters], dyv[kIters], dsv[kIters], scv[kIters];
+      // Plain: x, dy, dsum in registers. Bulk: they stay in shared memory and are re-read per pass
+      // (fewer registers, so AdaLN can hold 16 elements per thread).
+      constexpr int kR = kBulk ? 1 : kIters;
+      V xv[kR], dyv[kR], dsv[kR], scv[kIters];
       const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
       const T* xs = nullptr;
       if constexpr (kBulk) {
@@ -693,38 +696,40 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
         mbar_wait(&bars[s], uint32_t((k / stages) & 1));
         xs = stage_base + int64_t(s) * nbuf * n;
       }
+      V zero;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) zero.v[j] = from_float<T>(0.f);
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) xv[i].v[j] = dyv[i].v[j] = dsv[i].v[j] = scv[i].v[j] = from_float<T>(0.f);
-        if (col < n) {
-          if constexpr (kBulk) {
-            xv[i] = *reinterpret_cast<const V*>(xs + col);
-            dyv[i] = *reinterpret_cast<const V*>(xs + n + col);
-            if (p.dsum) dsv[i] = *reinterpret_cast<const V*>(xs + 2 * n + col);
-          } else {
+        scv[i] = zero;
+        if constexpr (!kBulk) {
+          xv[i] = dyv[i] = dsv[i] = zero;
+          if (col < n) {
             xv[i] = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + col);
             dyv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dy) + row * p.dy_stride + col);
             if (p.dsum) dsv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + col);
           }
-          if constexpr (Tr::kAda)
-            scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
+        }
+        if constexpr (Tr::kAda) {
+          if (col < n) scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
         }
       }
-      if constexpr (kBulk) {
-        __syncthreads();  // the stage is in registers now: refill it with the row `stages` ahead
-        if (t == 0) {
-          const int64_t next = seq.row_of(k + stages);
-          if (next >= 0) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            issue(next, int(k % stages));
-          }
-        }
-      }
+      auto X = [&](int i) -> V {
+        if constexpr (kBulk) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + col_of(i)) : zero;
+        else return xv[i];
+      };
+      auto DY = [&](int i) -> V {
+        if constexpr (kBulk) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + n + col_of(i)) : zero;
+        else return dyv[i];
+      };
+      auto DS = [&](int i) -> V {
+        if constexpr (kBulk) return *reinterpret_cast<const V*>(xs + 2 * n + col_of(i));
+        else return dsv[i];
+      };
       // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
       auto dn_of = [&](int i, int j) {
-        float g = to_float(dyv[i].v[j]);
+        float g = to_float(DY(i).v[j]);
         if constexpr (Tr::kAda) g *= 1.f + to_float(scv[i].v[j]);
         return has_w ? g * to_float(wv[i].v[j]) : g;
       };
@@ -734,7 +739,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
 #pragma unroll
         for (int i = 0; i < kIters; ++i)
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) s[0] += to_float(xv[i].v[j]);
+          for (int j = 0; j < kVec; ++j) s[0] += to_float(X(i).v[j]);
         team_sum<2>(s, tpr, 0, sm, slot, 1);
         mean = s[0] * inv_n;
         float q[2] = {0.f, 0.f};  // Σ(x - mean)²
@@ -743,7 +748,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           const bool ok = col_of(i) < n;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const float d = to_float(xv[i].v[j]) - mean;
+            const float d = to_float(X(i).v[j]) - mean;
             q[0] += ok ? d * d : 0.f;
           }
         }
@@ -756,7 +761,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           for (int j = 0; j < kVec; ++j) {
             const float dn = dn_of(i, j);
             r[0] += dn;
-            r[1] += dn * (to_float(xv[i].v[j]) - mean) * rstd;
+            r[1] += dn * (to_float(X(i).v[j]) - mean) * rstd;
           }
         team_sum<2>(r, tpr, 0, sm, slot, 1);
         mdn = r[0] * inv_n;
@@ -767,7 +772,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
         for (int i = 0; i < kIters; ++i)
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const float a = to_float(xv[i].v[j]);
+            const float a = to_float(X(i).v[j]);
             r[0] += a * a;
             r[1] += dn_of(i, j) * a;
           }
@@ -782,11 +787,11 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
         V dxv, dscv;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
+          const float xh = (to_float(X(i).v[j]) - mean) * rstd;
           float dx = rstd * (dn_of(i, j) - mdn - xh * mdnxh);
-          if (p.dsum) dx += to_float(dsv[i].v[j]);
+          if (p.dsum) dx += to_float(DS(i).v[j]);
           dxv.v[j] = from_float<T>(dx);
-          float u = to_float(dyv[i].v[j]);
+          float u = to_float(DY(i).v[j]);
           if constexpr (Tr::kAda) {
             if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift, u includes (1 + scale)
               const float nrm = (has_w ? xh * to_float(wv[i].v[j]) : xh) + to_float(bv[i].v[j]);
@@ -801,7 +806,17 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
         if constexpr (Tr::kAda) {
           if (!wk.grouped) {
             if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, dscv);
-            if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, dyv[i]);
+            if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, DY(i));
+          }
+        }
+      }
+      if constexpr (kBulk) {
+        __syncthreads();  // every thread is done with this stage: refill it with the row `stages` ahead
+        if (t == 0) {
+          const int64_t next = seq.row_of(k + stages);
+          if (next >= 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(next, int(k % stages));
           }
         }
       }
@@ -1073,7 +1088,8 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
 }
 
 // Bulk-copy pipeline (sm_90, 16-byte aligned rows): slice = N / C elements per CTA, S stages.
-constexpr int kBulkSliceBytes = 32 * 1024;   // largest row slice per CTA before splitting over a cluster
+constexpr int kBulkSliceBytes = 64 * 1024;   // largest row slice per CTA before splitting over a cluster
+constexpr int kBulkMinRowBytes = 8 * 1024;   // smaller rows: register kernel
 constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
 
 template <typename T, NormOp kOp, int kVec>
@@ -1081,6 +1097,9 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   using Tr = OpTraits<kOp>;
   if (kVec == 1 || dev.capability < 90 || tune("bulk", 1) == 0) return false;
   const int64_t row_bytes = p.n * int64_t(sizeof(T));
+  // Measured (notes/norm.md): below 8 KB rows the register kernel is as fast or faster, except
+  // for add_rms_norm whose two inputs profit from the copy engine.
+  if (row_bytes < tune("bulk_min_row", kBulkMinRowBytes) && !Tr::kRes) return false;
   const int slice_cap = tune("bulk_slice", kBulkSliceBytes);
   int cluster = int(ceil_div(row_bytes, slice_cap));
   while (cluster <= kMaxCluster && (p.n % cluster != 0 || ((p.n / cluster) * int64_t(sizeof(T))) % 16 != 0)) ++cluster;
@@ -1094,10 +1113,9 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   const int64_t svec = (p.n / cluster) / kVec;
   const int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", 2)))));
   auto kernel = norm_fwd_bulk<T, kOp, kVec>;
-  static bool attr_set = false;  // per instantiation: allow up to 200 KB of dynamic shared memory
-  if (!attr_set) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-    attr_set = true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
   }
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tpr, smem) != cudaSuccess || per_sm < 1) {
@@ -1105,10 +1123,8 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
     return false;
   }
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
-  ctas = std::max<int64_t>(cluster, (ctas / cluster) * cluster);
-  ctas = std::min<int64_t>(ctas, p.rows * cluster);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(ctas));
+  cfg.gridDim = dim3(unsigned(std::max<int64_t>(cluster, (ctas / cluster) * cluster)));
   cfg.blockDim = dim3(tpr);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -1119,6 +1135,16 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (cluster > 1) {  // clusters must fit inside a GPC: size the persistent grid by resident clusters
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
+      cudaGetLastError();
+      return false;
+    }
+    ctas = int64_t(clusters) * cluster;
+  }
+  ctas = std::min<int64_t>(ctas, p.rows * cluster);
+  cfg.gridDim = dim3(unsigned(std::max<int64_t>(ctas, cluster)));
   cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, cluster, stages);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -1185,18 +1211,21 @@ template <typename T, NormOp kOp, int kVec>
 Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace, size_t* workspace_bytes,
                     cudaStream_t stream) {
   using Tr = OpTraits<kOp>;
-  // AdaLN also holds the scale and bias per element: half the elements per thread (no spills).
-  constexpr int kMaxIters = std::max(1, (Tr::kAda ? kBwdMaxElems / 2 : kBwdMaxElems) / kVec);
-  const int64_t nvec = p.n / kVec;
-  const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, tune("bwd_team", kBwdTargetTeam))));
-  const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
-  const int tpr = regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : 1024;
-
+  // Plain kernel: AdaLN also holds scale and bias per element, so half the elements per thread.
+  // The bulk kernel keeps x/dy in shared memory and takes the full count for every op.
+  constexpr int kMaxIters = std::max(1, kBwdMaxElems / kVec);
   // sm_90 with 16-byte aligned rows: stream x/dy(/dsum) rows through shared memory (bulk copies).
   const int nbuf = p.dsum ? 3 : 2;
   const int64_t stage_bytes = int64_t(nbuf) * p.n * int64_t(sizeof(T));
   const int budget = tune("bwd_bulk_smem", 96 * 1024);
-  const bool bulk = regs && kVec > 1 && dev.capability >= 90 && tune("bulk", 1) != 0 && 2 * stage_bytes <= budget;
+  const bool bulk_ok = kVec > 1 && dev.capability >= 90 && tune("bulk", 1) != 0 && 2 * stage_bytes <= budget;
+  const int max_iters = (Tr::kAda && !bulk_ok) ? std::max(1, kMaxIters / 2) : kMaxIters;
+  const int64_t nvec = p.n / kVec;
+  const int iters = std::min(max_iters, pow2_ceil(ceil_div(nvec, tune("bwd_team", kBwdTargetTeam))));
+  const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
+  const int tpr = regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : 1024;
+
+  const bool bulk = regs && bulk_ok;
   const int stages = bulk ? int(std::min<int64_t>(kBulkMaxStages, budget / stage_bytes)) : 1;
   const size_t smem = bulk ? size_t(stages) * size_t(stage_bytes) : 0;
 
@@ -1215,13 +1244,8 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     if constexpr (kMaxIters >= 16) pick(norm_bwd_regs<T, kOp, kVec, 16, false>, norm_bwd_regs<T, kOp, kVec, 16, (kVec > 1)>);
   }
   if (kernel == nullptr) return Status::Cuda("norm backward: no kernel for this configuration");
-  if (bulk) {
-    static bool attr_set = false;  // per instantiation of this launcher
-    if (!attr_set) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-      attr_set = true;
-    }
-  }
+  if (bulk && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
+    return Status::Cuda("norm backward: cannot reserve " + std::to_string(smem) + " bytes of shared memory");
 
   BwdWork wk = {};
   wk.grouped = Tr::kAda && p.ada_rpg > 1;
