@@ -99,7 +99,7 @@ Status layer_norm(const TensorView& x, const TensorView* weight, const TensorVie
 Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift, const TensorView* weight,
                 const TensorView* bias, float eps, NormKind kind, const TensorView& y, cudaStream_t stream) {
   NormCall c = make("ada_norm", ada_op(kind), false, eps);
-  c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.y = &y;
+  c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.y = &y, c.kind = kind;
   return run(c, nullptr, nullptr, stream);
 }
 
@@ -133,7 +133,7 @@ Status ada_norm_backward(const TensorView& dy, const TensorView& x, const Tensor
                          const TensorView* dweight, const TensorView* dbias, void* workspace,
                          size_t* workspace_bytes, cudaStream_t stream) {
   NormCall c = make("ada_norm_backward", ada_op(kind), true, eps);
-  c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx;
+  c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx, c.kind = kind;
   c.dscale = dscale, c.dshift = dshift, c.dweight = dweight, c.dbias = dbias;
   return run(c, workspace, workspace_bytes, stream);
 }

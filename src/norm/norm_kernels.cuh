@@ -687,7 +687,9 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
       if (row < 0) break;
       // Plain: x, dy, dsum in registers. Bulk: they stay in shared memory and are re-read per pass
       // (fewer registers, so AdaLN can hold 16 elements per thread).
-      constexpr int kR = kBulk ? 1 : kIters;
+      // AdaLN (bulk) re-reads from shared memory; the others load their slice into registers once.
+      constexpr bool kReread = kBulk && Tr::kAda;
+      constexpr int kR = kReread ? 1 : kIters;
       V xv[kR], dyv[kR], dsv[kR], scv[kIters];
       const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
       const T* xs = nullptr;
@@ -703,7 +705,14 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
         scv[i] = zero;
-        if constexpr (!kBulk) {
+        if constexpr (kBulk && !kReread) {
+          xv[i] = dyv[i] = dsv[i] = zero;
+          if (col < n) {
+            xv[i] = *reinterpret_cast<const V*>(xs + col);
+            dyv[i] = *reinterpret_cast<const V*>(xs + n + col);
+            if (p.dsum) dsv[i] = *reinterpret_cast<const V*>(xs + 2 * n + col);
+          }
+        } else if constexpr (!kBulk) {
           xv[i] = dyv[i] = dsv[i] = zero;
           if (col < n) {
             xv[i] = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + col);
@@ -715,16 +724,26 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           if (col < n) scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
         }
       }
+      if constexpr (kBulk && !kReread) {
+        __syncthreads();  // the stage is in registers now: refill it with the row `stages` ahead
+        if (t == 0) {
+          const int64_t next = seq.row_of(k + stages);
+          if (next >= 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(next, int(k % stages));
+          }
+        }
+      }
       auto X = [&](int i) -> V {
-        if constexpr (kBulk) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + col_of(i)) : zero;
+        if constexpr (kReread) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + col_of(i)) : zero;
         else return xv[i];
       };
       auto DY = [&](int i) -> V {
-        if constexpr (kBulk) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + n + col_of(i)) : zero;
+        if constexpr (kReread) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + n + col_of(i)) : zero;
         else return dyv[i];
       };
       auto DS = [&](int i) -> V {
-        if constexpr (kBulk) return *reinterpret_cast<const V*>(xs + 2 * n + col_of(i));
+        if constexpr (kReread) return *reinterpret_cast<const V*>(xs + 2 * n + col_of(i));
         else return dsv[i];
       };
       // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
@@ -810,7 +829,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           }
         }
       }
-      if constexpr (kBulk) {
+      if constexpr (kReread) {
         __syncthreads();  // every thread is done with this stage: refill it with the row `stages` ahead
         if (t == 0) {
           const int64_t next = seq.row_of(k + stages);

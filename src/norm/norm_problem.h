@@ -49,6 +49,7 @@ struct NormCall {
   bool backward = false;
   bool cuda = true;  // false: the CPU reference (float64 also accepted)
   float eps = 0.f;
+  NormKind kind = NormKind::kLayer;  // AdaLN only: the value the caller passed (validated)
   const TensorView* x = nullptr;
   const TensorView* residual = nullptr;
   const TensorView* weight = nullptr;

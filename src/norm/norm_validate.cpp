@@ -73,6 +73,10 @@ struct Checker {
   Status row_stride_of(const TensorView& t, const char* name, int64_t* row_stride) const {
     const int nd = t.ndim;
     const int64_t n = t.shape[nd - 1];
+    if (t.numel() == 0) {  // nothing is read or written: any strides are fine
+      *row_stride = n;
+      return Status::Ok();
+    }
     if (n > 1 && t.strides[nd - 1] != 1)
       return fail(std::string(name) + " must be contiguous in its last dimension (stride 1), got stride " +
                   std::to_string(t.strides[nd - 1]));
@@ -132,9 +136,9 @@ struct Checker {
     int64_t g = 1, r = 1;
     for (int d = 0; d < p; ++d) g *= x.shape[d];
     for (int d = p; d < nd - 1; ++d) r *= x.shape[d];
-    // Dims [0, p) of t must collapse into one stride.
+    // Dims [0, p) of t must collapse into one stride (irrelevant when nothing is read).
     int64_t stride = n, want = -1;
-    for (int d = p - 1; d >= 0; --d) {
+    for (int d = p - 1; d >= 0 && x.numel() > 0; --d) {
       if (tsize(d) == 1) continue;
       if (want < 0) stride = tstride(d);
       else if (tstride(d) != want)
@@ -154,7 +158,7 @@ struct Checker {
     if (!same_shape(out, like))
       return fail(std::string(name) + " must have shape " + shape_str(like) + ", got " + shape_str(out));
     int64_t expect = 1;
-    for (int d = out.ndim - 1; d >= 0; --d) {
+    for (int d = out.ndim - 1; d >= 0 && out.numel() > 0; --d) {
       if (out.shape[d] != 1 && out.strides[d] != expect)
         return fail(std::string(name) + " must be contiguous, got strides " + strides_str(out));
       expect *= out.shape[d];
@@ -210,6 +214,8 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype) {
     p->residual = c.residual->data;
   }
   if (norm_is_ada(c.op)) {
+    if (c.kind != NormKind::kRms && c.kind != NormKind::kLayer)
+      return ck.fail("kind must be NormKind::kRms or NormKind::kLayer, got " + std::to_string(int(c.kind)));
     if (c.scale == nullptr || c.shift == nullptr) return ck.fail("scale and shift must not be null");
     int64_t rpg1 = 0, g1 = 0, rpg2 = 0, g2 = 0;
     if (!(s = ck.modulation(*c.scale, "scale", &rpg1, &g1, &p->scale_stride)).ok()) return s;

@@ -165,7 +165,7 @@ Status layer_norm(const TensorView& x, const TensorView* weight, const TensorVie
 Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift, const TensorView* weight,
                 const TensorView* bias, float eps, NormKind kind, const TensorView& y) {
   NormCall c = call("ada_norm", kind == NormKind::kRms ? NormOp::kAdaRms : NormOp::kAdaLayer, false, eps);
-  c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.y = &y;
+  c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.y = &y, c.kind = kind;
   return forward(c);
 }
 
@@ -196,7 +196,7 @@ Status ada_norm_backward(const TensorView& dy, const TensorView& x, const Tensor
                          const TensorView& dx, const TensorView* dscale, const TensorView* dshift,
                          const TensorView* dweight, const TensorView* dbias) {
   NormCall c = call("ada_norm_backward", kind == NormKind::kRms ? NormOp::kAdaRms : NormOp::kAdaLayer, true, eps);
-  c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx;
+  c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx, c.kind = kind;
   c.dscale = dscale, c.dshift = dshift, c.dweight = dweight, c.dbias = dbias;
   return backward(c);
 }
