@@ -813,6 +813,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     args.ops = list(dict.fromkeys(args.ops or OPS))
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         print("kforge bench: no CUDA GPU is visible (torch.cuda.is_available() is False); "
               "the benchmark times CUDA kernels and needs one.", file=sys.stderr)
