@@ -23,6 +23,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <mutex>
+#include <vector>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -1057,6 +1059,35 @@ inline Status check_launch(const char* what) {
   return Status::Ok();
 }
 
+// Blocks of `kernel` resident per SM at `threads` threads and `smem` dynamic shared memory; the
+// first call per (kernel, threads, smem) also raises the kernel's dynamic shared memory limit.
+// Cached: these runtime queries cost microseconds, which a decode-sized call cannot afford.
+inline int cached_blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  struct Key {
+    const void* k;
+    int t;
+    size_t s;
+    int v;
+  };
+  static std::mutex mu;
+  static std::vector<Key> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Key& e : cache)
+    if (e.k == kernel && e.t == threads && e.s == smem) return e.v;
+  int per_sm = 0;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
+    per_sm = -1;
+  if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess))
+    per_sm = -1;
+  if (per_sm < 1) {
+    cudaGetLastError();
+    per_sm = 0;
+  }
+  cache.push_back({kernel, threads, smem, per_sm});
+  return per_sm;
+}
+
 // Resident blocks of `kernel` at `threads` per block, cached per kernel instantiation and size.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
@@ -1119,6 +1150,8 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   // Measured (notes/norm.md): below 8 KB rows the register kernel is as fast or faster, except
   // for add_rms_norm whose two inputs profit from the copy engine.
   if (row_bytes < tune("bulk_min_row", kBulkMinRowBytes) && !Tr::kRes) return false;
+  // Few rows (decode): the pipeline has nothing to overlap; its setup only adds latency.
+  if (p.rows < int64_t(dev.sm_count) * tune("bulk_min_waves", 2)) return false;
   const int slice_cap = tune("bulk_slice", kBulkSliceBytes);
   int cluster = int(ceil_div(row_bytes, slice_cap));
   while (cluster <= kMaxCluster && (p.n % cluster != 0 || ((p.n / cluster) * int64_t(sizeof(T))) % 16 != 0)) ++cluster;
@@ -1132,15 +1165,8 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   const int64_t svec = (p.n / cluster) / kVec;
   const int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", 2)))));
   auto kernel = norm_fwd_bulk<T, kOp, kVec>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tpr, smem) != cudaSuccess || per_sm < 1) {
-    cudaGetLastError();
-    return false;
-  }
+  const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
+  if (per_sm < 1) return false;
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(std::max<int64_t>(cluster, (ctas / cluster) * cluster)));
@@ -1244,7 +1270,7 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
   const int tpr = regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : 1024;
 
-  const bool bulk = regs && bulk_ok;
+  const bool bulk = regs && bulk_ok && p.rows >= int64_t(dev.sm_count) * tune("bulk_min_waves", 2);
   const int stages = bulk ? int(std::min<int64_t>(kBulkMaxStages, budget / stage_bytes)) : 1;
   const size_t smem = bulk ? size_t(stages) * size_t(stage_bytes) : 0;
 
@@ -1263,8 +1289,6 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     if constexpr (kMaxIters >= 16) pick(norm_bwd_regs<T, kOp, kVec, 16, false>, norm_bwd_regs<T, kOp, kVec, 16, (kVec > 1)>);
   }
   if (kernel == nullptr) return Status::Cuda("norm backward: no kernel for this configuration");
-  if (bulk && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) != cudaSuccess)
-    return Status::Cuda("norm backward: cannot reserve " + std::to_string(smem) + " bytes of shared memory");
 
   BwdWork wk = {};
   wk.grouped = Tr::kAda && p.ada_rpg > 1;
@@ -1272,11 +1296,8 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   wk.group_rows = wk.grouped ? p.ada_rpg : p.rows;
   int64_t target;
   if (bulk) {
-    int per_sm = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, tpr, smem) != cudaSuccess || per_sm < 1) {
-      cudaGetLastError();
-      per_sm = 1;
-    }
+    const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
+    if (per_sm < 1) return Status::Cuda("norm backward: cannot reserve " + std::to_string(smem) + " bytes of shared memory");
     target = int64_t(per_sm) * dev.sm_count * tune("bwd_waves", 1);
   } else {
     target = int64_t(resident_blocks(kernel, tpr, dev)) * tune("bwd_waves", 1);
