@@ -161,7 +161,9 @@ def _python(code: str, env_extra: dict, pythonpath: str) -> subprocess.Completed
 def test_import_needs_no_gpu():
     code = ("import torch, kernelforge as kf; assert not torch.cuda.is_initialized(); "
             "y = kf.rms_norm(torch.randn(2, 8), None); assert y.shape == (2, 8); print(kf.__version__)")
-    r = _python(code, {"CUDA_VISIBLE_DEVICES": ""}, os.path.abspath(PKG_DIR))
+    # The folder that holds the kernelforge under test (the checkout's python/ or site-packages).
+    import kernelforge
+    r = _python(code, {"CUDA_VISIBLE_DEVICES": ""}, os.path.dirname(os.path.dirname(kernelforge.__file__)))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0.1.0"
 
