@@ -28,7 +28,7 @@ Status run(const NormCall& c, void* workspace, size_t* workspace_bytes, cudaStre
   DType dtype;
   Status s = validate_norm(c, &p, &dtype);
   if (!s.ok()) return s;
-  if (c.backward && workspace == nullptr && workspace_bytes == nullptr)
+  if (c.backward && workspace_bytes == nullptr)
     return Status::Invalid(std::string(c.name) + ": workspace_bytes must not be null");
   const DeviceInfo* info = nullptr;
   if (!(s = check_device(c, *c.x, dtype, &info)).ok()) return s;

@@ -61,13 +61,19 @@ struct Checker {
     return Status::Ok();
   }
 
-  // A [..., N] tensor with the shape of x whose leading dims collapse into one row stride.
-  Status rows_view(const TensorView& t, const char* name, int64_t* row_stride) const {
+  // A [..., N] tensor with the shape of x whose leading dims collapse into one row stride. Outputs
+  // must not overlap themselves (rows at least N elements apart), or rows would race.
+  Status rows_view(const TensorView& t, const char* name, int64_t* row_stride, bool output = false) const {
     Status s = like_x(t, name);
     if (!s.ok()) return s;
     if (!same_shape(t, *c.x))
       return fail(std::string(name) + " must have the same shape as x " + shape_str(*c.x) + ", got " + shape_str(t));
-    return row_stride_of(t, name, row_stride);
+    if (!(s = row_stride_of(t, name, row_stride)).ok()) return s;
+    const int64_t n = t.shape[t.ndim - 1];
+    if (output && t.numel() > n && *row_stride < n)
+      return fail(std::string(name) + " rows overlap: row stride " + std::to_string(*row_stride) +
+                  " is smaller than the row length " + std::to_string(n));
+    return Status::Ok();
   }
 
   Status row_stride_of(const TensorView& t, const char* name, int64_t* row_stride) const {
@@ -231,17 +237,17 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype) {
 
   if (!c.backward) {
     if (c.y == nullptr) return ck.fail("y must not be null");
-    if (!(s = ck.rows_view(*c.y, "y", &p->y_stride)).ok()) return s;
+    if (!(s = ck.rows_view(*c.y, "y", &p->y_stride, true)).ok()) return s;
     p->y = c.y->data;
     if (c.op == NormOp::kAddRms) {
       if (c.sum == nullptr) return ck.fail("sum must not be null");
-      if (!(s = ck.rows_view(*c.sum, "sum", &p->sum_stride)).ok()) return s;
+      if (!(s = ck.rows_view(*c.sum, "sum", &p->sum_stride, true)).ok()) return s;
       p->sum = c.sum->data;
     }
   } else {
     if (c.dy == nullptr || c.dx == nullptr) return ck.fail("dy and dx must not be null");
     if (!(s = ck.rows_view(*c.dy, "dy", &p->dy_stride)).ok()) return s;
-    if (!(s = ck.rows_view(*c.dx, "dx", &p->dx_stride)).ok()) return s;
+    if (!(s = ck.rows_view(*c.dx, "dx", &p->dx_stride, true)).ok()) return s;
     p->dy = c.dy->data;
     p->dx = c.dx->data;
     if (c.dsum != nullptr) {
