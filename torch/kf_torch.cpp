@@ -26,13 +26,20 @@ namespace {
 
 kf::DType to_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return kf::DType::kFloat32;
-    case at::kHalf: return kf::DType::kFloat16;
-    case at::kBFloat16: return kf::DType::kBFloat16;
-    case at::kDouble: return kf::DType::kFloat64;
-    case at::kInt: return kf::DType::kInt32;
-    case at::kLong: return kf::DType::kInt64;
-    default: return kf::DType::kOther;
+    case at::kFloat:
+      return kf::DType::kFloat32;
+    case at::kHalf:
+      return kf::DType::kFloat16;
+    case at::kBFloat16:
+      return kf::DType::kBFloat16;
+    case at::kDouble:
+      return kf::DType::kFloat64;
+    case at::kInt:
+      return kf::DType::kInt32;
+    case at::kLong:
+      return kf::DType::kInt64;
+    default:
+      return kf::DType::kOther;
   }
 }
 
@@ -109,8 +116,8 @@ Tensor workspace(const Tensor& x, size_t bytes) {
 
 // ---- forward impls (cuda = kernels, else the reference) ------------------------------------
 Tensor rms_norm_impl(bool cuda, const Tensor& x_in, const OptTensor& weight, double eps);
-std::tuple<Tensor, Tensor> add_rms_norm_impl(bool cuda, const Tensor& x_in, const Tensor& r_in,
-                                             const OptTensor& weight, double eps);
+std::tuple<Tensor, Tensor> add_rms_norm_impl(bool cuda, const Tensor& x_in, const Tensor& r_in, const OptTensor& weight,
+                                             double eps);
 Tensor layer_norm_impl(bool cuda, const Tensor& x_in, const OptTensor& weight, const OptTensor& bias, double eps);
 Tensor ada_norm_impl(bool cuda, const Tensor& x_in, const Tensor& scale, const Tensor& shift, const OptTensor& weight,
                      const OptTensor& bias, double eps, int64_t kind);
@@ -130,8 +137,8 @@ Tensor rms_norm_impl(bool cuda, const Tensor& x_in, const OptTensor& weight, dou
   return y;
 }
 
-std::tuple<Tensor, Tensor> add_rms_norm_impl(bool cuda, const Tensor& x_in, const Tensor& r_in,
-                                             const OptTensor& weight, double eps) {
+std::tuple<Tensor, Tensor> add_rms_norm_impl(bool cuda, const Tensor& x_in, const Tensor& r_in, const OptTensor& weight,
+                                             double eps) {
   if (cuda && needs_fallback("add_rms_norm", x_in)) {
     auto out = add_rms_norm_impl(false, x_in.cpu(), r_in.cpu(), to_cpu(weight), eps);
     return {std::get<0>(out).to(x_in.device()), std::get<1>(out).to(x_in.device())};
@@ -350,9 +357,9 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const OptTensor w = saved[1].defined() ? OptTensor(saved[1]) : std::nullopt;
-    static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&,
-                                                          const OptTensor&, double)>(
-        "kernelforge::add_rms_norm_backward");
+    static auto op =
+        op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const OptTensor&, double)>(
+            "kernelforge::add_rms_norm_backward");
     auto [dx, dw] = op.call(dense(grads[0]), dense(grads[1]), saved[0], w, ctx->saved_data["eps"].toDouble());
     return {dx, dx, grad_or_empty(w.has_value(), dw), Tensor()};
   }
@@ -365,17 +372,16 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     ctx->saved_data["eps"] = eps;
     ctx->save_for_backward({x, weight.value_or(Tensor()), bias.value_or(Tensor())});
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = op_handle<Tensor(const Tensor&, const OptTensor&, const OptTensor&, double)>(
-        "kernelforge::layer_norm");
+    static auto op =
+        op_handle<Tensor(const Tensor&, const OptTensor&, const OptTensor&, double)>("kernelforge::layer_norm");
     return op.call(x, weight, bias, eps);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const OptTensor w = saved[1].defined() ? OptTensor(saved[1]) : std::nullopt;
     const OptTensor b = saved[2].defined() ? OptTensor(saved[2]) : std::nullopt;
-    static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&,
-                                                                  const OptTensor&, double)>(
-        "kernelforge::layer_norm_backward");
+    static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor>(
+        const Tensor&, const Tensor&, const OptTensor&, const OptTensor&, double)>("kernelforge::layer_norm_backward");
     auto [dx, dw, db] = op.call(dense(grads[0]), saved[0], w, b, ctx->saved_data["eps"].toDouble());
     return {dx, grad_or_empty(w.has_value(), dw), grad_or_empty(b.has_value(), db), Tensor()};
   }

@@ -14,22 +14,22 @@
 
 namespace kf = kernelforge;
 
-#define CHECK_CUDA(expr)                                                            \
-  do {                                                                              \
-    cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));       \
-      return 1;                                                                     \
-    }                                                                               \
+#define CHECK_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      return 1;                                                               \
+    }                                                                         \
   } while (0)
 
-#define CHECK_KF(expr)                                                              \
-  do {                                                                              \
-    kf::Status s_ = (expr);                                                         \
-    if (!s_.ok()) {                                                                 \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.message().c_str());         \
-      return 1;                                                                     \
-    }                                                                               \
+#define CHECK_KF(expr)                                                      \
+  do {                                                                      \
+    kf::Status s_ = (expr);                                                 \
+    if (!s_.ok()) {                                                         \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.message().c_str()); \
+      return 1;                                                             \
+    }                                                                       \
   } while (0)
 
 int main() {
@@ -55,8 +55,7 @@ int main() {
   int capability = 0;
   const kf::Status gpu = kf::device_capability(0, &capability);
   if (!gpu.ok()) {
-    std::printf("no GPU found (%s): ran the CPU reference only, y[0] = %.6f\n",
-                gpu.message().c_str(), y_ref[0]);
+    std::printf("no GPU found (%s): ran the CPU reference only, y[0] = %.6f\n", gpu.message().c_str(), y_ref[0]);
     const char* req = std::getenv("KF_REQUIRE_GPU");
     if (req && std::strcmp(req, "1") == 0) {
       std::fprintf(stderr, "KF_REQUIRE_GPU=1 but no GPU was found\n");

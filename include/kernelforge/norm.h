@@ -35,43 +35,38 @@ namespace kernelforge {
 enum class NormKind : int { kRms = 0, kLayer = 1 };
 
 // ---- forward (CUDA) --------------------------------------------------------------------------
-Status rms_norm(const TensorView& x, const TensorView* weight, float eps, const TensorView& y,
-                cudaStream_t stream);
+Status rms_norm(const TensorView& x, const TensorView* weight, float eps, const TensorView& y, cudaStream_t stream);
 
-Status add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
-                    float eps, const TensorView& y, const TensorView& sum, cudaStream_t stream);
+Status add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight, float eps,
+                    const TensorView& y, const TensorView& sum, cudaStream_t stream);
 
-Status layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias, float eps,
-                  const TensorView& y, cudaStream_t stream);
+Status layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias, float eps, const TensorView& y,
+                  cudaStream_t stream);
 
-Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift,
-                const TensorView* weight, const TensorView* bias, float eps, NormKind kind,
-                const TensorView& y, cudaStream_t stream);
+Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift, const TensorView* weight,
+                const TensorView* bias, float eps, NormKind kind, const TensorView& y, cudaStream_t stream);
 
 // ---- backward (CUDA) -------------------------------------------------------------------------
 // Gradient outputs that are nullptr are not computed. dweight/dbias have the shape of weight/bias,
 // dscale/dshift the shape of scale/shift (contiguous).
-Status rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
-                         float eps, const TensorView& dx, const TensorView* dweight,
-                         void* workspace, size_t* workspace_bytes, cudaStream_t stream);
+Status rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, float eps,
+                         const TensorView& dx, const TensorView* dweight, void* workspace, size_t* workspace_bytes,
+                         cudaStream_t stream);
 
 // `sum` is the s = x + residual written by the forward; dsum (optional) is the gradient flowing
 // into s from later layers. dx is the gradient of both x and residual.
 Status add_rms_norm_backward(const TensorView& dy, const TensorView* dsum, const TensorView& sum,
-                             const TensorView* weight, float eps, const TensorView& dx,
-                             const TensorView* dweight, void* workspace, size_t* workspace_bytes,
-                             cudaStream_t stream);
+                             const TensorView* weight, float eps, const TensorView& dx, const TensorView* dweight,
+                             void* workspace, size_t* workspace_bytes, cudaStream_t stream);
 
-Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
-                           const TensorView* bias, float eps, const TensorView& dx,
-                           const TensorView* dweight, const TensorView* dbias, void* workspace,
-                           size_t* workspace_bytes, cudaStream_t stream);
+Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, const TensorView* bias,
+                           float eps, const TensorView& dx, const TensorView* dweight, const TensorView* dbias,
+                           void* workspace, size_t* workspace_bytes, cudaStream_t stream);
 
-Status ada_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& scale,
-                         const TensorView& shift, const TensorView* weight, const TensorView* bias,
-                         float eps, NormKind kind, const TensorView& dx, const TensorView* dscale,
-                         const TensorView* dshift, const TensorView* dweight,
-                         const TensorView* dbias, void* workspace, size_t* workspace_bytes,
+Status ada_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& scale, const TensorView& shift,
+                         const TensorView* weight, const TensorView* bias, float eps, NormKind kind,
+                         const TensorView& dx, const TensorView* dscale, const TensorView* dshift,
+                         const TensorView* dweight, const TensorView* dbias, void* workspace, size_t* workspace_bytes,
                          cudaStream_t stream);
 
 // ---- float64 CPU reference -------------------------------------------------------------------
@@ -80,26 +75,22 @@ Status ada_norm_backward(const TensorView& dy, const TensorView& x, const Tensor
 // included). It is the test oracle and the CPU implementation of the PyTorch ops.
 namespace ref {
 Status rms_norm(const TensorView& x, const TensorView* weight, float eps, const TensorView& y);
-Status add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight,
-                    float eps, const TensorView& y, const TensorView& sum);
+Status add_rms_norm(const TensorView& x, const TensorView& residual, const TensorView* weight, float eps,
+                    const TensorView& y, const TensorView& sum);
 Status layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias, float eps,
                   const TensorView& y);
-Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift,
-                const TensorView* weight, const TensorView* bias, float eps, NormKind kind,
-                const TensorView& y);
-Status rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
-                         float eps, const TensorView& dx, const TensorView* dweight);
+Status ada_norm(const TensorView& x, const TensorView& scale, const TensorView& shift, const TensorView* weight,
+                const TensorView* bias, float eps, NormKind kind, const TensorView& y);
+Status rms_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, float eps,
+                         const TensorView& dx, const TensorView* dweight);
 Status add_rms_norm_backward(const TensorView& dy, const TensorView* dsum, const TensorView& sum,
-                             const TensorView* weight, float eps, const TensorView& dx,
-                             const TensorView* dweight);
-Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
-                           const TensorView* bias, float eps, const TensorView& dx,
-                           const TensorView* dweight, const TensorView* dbias);
-Status ada_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& scale,
-                         const TensorView& shift, const TensorView* weight, const TensorView* bias,
-                         float eps, NormKind kind, const TensorView& dx, const TensorView* dscale,
-                         const TensorView* dshift, const TensorView* dweight,
-                         const TensorView* dbias);
+                             const TensorView* weight, float eps, const TensorView& dx, const TensorView* dweight);
+Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, const TensorView* bias,
+                           float eps, const TensorView& dx, const TensorView* dweight, const TensorView* dbias);
+Status ada_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& scale, const TensorView& shift,
+                         const TensorView* weight, const TensorView* bias, float eps, NormKind kind,
+                         const TensorView& dx, const TensorView* dscale, const TensorView* dshift,
+                         const TensorView* dweight, const TensorView* dbias);
 }  // namespace ref
 
 }  // namespace kernelforge

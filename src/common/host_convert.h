@@ -68,32 +68,50 @@ inline uint16_t float_to_half_bits(float f) {
 // Reads element i (in elements) of a buffer of dtype t as double.
 inline double load_as_double(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kFloat64: return static_cast<const double*>(base)[i];
-    case DType::kFloat32: return static_cast<const float*>(base)[i];
-    case DType::kFloat16: return half_bits_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBFloat16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
-    default: return NAN;
+    case DType::kFloat64:
+      return static_cast<const double*>(base)[i];
+    case DType::kFloat32:
+      return static_cast<const float*>(base)[i];
+    case DType::kFloat16:
+      return half_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBFloat16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return NAN;
   }
 }
 
 // Rounds v to dtype t and stores it.
 inline void store_from_double(void* base, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::kFloat64: static_cast<double*>(base)[i] = v; break;
-    case DType::kFloat32: static_cast<float*>(base)[i] = float(v); break;
-    case DType::kFloat16: static_cast<uint16_t*>(base)[i] = float_to_half_bits(float(v)); break;
-    case DType::kBFloat16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(float(v)); break;
-    default: break;
+    case DType::kFloat64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DType::kFloat32:
+      static_cast<float*>(base)[i] = float(v);
+      break;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(base)[i] = float_to_half_bits(float(v));
+      break;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(float(v));
+      break;
+    default:
+      break;
   }
 }
 
 // v rounded to dtype t, as double (models `.to(dtype)`).
 inline double round_as(DType t, double v) {
   switch (t) {
-    case DType::kFloat32: return double(float(v));
-    case DType::kFloat16: return half_bits_to_float(float_to_half_bits(float(v)));
-    case DType::kBFloat16: return bf16_bits_to_float(float_to_bf16_bits(float(v)));
-    default: return v;
+    case DType::kFloat32:
+      return double(float(v));
+    case DType::kFloat16:
+      return half_bits_to_float(float_to_half_bits(float(v)));
+    case DType::kBFloat16:
+      return bf16_bits_to_float(float_to_bf16_bits(float(v)));
+    default:
+      return v;
   }
 }
 

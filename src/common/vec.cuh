@@ -20,28 +20,44 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // Rounds a float to T and back: models a PyTorch `.to(dtype)` in the middle of a float computation.
 template <typename T>
-__device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
+__device__ __forceinline__ float round_to(float v) {
+  return to_float(from_float<T>(v));
+}
 
 // 16/8/4-byte vectors move through one integer register group so that the compiler emits a single
 // LDG.E.128 / STG.E.128 (element-wise struct copies were split into 32-bit stores).
 template <int kBytes>
 struct RawVec;
 template <>
-struct RawVec<16> { using type = uint4; };
+struct RawVec<16> {
+  using type = uint4;
+};
 template <>
-struct RawVec<8> { using type = uint2; };
+struct RawVec<8> {
+  using type = uint2;
+};
 template <>
-struct RawVec<4> { using type = unsigned int; };
+struct RawVec<4> {
+  using type = unsigned int;
+};
 template <>
-struct RawVec<2> { using type = unsigned short; };
+struct RawVec<2> {
+  using type = unsigned short;
+};
 
 template <typename T, int kVec>
 __device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {

@@ -18,8 +18,10 @@ Status check_device(const NormCall& c, const TensorView& x, DType dtype, const D
     return Status::Invalid(std::string(c.name) + ": x is on cuda:" + std::to_string(x.device.index) +
                            " but the current CUDA device is cuda:" + std::to_string(dev));
   if (dtype == DType::kBFloat16 && (*info)->capability < 80)
-    return Status::NotSupported(std::string(c.name) + ": bfloat16 needs a GPU of compute capability 8.0 or newer, "
-                                "this one is sm_" + std::to_string((*info)->capability) + "; use float16 or float32");
+    return Status::NotSupported(std::string(c.name) +
+                                ": bfloat16 needs a GPU of compute capability 8.0 or newer, "
+                                "this one is sm_" +
+                                std::to_string((*info)->capability) + "; use float16 or float32");
   return Status::Ok();
 }
 
@@ -89,8 +91,8 @@ Status add_rms_norm(const TensorView& x, const TensorView& residual, const Tenso
   return run(c, nullptr, nullptr, stream);
 }
 
-Status layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias, float eps,
-                  const TensorView& y, cudaStream_t stream) {
+Status layer_norm(const TensorView& x, const TensorView* weight, const TensorView* bias, float eps, const TensorView& y,
+                  cudaStream_t stream) {
   NormCall c = make("layer_norm", NormOp::kLayer, false, eps);
   c.x = &x, c.weight = weight, c.bias = bias, c.y = &y;
   return run(c, nullptr, nullptr, stream);
@@ -119,9 +121,9 @@ Status add_rms_norm_backward(const TensorView& dy, const TensorView* dsum, const
   return run(c, workspace, workspace_bytes, stream);
 }
 
-Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
-                           const TensorView* bias, float eps, const TensorView& dx, const TensorView* dweight,
-                           const TensorView* dbias, void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
+Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, const TensorView* bias,
+                           float eps, const TensorView& dx, const TensorView* dweight, const TensorView* dbias,
+                           void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
   NormCall c = make("layer_norm_backward", NormOp::kLayer, true, eps);
   c.dy = &dy, c.x = &x, c.weight = weight, c.bias = bias, c.dx = &dx, c.dweight = dweight, c.dbias = dbias;
   return run(c, workspace, workspace_bytes, stream);
@@ -130,8 +132,8 @@ Status layer_norm_backward(const TensorView& dy, const TensorView& x, const Tens
 Status ada_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& scale, const TensorView& shift,
                          const TensorView* weight, const TensorView* bias, float eps, NormKind kind,
                          const TensorView& dx, const TensorView* dscale, const TensorView* dshift,
-                         const TensorView* dweight, const TensorView* dbias, void* workspace,
-                         size_t* workspace_bytes, cudaStream_t stream) {
+                         const TensorView* dweight, const TensorView* dbias, void* workspace, size_t* workspace_bytes,
+                         cudaStream_t stream) {
   NormCall c = make("ada_norm_backward", ada_op(kind), true, eps);
   c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx, c.kind = kind;
   c.dscale = dscale, c.dshift = dshift, c.dweight = dweight, c.dbias = dbias;

@@ -23,11 +23,11 @@
 
 #include <algorithm>
 #include <climits>
-#include <mutex>
-#include <vector>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common/device.h"
 #include "common/vec.cuh"
@@ -55,7 +55,7 @@ constexpr int kBwdTargetTeam = 256;
 constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers per thread
 constexpr int kBwdMaxElems = 16;  // per thread: x, dy and up to four column accumulators
 constexpr int kBwdMinTeam = 128;
-constexpr int kMaxCluster = 8;    // portable cluster size limit
+constexpr int kMaxCluster = 8;  // portable cluster size limit
 
 // Developer override of the tables above for tuning sweeps: KF_TUNE="fwd_team=128,cluster_team=256".
 // Read once per process; unknown keys are ignored. Production runs leave KF_TUNE unset.
@@ -93,8 +93,7 @@ struct ReduceSmem {
 };
 
 template <int K>
-__device__ __forceinline__ void team_sum(float (&v)[K], int tpr, int team, ReduceSmem<K>& sm, int& slot,
-                                         int cluster) {
+__device__ __forceinline__ void team_sum(float (&v)[K], int tpr, int team, ReduceSmem<K>& sm, int& slot, int cluster) {
 #pragma unroll
   for (int k = 0; k < K; ++k)
 #pragma unroll
@@ -191,7 +190,8 @@ __device__ __forceinline__ float fwd_value(float xh, const NormParams& p, float 
 // DRAM reads stay in flight through the reduction (kPipe: when the per-thread row slice is small
 // enough to hold twice).
 template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p, const int tpr_shift, const int cluster) {
+__global__ void __launch_bounds__(kFwdMaxTeam)
+    norm_fwd_regs(const NormParams p, const int tpr_shift, const int cluster) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kFwdMaxTeam) norm_fwd_regs(const NormParams p,
       }
     }
     V xv[kIters], rv[Tr::kRes ? kIters : 1];
-    auto load_row = [&](int64_t row, V (&xd)[kIters], V (&rd)[Tr::kRes ? kIters : 1]) {
+    auto load_row = [&](int64_t row, V(&xd)[kIters], V(&rd)[Tr::kRes ? kIters : 1]) {
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
@@ -347,10 +347,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 __device__ __forceinline__ void bulk_load_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
 #endif
 }
 
@@ -519,8 +519,8 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
     const float inv_n = 1.f / float(n);
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
       // s (add_rms_norm) is written to `sum` in the first pass and re-read from there.
-      const T* src = Tr::kRes ? static_cast<const T*>(p.sum) + row * p.sum_stride
-                              : static_cast<const T*>(p.x) + row * p.x_stride;
+      const T* src =
+          Tr::kRes ? static_cast<const T*>(p.sum) + row * p.sum_stride : static_cast<const T*>(p.x) + row * p.x_stride;
       float s[1] = {0.f};
 #pragma unroll 4
       for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
@@ -737,16 +737,22 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
         }
       }
       auto X = [&](int i) -> V {
-        if constexpr (kReread) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + col_of(i)) : zero;
-        else return xv[i];
+        if constexpr (kReread)
+          return col_of(i) < n ? *reinterpret_cast<const V*>(xs + col_of(i)) : zero;
+        else
+          return xv[i];
       };
       auto DY = [&](int i) -> V {
-        if constexpr (kReread) return col_of(i) < n ? *reinterpret_cast<const V*>(xs + n + col_of(i)) : zero;
-        else return dyv[i];
+        if constexpr (kReread)
+          return col_of(i) < n ? *reinterpret_cast<const V*>(xs + n + col_of(i)) : zero;
+        else
+          return dyv[i];
       };
       auto DS = [&](int i) -> V {
-        if constexpr (kReread) return *reinterpret_cast<const V*>(xs + 2 * n + col_of(i));
-        else return dsv[i];
+        if constexpr (kReread)
+          return *reinterpret_cast<const V*>(xs + 2 * n + col_of(i));
+        else
+          return dsv[i];
       };
       // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
       auto dn_of = [&](int i, int j) {
@@ -981,9 +987,9 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
 // (deterministic), with f_r = 1 + scale[r·scale_stride + c] when `scale` is given (AdaLN's
 // Σ_g (1 + scale_g)·A_g), else 1. Block (32, 8): 32 columns, 8 row-slices summed in order.
 template <typename OutT, typename T>
-__global__ void __launch_bounds__(256) reduce_columns(const float* __restrict__ partial, int64_t n,
-                                                      int64_t rows_per_out, int64_t out_rows, OutT* __restrict__ out,
-                                                      const T* __restrict__ scale, int64_t scale_stride) {
+__global__ void __launch_bounds__(256)
+    reduce_columns(const float* __restrict__ partial, int64_t n, int64_t rows_per_out, int64_t out_rows,
+                   OutT* __restrict__ out, const T* __restrict__ scale, int64_t scale_stride) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -1005,8 +1011,10 @@ __global__ void __launch_bounds__(256) reduce_columns(const float* __restrict__ 
         float tot = 0.f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) tot += sm[k][threadIdx.x];
-        if constexpr (std::is_same<OutT, float>::value) out[o * n + col] = tot;
-        else out[o * n + col] = from_float<T>(tot);
+        if constexpr (std::is_same<OutT, float>::value)
+          out[o * n + col] = tot;
+        else
+          out[o * n + col] = from_float<T>(tot);
       }
       __syncthreads();
     }
@@ -1042,7 +1050,8 @@ bool can_vectorize(const NormParams& p) {
   const size_t e = sizeof(T);
   if (p.n % kVec != 0) return false;
   const void* rows[] = {p.x, p.residual, p.y, p.sum, p.dy, p.dsum, p.dx};
-  const int64_t strides[] = {p.x_stride, p.res_stride, p.y_stride, p.sum_stride, p.dy_stride, p.dsum_stride, p.dx_stride};
+  const int64_t strides[] = {p.x_stride,  p.res_stride,  p.y_stride, p.sum_stride,
+                             p.dy_stride, p.dsum_stride, p.dx_stride};
   for (int i = 0; i < 7; ++i)
     if (rows[i] && !aligned_to(rows[i], p.rows > 1 ? strides[i] : 0, e, 16)) return false;
   const void* vecs[] = {p.weight, p.bias, p.dscale, p.dshift};
@@ -1132,7 +1141,8 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, shift, cluster);
-    if (err != cudaSuccess) return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
+    if (err != cudaSuccess)
+      return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
   }
   return check_launch("norm forward");
 }
@@ -1226,10 +1236,14 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
     return check_launch("norm forward (streaming)");
   }
   switch (iters) {
-    case 1: return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, cluster, dev, stream);
-    case 2: return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, cluster, dev, stream);
-    case 4: return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, cluster, dev, stream);
-    case 8: return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, cluster, dev, stream);
+    case 1:
+      return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, cluster, dev, stream);
+    case 2:
+      return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, cluster, dev, stream);
+    case 4:
+      return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, cluster, dev, stream);
+    case 8:
+      return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, cluster, dev, stream);
     default:
       if constexpr (kMaxIters >= 16) return launch_fwd_regs<T, kOp, kVec, 16>(p, tpr, cluster, dev, stream);
       return Status::Cuda("norm forward: no kernel for this configuration");
@@ -1243,12 +1257,12 @@ Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 }
 
 template <typename OutT, typename T>
-Status reduce_into(const float* partial, int64_t n, int64_t rows_per_out, int64_t out_rows, OutT* out,
-                   const T* scale, int64_t scale_stride, cudaStream_t stream) {
+Status reduce_into(const float* partial, int64_t n, int64_t rows_per_out, int64_t out_rows, OutT* out, const T* scale,
+                   int64_t scale_stride, cudaStream_t stream) {
   if (out == nullptr || partial == nullptr) return Status::Ok();
   const dim3 grid(unsigned(ceil_div(n, 32)), unsigned(std::min<int64_t>(out_rows, 65535)));
-  reduce_columns<OutT, T><<<grid, dim3(32, 8), 0, stream>>>(partial, n, rows_per_out, out_rows, out, scale,
-                                                            scale_stride);
+  reduce_columns<OutT, T>
+      <<<grid, dim3(32, 8), 0, stream>>>(partial, n, rows_per_out, out_rows, out, scale, scale_stride);
   return check_launch("norm backward (column reduction)");
 }
 
@@ -1277,16 +1291,22 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   using Kernel = void (*)(const NormParams, const BwdWork, const int);
   Kernel kernel = nullptr;
   auto pick = [&](auto k_plain, auto k_bulk) { kernel = bulk ? Kernel(k_bulk) : Kernel(k_plain); };
-  if (!regs) kernel = norm_bwd_stream<T, kOp, kVec>;
-  else if (iters == 1) pick(norm_bwd_regs<T, kOp, kVec, 1, false>, norm_bwd_regs<T, kOp, kVec, 1, (kVec > 1)>);
+  if (!regs)
+    kernel = norm_bwd_stream<T, kOp, kVec>;
+  else if (iters == 1)
+    pick(norm_bwd_regs<T, kOp, kVec, 1, false>, norm_bwd_regs<T, kOp, kVec, 1, (kVec > 1)>);
   else if (iters == 2) {
-    if constexpr (kMaxIters >= 2) pick(norm_bwd_regs<T, kOp, kVec, 2, false>, norm_bwd_regs<T, kOp, kVec, 2, (kVec > 1)>);
+    if constexpr (kMaxIters >= 2)
+      pick(norm_bwd_regs<T, kOp, kVec, 2, false>, norm_bwd_regs<T, kOp, kVec, 2, (kVec > 1)>);
   } else if (iters == 4) {
-    if constexpr (kMaxIters >= 4) pick(norm_bwd_regs<T, kOp, kVec, 4, false>, norm_bwd_regs<T, kOp, kVec, 4, (kVec > 1)>);
+    if constexpr (kMaxIters >= 4)
+      pick(norm_bwd_regs<T, kOp, kVec, 4, false>, norm_bwd_regs<T, kOp, kVec, 4, (kVec > 1)>);
   } else if (iters == 8) {
-    if constexpr (kMaxIters >= 8) pick(norm_bwd_regs<T, kOp, kVec, 8, false>, norm_bwd_regs<T, kOp, kVec, 8, (kVec > 1)>);
+    if constexpr (kMaxIters >= 8)
+      pick(norm_bwd_regs<T, kOp, kVec, 8, false>, norm_bwd_regs<T, kOp, kVec, 8, (kVec > 1)>);
   } else if (iters == 16) {
-    if constexpr (kMaxIters >= 16) pick(norm_bwd_regs<T, kOp, kVec, 16, false>, norm_bwd_regs<T, kOp, kVec, 16, (kVec > 1)>);
+    if constexpr (kMaxIters >= 16)
+      pick(norm_bwd_regs<T, kOp, kVec, 16, false>, norm_bwd_regs<T, kOp, kVec, 16, (kVec > 1)>);
   }
   if (kernel == nullptr) return Status::Cuda("norm backward: no kernel for this configuration");
 
@@ -1297,7 +1317,8 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   int64_t target;
   if (bulk) {
     const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
-    if (per_sm < 1) return Status::Cuda("norm backward: cannot reserve " + std::to_string(smem) + " bytes of shared memory");
+    if (per_sm < 1)
+      return Status::Cuda("norm backward: cannot reserve " + std::to_string(smem) + " bytes of shared memory");
     target = int64_t(per_sm) * dev.sm_count * tune("bwd_waves", 1);
   } else {
     target = int64_t(resident_blocks(kernel, tpr, dev)) * tune("bwd_waves", 1);
@@ -1380,34 +1401,44 @@ Status bwd_op(const NormParams& p, const DeviceInfo& dev, void* ws, size_t* byte
 }  // namespace norm_detail
 
 // One definition per dtype, instantiated in norm_fwd_<dtype>.cu / norm_bwd_<dtype>.cu.
-#define KF_NORM_FWD_DEFINE(T)                                                                           \
-  template <>                                                                                            \
+#define KF_NORM_FWD_DEFINE(T)                                                                             \
+  template <>                                                                                             \
   Status launch_norm_fwd<T>(NormOp op, const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) { \
-    using namespace norm_detail;                                                                         \
-    if (p.rows == 0 || p.n == 0) return Status::Ok();                                                    \
-    switch (op) {                                                                                        \
-      case NormOp::kRms: return fwd_op<T, NormOp::kRms>(p, dev, stream);                                 \
-      case NormOp::kAddRms: return fwd_op<T, NormOp::kAddRms>(p, dev, stream);                           \
-      case NormOp::kLayer: return fwd_op<T, NormOp::kLayer>(p, dev, stream);                             \
-      case NormOp::kAdaRms: return fwd_op<T, NormOp::kAdaRms>(p, dev, stream);                           \
-      case NormOp::kAdaLayer: return fwd_op<T, NormOp::kAdaLayer>(p, dev, stream);                       \
-    }                                                                                                    \
-    return Status::Invalid("norm forward: unknown op");                                                  \
+    using namespace norm_detail;                                                                          \
+    if (p.rows == 0 || p.n == 0) return Status::Ok();                                                     \
+    switch (op) {                                                                                         \
+      case NormOp::kRms:                                                                                  \
+        return fwd_op<T, NormOp::kRms>(p, dev, stream);                                                   \
+      case NormOp::kAddRms:                                                                               \
+        return fwd_op<T, NormOp::kAddRms>(p, dev, stream);                                                \
+      case NormOp::kLayer:                                                                                \
+        return fwd_op<T, NormOp::kLayer>(p, dev, stream);                                                 \
+      case NormOp::kAdaRms:                                                                               \
+        return fwd_op<T, NormOp::kAdaRms>(p, dev, stream);                                                \
+      case NormOp::kAdaLayer:                                                                             \
+        return fwd_op<T, NormOp::kAdaLayer>(p, dev, stream);                                              \
+    }                                                                                                     \
+    return Status::Invalid("norm forward: unknown op");                                                   \
   }
 
-#define KF_NORM_BWD_DEFINE(T)                                                                             \
-  template <>                                                                                              \
+#define KF_NORM_BWD_DEFINE(T)                                                                               \
+  template <>                                                                                               \
   Status launch_norm_bwd<T>(NormOp op, const NormParams& p, const DeviceInfo& dev, void* ws, size_t* bytes, \
-                            cudaStream_t stream) {                                                         \
-    using namespace norm_detail;                                                                           \
-    switch (op) {                                                                                          \
-      case NormOp::kRms: return bwd_op<T, NormOp::kRms>(p, dev, ws, bytes, stream);                        \
-      case NormOp::kAddRms: return bwd_op<T, NormOp::kAddRms>(p, dev, ws, bytes, stream);                  \
-      case NormOp::kLayer: return bwd_op<T, NormOp::kLayer>(p, dev, ws, bytes, stream);                    \
-      case NormOp::kAdaRms: return bwd_op<T, NormOp::kAdaRms>(p, dev, ws, bytes, stream);                  \
-      case NormOp::kAdaLayer: return bwd_op<T, NormOp::kAdaLayer>(p, dev, ws, bytes, stream);              \
-    }                                                                                                      \
-    return Status::Invalid("norm backward: unknown op");                                                   \
+                            cudaStream_t stream) {                                                          \
+    using namespace norm_detail;                                                                            \
+    switch (op) {                                                                                           \
+      case NormOp::kRms:                                                                                    \
+        return bwd_op<T, NormOp::kRms>(p, dev, ws, bytes, stream);                                          \
+      case NormOp::kAddRms:                                                                                 \
+        return bwd_op<T, NormOp::kAddRms>(p, dev, ws, bytes, stream);                                       \
+      case NormOp::kLayer:                                                                                  \
+        return bwd_op<T, NormOp::kLayer>(p, dev, ws, bytes, stream);                                        \
+      case NormOp::kAdaRms:                                                                                 \
+        return bwd_op<T, NormOp::kAdaRms>(p, dev, ws, bytes, stream);                                       \
+      case NormOp::kAdaLayer:                                                                               \
+        return bwd_op<T, NormOp::kAdaLayer>(p, dev, ws, bytes, stream);                                     \
+    }                                                                                                       \
+    return Status::Invalid("norm backward: unknown op");                                                    \
   }
 
 }  // namespace kernelforge

@@ -79,7 +79,7 @@ template <typename T>
 Status launch_norm_fwd(NormOp op, const NormParams& p, const DeviceInfo& dev, cudaStream_t stream);
 // With workspace == nullptr only sets *workspace_bytes.
 template <typename T>
-Status launch_norm_bwd(NormOp op, const NormParams& p, const DeviceInfo& dev, void* workspace,
-                       size_t* workspace_bytes, cudaStream_t stream);
+Status launch_norm_bwd(NormOp op, const NormParams& p, const DeviceInfo& dev, void* workspace, size_t* workspace_bytes,
+                       cudaStream_t stream);
 
 }  // namespace kernelforge

@@ -125,8 +125,7 @@ struct Checker {
     const int nd = x.ndim;
     const int64_t n = x.shape[nd - 1];
     std::string expect = " must broadcast against x " + shape_str(x) +
-                         " as [N], [B, 1, N] or [B, S, N] (leading sizes equal to x's, then ones), got " +
-                         shape_str(t);
+                         " as [N], [B, 1, N] or [B, S, N] (leading sizes equal to x's, then ones), got " + shape_str(t);
     if (t.ndim < 1 || t.ndim > nd || t.shape[t.ndim - 1] != n) return fail(std::string(name) + expect);
     if (n > 1 && t.strides[t.ndim - 1] != 1)
       return fail(std::string(name) + " must be contiguous in its last dimension (stride 1), got stride " +
@@ -146,7 +145,8 @@ struct Checker {
     int64_t stride = n, want = -1;
     for (int d = p - 1; d >= 0 && x.numel() > 0; --d) {
       if (tsize(d) == 1) continue;
-      if (want < 0) stride = tstride(d);
+      if (want < 0)
+        stride = tstride(d);
       else if (tstride(d) != want)
         return fail(std::string(name) + " must have leading dimensions that collapse into one stride (shape " +
                     shape_str(t) + ", strides " + strides_str(t) + ")");
@@ -182,7 +182,8 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype) {
   Status s = ck.dtype_ok(x, "x");
   if (!s.ok()) return s;
   if (x.ndim < 1 || x.ndim > kMaxDims)
-    return ck.fail("x must have between 1 and " + std::to_string(kMaxDims) + " dimensions, got " + std::to_string(x.ndim));
+    return ck.fail("x must have between 1 and " + std::to_string(kMaxDims) + " dimensions, got " +
+                   std::to_string(x.ndim));
   for (int d = 0; d < x.ndim; ++d)
     if (x.shape[d] < 0) return ck.fail("x has a negative size " + shape_str(x));
   if (c.cuda && x.device.type != DeviceType::kCUDA)

@@ -183,9 +183,8 @@ Status add_rms_norm_backward(const TensorView& dy, const TensorView* dsum, const
   return backward(c);
 }
 
-Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight,
-                           const TensorView* bias, float eps, const TensorView& dx, const TensorView* dweight,
-                           const TensorView* dbias) {
+Status layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView* weight, const TensorView* bias,
+                           float eps, const TensorView& dx, const TensorView* dweight, const TensorView* dbias) {
   NormCall c = call("layer_norm_backward", NormOp::kLayer, true, eps);
   c.dy = &dy, c.x = &x, c.weight = weight, c.bias = bias, c.dx = &dx, c.dweight = dweight, c.dbias = dbias;
   return backward(c);

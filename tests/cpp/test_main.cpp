@@ -20,8 +20,7 @@ int main(int argc, char** argv) {
   if (gpus > 0) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
-    std::printf("kernelforge tests: GPU 0 is %s (sm_%d), %d device(s)\n", prop.name,
-                kftest::gpu_capability(), gpus);
+    std::printf("kernelforge tests: GPU 0 is %s (sm_%d), %d device(s)\n", prop.name, kftest::gpu_capability(), gpus);
   } else {
     std::printf("kernelforge tests: no CUDA device; GPU tests %s\n",
                 kftest::gpu_required() ? "FAIL (KF_REQUIRE_GPU=1)" : "are skipped");

@@ -29,34 +29,40 @@ struct RowShape {
 // One shape per code path: tiny, warp-sized rows, the common hidden sizes, odd N (no vector
 // access), N just under a power of two, rows too long for one block's registers, a single huge
 // row, no rows, and many rows (multi-block weight-gradient reduction).
-const RowShape kRowShapes[] = {{1, 1},      {7, 1000},      {3, 4096},     {19, 4097},
-                               {5, 8191},   {2, 131072},    {1, 262144},   {0, 4096},
-                               {4099, 512}, {1031, 2048}};
+const RowShape kRowShapes[] = {{1, 1},      {7, 1000},   {3, 4096}, {19, 4097},  {5, 8191},
+                               {2, 131072}, {1, 262144}, {0, 4096}, {4099, 512}, {1031, 2048}};
 
 struct AdaShape {
   int64_t b, s, n;
 };
-const AdaShape kAdaShapes[] = {{1, 1, 1},    {2, 3, 1000},   {3, 1, 4096},   {2, 5, 4097},
-                               {1, 5, 8191}, {2, 1, 131072}, {1, 1, 262144}, {2, 0, 4096},
-                               {4, 257, 512}, {2, 259, 2048}};
+const AdaShape kAdaShapes[] = {{1, 1, 1},      {2, 3, 1000},   {3, 1, 4096}, {2, 5, 4097},  {1, 5, 8191},
+                               {2, 1, 131072}, {1, 1, 262144}, {2, 0, 4096}, {4, 257, 512}, {2, 259, 2048}};
 
 enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned };
 const char* layout_name(LayoutKind l) {
   switch (l) {
-    case LayoutKind::kContiguous: return "contiguous";
-    case LayoutKind::kRowPadded: return "rowpadded";
-    case LayoutKind::kOddStride: return "oddstride";
-    case LayoutKind::kUnaligned: return "unaligned";
+    case LayoutKind::kContiguous:
+      return "contiguous";
+    case LayoutKind::kRowPadded:
+      return "rowpadded";
+    case LayoutKind::kOddStride:
+      return "oddstride";
+    case LayoutKind::kUnaligned:
+      return "unaligned";
   }
   return "?";
 }
 // layout of [..., N] row tensors (x, y, dy, dx, residual, sum)
 Layout row_layout(LayoutKind l) {
   switch (l) {
-    case LayoutKind::kContiguous: return {0, 0};
-    case LayoutKind::kRowPadded: return {64, 0};  // rows stay 16-byte aligned when N allows
-    case LayoutKind::kOddStride: return {3, 0};   // every row starts at a different alignment
-    case LayoutKind::kUnaligned: return {0, 1};   // base pointer one element past alignment
+    case LayoutKind::kContiguous:
+      return {0, 0};
+    case LayoutKind::kRowPadded:
+      return {64, 0};  // rows stay 16-byte aligned when N allows
+    case LayoutKind::kOddStride:
+      return {3, 0};  // every row starts at a different alignment
+    case LayoutKind::kUnaligned:
+      return {0, 1};  // base pointer one element past alignment
   }
   return {};
 }
@@ -65,10 +71,14 @@ Layout param_layout(LayoutKind l) { return {0, l == LayoutKind::kUnaligned ? 1 :
 
 const char* dtype_tag(DType t) {
   switch (t) {
-    case DType::kFloat32: return "fp32";
-    case DType::kFloat16: return "fp16";
-    case DType::kBFloat16: return "bf16";
-    default: return "other";
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kBFloat16:
+      return "bf16";
+    default:
+      return "other";
   }
 }
 
@@ -93,8 +103,7 @@ Status with_workspace(F call) {
   Status st = call(nullptr, &bytes);
   if (!st.ok()) return st;
   void* ws = nullptr;
-  if (cudaMalloc(&ws, bytes > 0 ? bytes : 16) != cudaSuccess)
-    return Status::Cuda("test: workspace allocation failed");
+  if (cudaMalloc(&ws, bytes > 0 ? bytes : 16) != cudaSuccess) return Status::Cuda("test: workspace allocation failed");
   cudaMemset(ws, 0xFF, bytes > 0 ? bytes : 16);
   st = call(ws, &bytes);
   cudaDeviceSynchronize();
@@ -187,14 +196,14 @@ TEST_P(NormGpu, AddRmsNorm) {
     HostTensor w = random_weight(t, {N()}, rng);
     HostTensor want_y(t, {M(), N()}), want_s(t, {M(), N()});
     TensorView wv = w.view();
-    KF_ASSERT_OK(ref::add_rms_norm(x.view(), res.view(), with_w ? &wv : nullptr, kRmsEps,
-                                   want_y.view(), want_s.view()));
+    KF_ASSERT_OK(
+        ref::add_rms_norm(x.view(), res.view(), with_w ? &wv : nullptr, kRmsEps, want_y.view(), want_s.view()));
 
     DeviceTensor dx = to_device(x, rows()), dres = to_device(res, rows()), dw = to_device(w, params());
     DeviceTensor y(t, {M(), N()}, rows()), s(t, {M(), N()}, rows());
     TensorView dwv = dw.view();
-    ASSERT_TRUE(finish(kf::add_rms_norm(dx.view(), dres.view(), with_w ? &dwv : nullptr, kRmsEps,
-                                        y.view(), s.view(), stream_)));
+    ASSERT_TRUE(finish(
+        kf::add_rms_norm(dx.view(), dres.view(), with_w ? &dwv : nullptr, kRmsEps, y.view(), s.view(), stream_)));
     // the sum is one rounding of x + residual: exact
     EXPECT_TRUE(bit_equal("sum", s.download(), want_s));
     EXPECT_TRUE(all_close("y", y.download(), want_y, tol()));
@@ -216,14 +225,13 @@ TEST_P(NormGpu, LayerNorm) {
     HostTensor w = random_weight(t, {N()}, rng), b = random_tensor(t, {N()}, rng);
     HostTensor want(t, {M(), N()});
     TensorView wv = w.view(), bv = b.view();
-    KF_ASSERT_OK(ref::layer_norm(x.view(), with_w ? &wv : nullptr, with_b ? &bv : nullptr,
-                                 kLayerEps, want.view()));
+    KF_ASSERT_OK(ref::layer_norm(x.view(), with_w ? &wv : nullptr, with_b ? &bv : nullptr, kLayerEps, want.view()));
 
     DeviceTensor dx = to_device(x, rows()), dw = to_device(w, params()), db = to_device(b, params());
     DeviceTensor y(t, {M(), N()}, rows());
     TensorView dwv = dw.view(), dbv = db.view();
-    ASSERT_TRUE(finish(kf::layer_norm(dx.view(), with_w ? &dwv : nullptr, with_b ? &dbv : nullptr,
-                                      kLayerEps, y.view(), stream_)));
+    ASSERT_TRUE(finish(
+        kf::layer_norm(dx.view(), with_w ? &dwv : nullptr, with_b ? &dbv : nullptr, kLayerEps, y.view(), stream_)));
     EXPECT_TRUE(all_close("y", y.download(), want, tol()));
     EXPECT_TRUE(y.check_untouched("y"));
     EXPECT_TRUE(bit_equal("x is not written", dx.download(), x));
@@ -242,15 +250,15 @@ TEST_P(NormGpu, RmsNormBackward) {
     HostTensor dy = random_tensor(t, {M(), N()}, rng);
     HostTensor want_dx(t, {M(), N()}), want_dw(t, {N()});
     TensorView wv = w.view(), want_dwv = want_dw.view();
-    KF_ASSERT_OK(ref::rms_norm_backward(dy.view(), x.view(), with_w ? &wv : nullptr, kRmsEps,
-                                        want_dx.view(), need_dw ? &want_dwv : nullptr));
+    KF_ASSERT_OK(ref::rms_norm_backward(dy.view(), x.view(), with_w ? &wv : nullptr, kRmsEps, want_dx.view(),
+                                        need_dw ? &want_dwv : nullptr));
 
     DeviceTensor d_x = to_device(x, rows()), d_w = to_device(w, params()), d_dy = to_device(dy, rows());
     DeviceTensor d_dx(t, {M(), N()}, rows()), d_dw(t, {N()}, params());
     TensorView wview = d_w.view(), dwview = d_dw.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-      return kf::rms_norm_backward(d_dy.view(), d_x.view(), with_w ? &wview : nullptr, kRmsEps,
-                                   d_dx.view(), need_dw ? &dwview : nullptr, ws, bytes, stream_);
+      return kf::rms_norm_backward(d_dy.view(), d_x.view(), with_w ? &wview : nullptr, kRmsEps, d_dx.view(),
+                                   need_dw ? &dwview : nullptr, ws, bytes, stream_);
     })));
     EXPECT_TRUE(all_close("dx", d_dx.download(), want_dx, tol()));
     EXPECT_TRUE(d_dx.check_untouched("dx"));
@@ -271,9 +279,8 @@ TEST_P(NormGpu, AddRmsNormBackward) {
     HostTensor dy = random_tensor(t, {M(), N()}, rng), dsum = random_tensor(t, {M(), N()}, rng);
     HostTensor want_dx(t, {M(), N()}), want_dw(t, {N()});
     TensorView wv = w.view(), dsv = dsum.view(), want_dwv = want_dw.view();
-    KF_ASSERT_OK(ref::add_rms_norm_backward(dy.view(), with_dsum ? &dsv : nullptr, s.view(),
-                                            with_w ? &wv : nullptr, kRmsEps, want_dx.view(),
-                                            with_w ? &want_dwv : nullptr));
+    KF_ASSERT_OK(ref::add_rms_norm_backward(dy.view(), with_dsum ? &dsv : nullptr, s.view(), with_w ? &wv : nullptr,
+                                            kRmsEps, want_dx.view(), with_w ? &want_dwv : nullptr));
 
     DeviceTensor d_s = to_device(s, rows()), d_w = to_device(w, params());
     DeviceTensor d_dy = to_device(dy, rows()), d_dsum = to_device(dsum, rows());
@@ -281,8 +288,8 @@ TEST_P(NormGpu, AddRmsNormBackward) {
     TensorView wview = d_w.view(), dwview = d_dw.view(), dsview = d_dsum.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
       return kf::add_rms_norm_backward(d_dy.view(), with_dsum ? &dsview : nullptr, d_s.view(),
-                                       with_w ? &wview : nullptr, kRmsEps, d_dx.view(),
-                                       with_w ? &dwview : nullptr, ws, bytes, stream_);
+                                       with_w ? &wview : nullptr, kRmsEps, d_dx.view(), with_w ? &dwview : nullptr, ws,
+                                       bytes, stream_);
     })));
     EXPECT_TRUE(all_close("dx", d_dx.download(), want_dx, tol()));
     EXPECT_TRUE(d_dx.check_untouched("dx"));
@@ -304,18 +311,17 @@ TEST_P(NormGpu, LayerNormBackward) {
     HostTensor dy = random_tensor(t, {M(), N()}, rng);
     HostTensor want_dx(t, {M(), N()}), want_dw(t, {N()}), want_db(t, {N()});
     TensorView wv = w.view(), bv = b.view(), want_dwv = want_dw.view(), want_dbv = want_db.view();
-    KF_ASSERT_OK(ref::layer_norm_backward(dy.view(), x.view(), with_w ? &wv : nullptr,
-                                          with_b ? &bv : nullptr, kLayerEps, want_dx.view(),
-                                          with_w ? &want_dwv : nullptr, with_b ? &want_dbv : nullptr));
+    KF_ASSERT_OK(ref::layer_norm_backward(dy.view(), x.view(), with_w ? &wv : nullptr, with_b ? &bv : nullptr,
+                                          kLayerEps, want_dx.view(), with_w ? &want_dwv : nullptr,
+                                          with_b ? &want_dbv : nullptr));
 
     DeviceTensor d_x = to_device(x, rows()), d_w = to_device(w, params()), d_b = to_device(b, params());
     DeviceTensor d_dy = to_device(dy, rows());
     DeviceTensor d_dx(t, {M(), N()}, rows()), d_dw(t, {N()}, params()), d_db(t, {N()}, params());
     TensorView wview = d_w.view(), bview = d_b.view(), dwview = d_dw.view(), dbview = d_db.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-      return kf::layer_norm_backward(d_dy.view(), d_x.view(), with_w ? &wview : nullptr,
-                                     with_b ? &bview : nullptr, kLayerEps, d_dx.view(),
-                                     with_w ? &dwview : nullptr, with_b ? &dbview : nullptr, ws,
+      return kf::layer_norm_backward(d_dy.view(), d_x.view(), with_w ? &wview : nullptr, with_b ? &bview : nullptr,
+                                     kLayerEps, d_dx.view(), with_w ? &dwview : nullptr, with_b ? &dbview : nullptr, ws,
                                      bytes, stream_);
     })));
     EXPECT_TRUE(all_close("dx", d_dx.download(), want_dx, tol()));
@@ -358,25 +364,24 @@ TEST_P(NormGpuAda, AdaNorm) {
     SCOPED_TRACE(ada_name(v));
     Rng rng(seed("ada_norm") + i++);
     const std::vector<int64_t> xs = {B(), S(), N()};
-    const std::vector<int64_t> ms = v.mod == 0 ? std::vector<int64_t>{N()}
-                                    : v.mod == 1 ? std::vector<int64_t>{B(), 1, N()} : xs;
+    const std::vector<int64_t> ms = v.mod == 0   ? std::vector<int64_t>{N()}
+                                    : v.mod == 1 ? std::vector<int64_t>{B(), 1, N()}
+                                                 : xs;
     HostTensor x = random_tensor(t, xs, rng, -1.0, 3.0);
     HostTensor scale = random_tensor(t, ms, rng, -0.5, 0.5), shift = random_tensor(t, ms, rng);
     HostTensor w = random_weight(t, {N()}, rng), b = random_tensor(t, {N()}, rng);
     TensorView wv = w.view(), bv = b.view();
     const bool with_b = v.affine;  // bias with either kind: rms + bias is allowed by the API
     HostTensor want(t, xs);
-    KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), v.affine ? &wv : nullptr,
-                               with_b ? &bv : nullptr, kLayerEps, v.kind, want.view()));
+    KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), v.affine ? &wv : nullptr, with_b ? &bv : nullptr,
+                               kLayerEps, v.kind, want.view()));
 
-    DeviceTensor d_x = to_device(x, rows()), d_scale = to_device(scale, params()),
-                 d_shift = to_device(shift, params()), d_w = to_device(w, params()),
-                 d_b = to_device(b, params());
+    DeviceTensor d_x = to_device(x, rows()), d_scale = to_device(scale, params()), d_shift = to_device(shift, params()),
+                 d_w = to_device(w, params()), d_b = to_device(b, params());
     DeviceTensor y(t, xs, rows());
     TensorView wview = d_w.view(), bview = d_b.view();
-    ASSERT_TRUE(finish(kf::ada_norm(d_x.view(), d_scale.view(), d_shift.view(),
-                                    v.affine ? &wview : nullptr, with_b ? &bview : nullptr,
-                                    kLayerEps, v.kind, y.view(), stream_)));
+    ASSERT_TRUE(finish(kf::ada_norm(d_x.view(), d_scale.view(), d_shift.view(), v.affine ? &wview : nullptr,
+                                    with_b ? &bview : nullptr, kLayerEps, v.kind, y.view(), stream_)));
     EXPECT_TRUE(all_close("y", y.download(), want, tolerance(t)));
     EXPECT_TRUE(y.check_untouched("y"));
     EXPECT_TRUE(bit_equal("x is not written", d_x.download(), x));
@@ -390,8 +395,9 @@ TEST_P(NormGpuAda, AdaNormBackward) {
     SCOPED_TRACE(ada_name(v));
     Rng rng(seed("ada_norm_backward") + i++);
     const std::vector<int64_t> xs = {B(), S(), N()};
-    const std::vector<int64_t> ms = v.mod == 0 ? std::vector<int64_t>{N()}
-                                    : v.mod == 1 ? std::vector<int64_t>{B(), 1, N()} : xs;
+    const std::vector<int64_t> ms = v.mod == 0   ? std::vector<int64_t>{N()}
+                                    : v.mod == 1 ? std::vector<int64_t>{B(), 1, N()}
+                                                 : xs;
     // rows summed into one element of dscale/dshift and of dweight/dbias
     const int64_t mod_terms = v.mod == 0 ? B() * S() : v.mod == 1 ? S() : 1;
     HostTensor x = random_tensor(t, xs, rng, -1.0, 3.0);
@@ -403,9 +409,8 @@ TEST_P(NormGpuAda, AdaNormBackward) {
     const TensorView* bp = v.affine ? &bv : nullptr;
     HostTensor want_dx(t, xs), want_dscale(t, ms), want_dshift(t, ms), want_dw(t, {N()}), want_db(t, {N()});
     TensorView a = want_dscale.view(), c = want_dshift.view(), d = want_dw.view(), e = want_db.view();
-    KF_ASSERT_OK(ref::ada_norm_backward(dy.view(), x.view(), scale.view(), shift.view(), wp, bp,
-                                        kLayerEps, v.kind, want_dx.view(), &a, &c,
-                                        wp ? &d : nullptr, bp ? &e : nullptr));
+    KF_ASSERT_OK(ref::ada_norm_backward(dy.view(), x.view(), scale.view(), shift.view(), wp, bp, kLayerEps, v.kind,
+                                        want_dx.view(), &a, &c, wp ? &d : nullptr, bp ? &e : nullptr));
 
     DeviceTensor d_x = to_device(x, rows()), d_dy = to_device(dy, rows());
     DeviceTensor d_scale = to_device(scale, params()), d_shift = to_device(shift, params());
@@ -415,11 +420,9 @@ TEST_P(NormGpuAda, AdaNormBackward) {
     TensorView wview = d_w.view(), bview = d_b.view();
     TensorView dsc = d_dscale.view(), dsh = d_dshift.view(), dwv = d_dw.view(), dbv = d_db.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-      return kf::ada_norm_backward(d_dy.view(), d_x.view(), d_scale.view(), d_shift.view(),
-                                   v.affine ? &wview : nullptr, v.affine ? &bview : nullptr,
-                                   kLayerEps, v.kind, d_dx.view(), &dsc, &dsh,
-                                   v.affine ? &dwv : nullptr, v.affine ? &dbv : nullptr, ws, bytes,
-                                   stream_);
+      return kf::ada_norm_backward(d_dy.view(), d_x.view(), d_scale.view(), d_shift.view(), v.affine ? &wview : nullptr,
+                                   v.affine ? &bview : nullptr, kLayerEps, v.kind, d_dx.view(), &dsc, &dsh,
+                                   v.affine ? &dwv : nullptr, v.affine ? &dbv : nullptr, ws, bytes, stream_);
     })));
     EXPECT_TRUE(all_close("dx", d_dx.download(), want_dx, tolerance(t)));
     EXPECT_TRUE(all_close("dscale", d_dscale.download(), want_dscale, reduction_tolerance(t, mod_terms)));
@@ -436,8 +439,8 @@ TEST_P(NormGpuAda, AdaNormBackward) {
 
 // ---- instantiation ---------------------------------------------------------------------------
 const DType kDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
-const LayoutKind kLayouts[] = {LayoutKind::kContiguous, LayoutKind::kRowPadded,
-                               LayoutKind::kOddStride, LayoutKind::kUnaligned};
+const LayoutKind kLayouts[] = {LayoutKind::kContiguous, LayoutKind::kRowPadded, LayoutKind::kOddStride,
+                               LayoutKind::kUnaligned};
 
 // Every dtype x shape x layout, except that shapes of over a million elements (whose point is the
 // many-row reduction, not the addressing) run contiguous and unaligned only: the host-side float64
@@ -453,23 +456,24 @@ std::vector<Case> cases(const Shape (&shapes)[NS], int64_t (*elements)(const Sha
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, NormGpu,
-    ::testing::ValuesIn(cases<RowCase>(kRowShapes, +[](const RowShape& s) { return s.rows * s.n; })),
-    [](const ::testing::TestParamInfo<RowCase>& i) {
-      const RowShape& s = std::get<1>(i.param);
-      return std::string(dtype_tag(std::get<0>(i.param))) + "_" + std::to_string(s.rows) + "x" +
-             std::to_string(s.n) + "_" + layout_name(std::get<2>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, NormGpu,
+                         ::testing::ValuesIn(cases<RowCase>(
+                             kRowShapes, +[](const RowShape& s) { return s.rows * s.n; })),
+                         [](const ::testing::TestParamInfo<RowCase>& i) {
+                           const RowShape& s = std::get<1>(i.param);
+                           return std::string(dtype_tag(std::get<0>(i.param))) + "_" + std::to_string(s.rows) + "x" +
+                                  std::to_string(s.n) + "_" + layout_name(std::get<2>(i.param));
+                         });
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, NormGpuAda,
-    ::testing::ValuesIn(cases<AdaCase>(kAdaShapes, +[](const AdaShape& s) { return s.b * s.s * s.n; })),
-    [](const ::testing::TestParamInfo<AdaCase>& i) {
-      const AdaShape& s = std::get<1>(i.param);
-      return std::string(dtype_tag(std::get<0>(i.param))) + "_" + std::to_string(s.b) + "x" +
-             std::to_string(s.s) + "x" + std::to_string(s.n) + "_" + layout_name(std::get<2>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, NormGpuAda,
+                         ::testing::ValuesIn(cases<AdaCase>(
+                             kAdaShapes, +[](const AdaShape& s) { return s.b * s.s * s.n; })),
+                         [](const ::testing::TestParamInfo<AdaCase>& i) {
+                           const AdaShape& s = std::get<1>(i.param);
+                           return std::string(dtype_tag(std::get<0>(i.param))) + "_" + std::to_string(s.b) + "x" +
+                                  std::to_string(s.s) + "x" + std::to_string(s.n) + "_" +
+                                  layout_name(std::get<2>(i.param));
+                         });
 
 // ---- determinism: gradient reductions are bit-identical run to run ---------------------------
 class NormGpuDeterminism : public ::testing::TestWithParam<DType>, public GpuFixture {
@@ -494,8 +498,7 @@ TEST_P(NormGpuDeterminism, RmsNormBackward) {
     d_dw.poison();
     TensorView wv = d_w.view(), dwv = d_dw.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-      return kf::rms_norm_backward(d_dy.view(), d_x.view(), &wv, kRmsEps, d_dx.view(), &dwv, ws,
-                                   bytes, stream_);
+      return kf::rms_norm_backward(d_dy.view(), d_x.view(), &wv, kRmsEps, d_dx.view(), &dwv, ws, bytes, stream_);
     })));
     dx[run] = d_dx.download();
     dw[run] = d_dw.download();
@@ -518,8 +521,8 @@ TEST_P(NormGpuDeterminism, AddRmsNormBackward) {
     d_dw.poison();
     TensorView wv = d_w.view(), dwv = d_dw.view(), dsv = d_dsum.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-      return kf::add_rms_norm_backward(d_dy.view(), &dsv, d_s.view(), &wv, kRmsEps, d_dx.view(),
-                                       &dwv, ws, bytes, stream_);
+      return kf::add_rms_norm_backward(d_dy.view(), &dsv, d_s.view(), &wv, kRmsEps, d_dx.view(), &dwv, ws, bytes,
+                                       stream_);
     })));
     dw[run] = d_dw.download();
   }
@@ -542,8 +545,8 @@ TEST_P(NormGpuDeterminism, LayerNormBackward) {
     d_db.poison();
     TensorView wv = d_w.view(), bv = d_b.view(), dwv = d_dw.view(), dbv = d_db.view();
     ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-      return kf::layer_norm_backward(d_dy.view(), d_x.view(), &wv, &bv, kLayerEps, d_dx.view(),
-                                     &dwv, &dbv, ws, bytes, stream_);
+      return kf::layer_norm_backward(d_dy.view(), d_x.view(), &wv, &bv, kLayerEps, d_dx.view(), &dwv, &dbv, ws, bytes,
+                                     stream_);
     })));
     dw[run] = d_dw.download();
     db[run] = d_db.download();
@@ -570,9 +573,8 @@ TEST_P(NormGpuDeterminism, AdaNormBackward) {
       TensorView wv = d_w.view(), bv = d_b.view();
       TensorView a = d_dscale.view(), c = d_dshift.view(), d = d_dw.view(), e = d_db.view();
       ASSERT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
-        return kf::ada_norm_backward(d_dy.view(), d_x.view(), d_scale.view(), d_shift.view(), &wv,
-                                     &bv, kLayerEps, NormKind::kLayer, d_dx.view(), &a, &c, &d, &e,
-                                     ws, bytes, stream_);
+        return kf::ada_norm_backward(d_dy.view(), d_x.view(), d_scale.view(), d_shift.view(), &wv, &bv, kLayerEps,
+                                     NormKind::kLayer, d_dx.view(), &a, &c, &d, &e, ws, bytes, stream_);
       })));
       out[run][0] = d_dscale.download();
       out[run][1] = d_dshift.download();
@@ -587,9 +589,7 @@ TEST_P(NormGpuDeterminism, AdaNormBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, NormGpuDeterminism, ::testing::ValuesIn(kDtypes),
-                         [](const ::testing::TestParamInfo<DType>& i) {
-                           return std::string(dtype_tag(i.param));
-                         });
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_tag(i.param)); });
 
 // ---- contract details --------------------------------------------------------------------------
 class NormGpuMisc : public ::testing::Test, public GpuFixture {
@@ -627,8 +627,8 @@ TEST_F(NormGpuMisc, ZeroRowsWithNullPointers) {
   TensorView x3 = kf::make_view(nullptr, DType::kFloat32, {2, 0, N});
   TensorView y3 = kf::make_view(nullptr, DType::kFloat32, {2, 0, N});
   DeviceTensor mod(DType::kFloat32, {2, 1, N});
-  EXPECT_TRUE(finish(kf::ada_norm(x3, mod.view(), mod.view(), nullptr, nullptr, kLayerEps,
-                                  NormKind::kLayer, y3, stream_)));
+  EXPECT_TRUE(
+      finish(kf::ada_norm(x3, mod.view(), mod.view(), nullptr, nullptr, kLayerEps, NormKind::kLayer, y3, stream_)));
   EXPECT_TRUE(finish(with_workspace([&](void* ws, size_t* bytes) {
     return kf::rms_norm_backward(x, x, &wv, kRmsEps, y, nullptr, ws, bytes, stream_);
   })));
@@ -677,8 +677,8 @@ TEST_F(NormGpuMisc, WorkspaceQueryLaunchesNothing) {
   DeviceTensor dx(t, {M, N}), dw(t, {N});
   TensorView wv = w.view(), dwv = dw.view();
   size_t bytes = 0;
-  ASSERT_TRUE(finish(kf::rms_norm_backward(dy.view(), x.view(), &wv, kRmsEps, dx.view(), &dwv,
-                                           nullptr, &bytes, stream_)));
+  ASSERT_TRUE(
+      finish(kf::rms_norm_backward(dy.view(), x.view(), &wv, kRmsEps, dx.view(), &dwv, nullptr, &bytes, stream_)));
   const std::vector<unsigned char> a = dx.raw(), b = dw.raw();
   bool all_poison = true;
   for (unsigned char c : a) all_poison &= c == 0xFF;

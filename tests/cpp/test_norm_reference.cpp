@@ -20,14 +20,12 @@ using kernelforge::NormKind;
 HostTensor make(DType t, std::vector<int64_t> shape, std::vector<double> values) {
   HostTensor h(t, std::move(shape));
   EXPECT_EQ(static_cast<int64_t>(values.size()), h.numel());
-  for (int64_t i = 0; i < h.numel() && i < static_cast<int64_t>(values.size()); ++i)
-    h.set(i, values[i]);
+  for (int64_t i = 0; i < h.numel() && i < static_cast<int64_t>(values.size()); ++i) h.set(i, values[i]);
   return h;
 }
 
 // exact comparison for hand examples, up to float64 rounding
-::testing::AssertionResult near(const char* what, const HostTensor& got, std::vector<double> want,
-                                double tol = 1e-12) {
+::testing::AssertionResult near(const char* what, const HostTensor& got, std::vector<double> want, double tol = 1e-12) {
   HostTensor w = make(DType::kFloat64, got.shape, std::move(want));
   HostTensor g(DType::kFloat64, got.shape);
   for (int64_t i = 0; i < got.numel(); ++i) g.set(i, got.get(i));
@@ -93,15 +91,14 @@ TEST(NormReference, AdaNormHandExample) {
   {
     HostTensor x = make(DType::kFloat64, {1, 2, 4}, {1, 2, 3, 6, 8, 9, 10, 13});
     HostTensor y(DType::kFloat64, {1, 2, 4});
-    KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), nullptr, nullptr, 0.5f,
-                               NormKind::kLayer, y.view()));
+    KF_ASSERT_OK(
+        ref::ada_norm(x.view(), scale.view(), shift.view(), nullptr, nullptr, 0.5f, NormKind::kLayer, y.view()));
     EXPECT_TRUE(near("layer", y, {-1.5, 0.75, -1, 3.5, -1.5, 0.75, -1, 3.5}));
   }
   {
     HostTensor x = make(DType::kFloat64, {1, 2, 4}, kRmsX);
     HostTensor y(DType::kFloat64, {1, 2, 4});
-    KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), nullptr, nullptr, 1.0f,
-                               NormKind::kRms, y.view()));
+    KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), nullptr, nullptr, 1.0f, NormKind::kRms, y.view()));
     // xhat row 0 [-1.5, 0.5, 0.5, 0.5], row 1 [0.2, 0.6, -1.0, 1.4]
     EXPECT_TRUE(near("rms", y, {-2.25, 1.25, 0, 2.5, 0.3, 1.3, -3, 3.4}));
   }
@@ -159,8 +156,7 @@ TEST_P(NormReferenceRounding, LayerAndAdaNormRoundOnce) {
   TensorView wv = w.view(), bv = b.view();
   HostTensor y_ln(t, {B, S, N}), y_ada(t, {B, S, N});
   KF_ASSERT_OK(ref::layer_norm(x.view(), &wv, &bv, eps, y_ln.view()));
-  KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), &wv, &bv, eps, NormKind::kLayer,
-                             y_ada.view()));
+  KF_ASSERT_OK(ref::ada_norm(x.view(), scale.view(), shift.view(), &wv, &bv, eps, NormKind::kLayer, y_ada.view()));
   for (int64_t r = 0; r < B * S; ++r) {
     double mean = 0, var = 0;
     for (int64_t c = 0; c < N; ++c) mean += x.get(r * N + c);
@@ -179,9 +175,7 @@ TEST_P(NormReferenceRounding, LayerAndAdaNormRoundOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, NormReferenceRounding,
                          ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
-                         [](const ::testing::TestParamInfo<DType>& i) {
-                           return std::string(dtype_name(i.param));
-                         });
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 
 // ---- backward against finite differences (float64) --------------------------------------------
 // loss = sum_k <g_k, out_k>; d loss / d theta by central differences, h = 1e-5.
@@ -253,8 +247,8 @@ TEST(NormReference, AddRmsNormBackwardFiniteDifference) {
     KF_ASSERT_OK(ref::add_rms_norm(x.view(), res.view(), &wv, eps, y.view(), s.view()));
     HostTensor dx(kF64, {M, N}), dw(kF64, {N});
     TensorView dwv = dw.view();
-    KF_ASSERT_OK(ref::add_rms_norm_backward(gy.view(), with_dsum ? &gsv : nullptr, s.view(), &wv,
-                                            eps, dx.view(), &dwv));
+    KF_ASSERT_OK(
+        ref::add_rms_norm_backward(gy.view(), with_dsum ? &gsv : nullptr, s.view(), &wv, eps, dx.view(), &dwv));
     check_gradient("dx (wrt x)", x, dx, loss);
     check_gradient("dx (wrt residual)", res, dx, loss);
     check_gradient("dweight", w, dw, loss);
@@ -281,8 +275,8 @@ TEST(NormReference, LayerNormBackwardFiniteDifference) {
     };
     HostTensor dx(kF64, {M, N}), dw(kF64, {N}), db(kF64, {N});
     TensorView dwv = dw.view(), dbv = db.view();
-    KF_ASSERT_OK(ref::layer_norm_backward(g.view(), x.view(), wp, bp, eps, dx.view(),
-                                          with_w ? &dwv : nullptr, with_b ? &dbv : nullptr));
+    KF_ASSERT_OK(ref::layer_norm_backward(g.view(), x.view(), wp, bp, eps, dx.view(), with_w ? &dwv : nullptr,
+                                          with_b ? &dbv : nullptr));
     check_gradient("dx", x, dx, loss);
     if (with_w) check_gradient("dweight", w, dw, loss);
     if (with_b) check_gradient("dbias", b, db, loss);
@@ -297,8 +291,8 @@ TEST(NormReference, AdaNormBackwardFiniteDifference) {
   for (NormKind kind : {NormKind::kLayer, NormKind::kRms}) {
     for (const auto& ms : mod_shapes) {
       for (bool affine : {false, true}) {
-        SCOPED_TRACE(std::string(kind == NormKind::kRms ? "rms" : "layer") + " scale " +
-                     shape_str(ms) + (affine ? " affine" : ""));
+        SCOPED_TRACE(std::string(kind == NormKind::kRms ? "rms" : "layer") + " scale " + shape_str(ms) +
+                     (affine ? " affine" : ""));
         HostTensor x = random_tensor(kF64, {B, S, N}, rng, -1.0, 3.0);
         HostTensor scale = random_tensor(kF64, ms, rng, -0.5, 0.5);
         HostTensor shift = random_tensor(kF64, ms, rng);
@@ -314,9 +308,8 @@ TEST(NormReference, AdaNormBackwardFiniteDifference) {
         };
         HostTensor dx(kF64, {B, S, N}), dscale(kF64, ms), dshift(kF64, ms), dw(kF64, {N}), db(kF64, {N});
         TensorView dsv = dscale.view(), dhv = dshift.view(), dwv = dw.view(), dbv = db.view();
-        KF_ASSERT_OK(ref::ada_norm_backward(g.view(), x.view(), scale.view(), shift.view(), wp, bp,
-                                            eps, kind, dx.view(), &dsv, &dhv, wp ? &dwv : nullptr,
-                                            bp ? &dbv : nullptr));
+        KF_ASSERT_OK(ref::ada_norm_backward(g.view(), x.view(), scale.view(), shift.view(), wp, bp, eps, kind,
+                                            dx.view(), &dsv, &dhv, wp ? &dwv : nullptr, bp ? &dbv : nullptr));
         check_gradient("dx", x, dx, loss);
         check_gradient("dscale", scale, dscale, loss);
         check_gradient("dshift", shift, dshift, loss);

@@ -61,13 +61,13 @@ class Views {
 
 // Checks that `st` is a validation failure mentioning every needle. Without a GPU, a CUDA error
 // means the library asked the device first: the case is skipped there.
-#define EXPECT_INVALID(status_expr, ...)                                                         \
-  do {                                                                                           \
-    const ::kernelforge::Status _st = (status_expr);                                             \
-    if (::kftest::gpu_count() == 0 && _st.code() == ::kernelforge::StatusCode::kCudaError)       \
-      GTEST_SKIP() << "validation queried the device first (no GPU here): " << _st.message();   \
-    EXPECT_EQ(_st.code(), ::kernelforge::StatusCode::kInvalidArgument) << _st.message();        \
-    EXPECT_TRUE(::kftest::has_substrings(_st, {__VA_ARGS__}));                                   \
+#define EXPECT_INVALID(status_expr, ...)                                                      \
+  do {                                                                                        \
+    const ::kernelforge::Status _st = (status_expr);                                          \
+    if (::kftest::gpu_count() == 0 && _st.code() == ::kernelforge::StatusCode::kCudaError)    \
+      GTEST_SKIP() << "validation queried the device first (no GPU here): " << _st.message(); \
+    EXPECT_EQ(_st.code(), ::kernelforge::StatusCode::kInvalidArgument) << _st.message();      \
+    EXPECT_TRUE(::kftest::has_substrings(_st, {__VA_ARGS__}));                                \
   } while (0)
 
 constexpr DType F32 = DType::kFloat32;
@@ -217,32 +217,28 @@ TEST(NormValidation, AdaNormScaleShape) {
   Views v;
   TensorView x = v.cuda(F32, {2, 3, 64}), sc = v.cuda(F32, {2, 2, 64}), sh = v.cuda(F32, {2, 1, 64});
   TensorView y = v.cuda(F32, {2, 3, 64});
-  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kLayer, y, nullptr),
-                 "ada_norm", "scale");
+  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kLayer, y, nullptr), "ada_norm", "scale");
 }
 
 TEST(NormValidation, AdaNormShiftLastDim) {
   Views v;
   TensorView x = v.cuda(F32, {2, 3, 64}), sc = v.cuda(F32, {64}), sh = v.cuda(F32, {63});
   TensorView y = v.cuda(F32, {2, 3, 64});
-  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kLayer, y, nullptr),
-                 "shift", "63");
+  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kLayer, y, nullptr), "shift", "63");
 }
 
 TEST(NormValidation, AdaNormShiftDtype) {
   Views v;
   TensorView x = v.cuda(F16, {2, 3, 64}), sc = v.cuda(F16, {2, 1, 64}), sh = v.cuda(F32, {2, 1, 64});
   TensorView y = v.cuda(F16, {2, 3, 64});
-  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kRms, y, nullptr),
-                 "shift", "float32");
+  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kRms, y, nullptr), "shift", "float32");
 }
 
 TEST(NormValidation, AdaNormKind) {
   Views v;
   TensorView x = v.cuda(F32, {2, 3, 64}), sc = v.cuda(F32, {64}), sh = v.cuda(F32, {64});
   TensorView y = v.cuda(F32, {2, 3, 64});
-  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, static_cast<NormKind>(7), y, nullptr),
-                 "kind");
+  EXPECT_INVALID(kf::ada_norm(x, sc, sh, nullptr, nullptr, 1e-6f, static_cast<NormKind>(7), y, nullptr), "kind");
 }
 
 // ---- backward ----------------------------------------------------------------------------------
@@ -251,8 +247,8 @@ TEST(NormValidation, RmsNormBackwardDweightShape) {
   TensorView dy = v.cuda(F32, {2, 4096}), x = v.cuda(F32, {2, 4096}), w = v.cuda(F32, {4096});
   TensorView dx = v.cuda(F32, {2, 4096}), dw = v.cuda(F32, {4095});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::rms_norm_backward(dy, x, &w, kEps, dx, &dw, nullptr, &bytes, nullptr),
-                 "rms_norm_backward", "dweight", "[4095]");
+  EXPECT_INVALID(kf::rms_norm_backward(dy, x, &w, kEps, dx, &dw, nullptr, &bytes, nullptr), "rms_norm_backward",
+                 "dweight", "[4095]");
 }
 
 TEST(NormValidation, RmsNormBackwardDweightWithoutWeight) {
@@ -260,32 +256,28 @@ TEST(NormValidation, RmsNormBackwardDweightWithoutWeight) {
   TensorView dy = v.cuda(F32, {2, 64}), x = v.cuda(F32, {2, 64});
   TensorView dx = v.cuda(F32, {2, 64}), dw = v.cuda(F32, {64});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::rms_norm_backward(dy, x, nullptr, kEps, dx, &dw, nullptr, &bytes, nullptr),
-                 "dweight");
+  EXPECT_INVALID(kf::rms_norm_backward(dy, x, nullptr, kEps, dx, &dw, nullptr, &bytes, nullptr), "dweight");
 }
 
 TEST(NormValidation, RmsNormBackwardDyShape) {
   Views v;
   TensorView dy = v.cuda(F32, {3, 64}), x = v.cuda(F32, {2, 64}), dx = v.cuda(F32, {2, 64});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::rms_norm_backward(dy, x, nullptr, kEps, dx, nullptr, nullptr, &bytes, nullptr),
-                 "dy");
+  EXPECT_INVALID(kf::rms_norm_backward(dy, x, nullptr, kEps, dx, nullptr, nullptr, &bytes, nullptr), "dy");
 }
 
 TEST(NormValidation, RmsNormBackwardDxDtype) {
   Views v;
   TensorView dy = v.cuda(F32, {2, 64}), x = v.cuda(F32, {2, 64}), dx = v.cuda(F16, {2, 64});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::rms_norm_backward(dy, x, nullptr, kEps, dx, nullptr, nullptr, &bytes, nullptr),
-                 "dx", "float16");
+  EXPECT_INVALID(kf::rms_norm_backward(dy, x, nullptr, kEps, dx, nullptr, nullptr, &bytes, nullptr), "dx", "float16");
 }
 
 TEST(NormValidation, BackwardNeedsWorkspaceBytes) {
   Views v;
   TensorView dy = v.cuda(F32, {2, 64}), x = v.cuda(F32, {2, 64}), w = v.cuda(F32, {64});
   TensorView dx = v.cuda(F32, {2, 64}), dw = v.cuda(F32, {64});
-  EXPECT_INVALID(kf::rms_norm_backward(dy, x, &w, kEps, dx, &dw, nullptr, nullptr, nullptr),
-                 "workspace");
+  EXPECT_INVALID(kf::rms_norm_backward(dy, x, &w, kEps, dx, &dw, nullptr, nullptr, nullptr), "workspace");
 }
 
 TEST(NormValidation, BackwardWorkspaceTooSmall) {
@@ -299,8 +291,7 @@ TEST(NormValidation, BackwardWorkspaceTooSmall) {
   if (bytes == 0) GTEST_SKIP() << "this shape needs no workspace";
   TensorView ws = v.cuda(DType::kFloat32, {static_cast<int64_t>(bytes / 4 + 1)});
   size_t small = bytes - 1;
-  EXPECT_INVALID(kf::rms_norm_backward(dy, x, &w, kEps, dx, &dw, ws.data, &small, nullptr),
-                 "workspace");
+  EXPECT_INVALID(kf::rms_norm_backward(dy, x, &w, kEps, dx, &dw, ws.data, &small, nullptr), "workspace");
 }
 
 TEST(NormValidation, LayerNormBackwardDbiasShape) {
@@ -308,8 +299,7 @@ TEST(NormValidation, LayerNormBackwardDbiasShape) {
   TensorView dy = v.cuda(F16, {2, 64}), x = v.cuda(F16, {2, 64}), b = v.cuda(F16, {64});
   TensorView dx = v.cuda(F16, {2, 64}), db = v.cuda(F16, {32});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::layer_norm_backward(dy, x, nullptr, &b, 1e-5f, dx, nullptr, &db, nullptr,
-                                         &bytes, nullptr),
+  EXPECT_INVALID(kf::layer_norm_backward(dy, x, nullptr, &b, 1e-5f, dx, nullptr, &db, nullptr, &bytes, nullptr),
                  "dbias");
 }
 
@@ -318,9 +308,7 @@ TEST(NormValidation, AddRmsNormBackwardDsumShape) {
   TensorView dy = v.cuda(F16, {2, 64}), dsum = v.cuda(F16, {2, 32}), s = v.cuda(F16, {2, 64});
   TensorView dx = v.cuda(F16, {2, 64});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::add_rms_norm_backward(dy, &dsum, s, nullptr, kEps, dx, nullptr, nullptr,
-                                           &bytes, nullptr),
-                 "dsum");
+  EXPECT_INVALID(kf::add_rms_norm_backward(dy, &dsum, s, nullptr, kEps, dx, nullptr, nullptr, &bytes, nullptr), "dsum");
 }
 
 TEST(NormValidation, AdaNormBackwardDscaleShape) {
@@ -329,8 +317,8 @@ TEST(NormValidation, AdaNormBackwardDscaleShape) {
   TensorView sc = v.cuda(F32, {2, 1, 64}), sh = v.cuda(F32, {2, 1, 64});
   TensorView dx = v.cuda(F32, {2, 3, 64}), dsc = v.cuda(F32, {64}), dsh = v.cuda(F32, {2, 1, 64});
   size_t bytes = 0;
-  EXPECT_INVALID(kf::ada_norm_backward(dy, x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kLayer,
-                                       dx, &dsc, &dsh, nullptr, nullptr, nullptr, &bytes, nullptr),
+  EXPECT_INVALID(kf::ada_norm_backward(dy, x, sc, sh, nullptr, nullptr, 1e-6f, NormKind::kLayer, dx, &dsc, &dsh,
+                                       nullptr, nullptr, nullptr, &bytes, nullptr),
                  "dscale");
 }
 

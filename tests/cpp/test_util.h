@@ -59,7 +59,7 @@ inline uint16_t float_to_fp16(float f) {
   if (abs < 0x38800000u) {                        // below 2^-14: subnormal half (or zero)
     // value = abs_float; half subnormal unit = 2^-24. Round abs_float / 2^-24 to nearest even.
     const float scaled = bits_float(abs) * 16777216.0f;  // exact: scaling by a power of two
-    const float r = std::nearbyint(scaled);                // default rounding mode: nearest even
+    const float r = std::nearbyint(scaled);              // default rounding mode: nearest even
     return sign | static_cast<uint16_t>(r);
   }
   // normal: rebias exponent (127 -> 15) and round the 23-bit mantissa to 10 bits
@@ -82,34 +82,49 @@ inline float fp16_to_float(uint16_t h) {
 // Rounds v to `t` the way the library does (double -> float -> 16-bit for the half types).
 inline double round_to(DType t, double v) {
   switch (t) {
-    case DType::kFloat64: return v;
-    case DType::kFloat32: return static_cast<float>(v);
-    case DType::kFloat16: return fp16_to_float(float_to_fp16(static_cast<float>(v)));
-    case DType::kBFloat16: return bf16_to_float(float_to_bf16(static_cast<float>(v)));
-    default: return std::nan("");
+    case DType::kFloat64:
+      return v;
+    case DType::kFloat32:
+      return static_cast<float>(v);
+    case DType::kFloat16:
+      return fp16_to_float(float_to_fp16(static_cast<float>(v)));
+    case DType::kBFloat16:
+      return bf16_to_float(float_to_bf16(static_cast<float>(v)));
+    default:
+      return std::nan("");
   }
 }
 
 inline double load(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kFloat64: return static_cast<const double*>(base)[i];
-    case DType::kFloat32: return static_cast<const float*>(base)[i];
-    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    default: return std::nan("");
+    case DType::kFloat64:
+      return static_cast<const double*>(base)[i];
+    case DType::kFloat32:
+      return static_cast<const float*>(base)[i];
+    case DType::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return std::nan("");
   }
 }
 inline void store(void* base, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::kFloat64: static_cast<double*>(base)[i] = v; break;
-    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
+    case DType::kFloat64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DType::kFloat32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      break;
     case DType::kFloat16:
       static_cast<uint16_t*>(base)[i] = float_to_fp16(static_cast<float>(v));
       break;
     case DType::kBFloat16:
       static_cast<uint16_t*>(base)[i] = float_to_bf16(static_cast<float>(v));
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -190,8 +205,7 @@ inline uint64_t hash_str(const std::string& s) {
 
 // Random values in [lo, hi) rounded to the dtype; `offset` shifts them (e.g. a row mean for
 // layer_norm); values are never all zero.
-inline HostTensor random_tensor(DType t, std::vector<int64_t> shape, Rng& rng, double lo = -2.0,
-                                double hi = 2.0) {
+inline HostTensor random_tensor(DType t, std::vector<int64_t> shape, Rng& rng, double lo = -2.0, double hi = 2.0) {
   HostTensor h(t, std::move(shape));
   for (int64_t i = 0; i < h.numel(); ++i) h.set(i, rng.uniform(lo, hi));
   return h;
@@ -233,24 +247,24 @@ inline int gpu_capability() {
 }
 
 // In a test body or SetUp: skip without a GPU, or fail when KF_REQUIRE_GPU=1.
-#define KF_NEED_GPU()                                                                            \
-  do {                                                                                           \
-    if (::kftest::gpu_count() == 0) {                                                            \
+#define KF_NEED_GPU()                                                                           \
+  do {                                                                                          \
+    if (::kftest::gpu_count() == 0) {                                                           \
       if (::kftest::gpu_required()) FAIL() << "KF_REQUIRE_GPU=1 but no CUDA device is present"; \
-      GTEST_SKIP() << "no CUDA device";                                                          \
-    }                                                                                            \
+      GTEST_SKIP() << "no CUDA device";                                                         \
+    }                                                                                           \
   } while (0)
 
-#define KF_ASSERT_OK(expr)                                                    \
-  do {                                                                        \
-    const ::kernelforge::Status _kf_s = (expr);                               \
-    ASSERT_TRUE(_kf_s.ok()) << #expr << " failed: " << _kf_s.message();       \
+#define KF_ASSERT_OK(expr)                                              \
+  do {                                                                  \
+    const ::kernelforge::Status _kf_s = (expr);                         \
+    ASSERT_TRUE(_kf_s.ok()) << #expr << " failed: " << _kf_s.message(); \
   } while (0)
 
-#define KF_CUDA_CHECK(expr)                                                                \
-  do {                                                                                     \
-    const cudaError_t _kf_e = (expr);                                                      \
-    ASSERT_EQ(_kf_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_kf_e);           \
+#define KF_CUDA_CHECK(expr)                                                      \
+  do {                                                                           \
+    const cudaError_t _kf_e = (expr);                                            \
+    ASSERT_EQ(_kf_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_kf_e); \
   } while (0)
 
 // ---- device tensors with a row layout --------------------------------------------------------
@@ -327,8 +341,8 @@ class DeviceTensor {
   void upload(const HostTensor& h) {
     std::vector<unsigned char> img(static_cast<size_t>(alloc_elems_) * esize_, 0xFF);
     for (int64_t r = 0; r < rows_; ++r)
-      std::memcpy(img.data() + (offset_ + r * row_stride_) * esize_,
-                  h.bytes.data() + r * n_ * esize_, static_cast<size_t>(n_) * esize_);
+      std::memcpy(img.data() + (offset_ + r * row_stride_) * esize_, h.bytes.data() + r * n_ * esize_,
+                  static_cast<size_t>(n_) * esize_);
     cudaMemcpy(base_, img.data(), img.size(), cudaMemcpyHostToDevice);
   }
 
@@ -342,8 +356,7 @@ class DeviceTensor {
     HostTensor h(dtype_, shape_);
     const std::vector<unsigned char> img = raw();
     for (int64_t r = 0; r < rows_; ++r)
-      std::memcpy(h.bytes.data() + r * n_ * esize_,
-                  img.data() + (offset_ + r * row_stride_) * esize_,
+      std::memcpy(h.bytes.data() + r * n_ * esize_, img.data() + (offset_ + r * row_stride_) * esize_,
                   static_cast<size_t>(n_) * esize_);
     return h;
   }
@@ -359,9 +372,8 @@ class DeviceTensor {
       for (size_t b = 0; b < esize_; ++b)
         if (img[e * esize_ + b] != 0xFF)
           return ::testing::AssertionFailure()
-                 << what << ": element " << e << " of the allocation lies outside the view "
-                 << shape_str(shape_) << " (offset " << offset_ << ", row stride " << row_stride_
-                 << ") and was written";
+                 << what << ": element " << e << " of the allocation lies outside the view " << shape_str(shape_)
+                 << " (offset " << offset_ << ", row stride " << row_stride_ << ") and was written";
     }
     return ::testing::AssertionSuccess();
   }
@@ -386,10 +398,14 @@ struct Tol {
 // reference; float32 also absorbs float32-vs-float64 accumulation over a row.
 inline Tol tolerance(DType t) {
   switch (t) {
-    case DType::kFloat32: return {1e-5, 1e-5};
-    case DType::kFloat16: return {2e-3, 2e-3};
-    case DType::kBFloat16: return {1.6e-2, 1.6e-2};
-    default: return {0.0, 0.0};
+    case DType::kFloat32:
+      return {1e-5, 1e-5};
+    case DType::kFloat16:
+      return {2e-3, 2e-3};
+    case DType::kBFloat16:
+      return {1.6e-2, 1.6e-2};
+    default:
+      return {0.0, 0.0};
   }
 }
 
@@ -403,8 +419,7 @@ inline Tol reduction_tolerance(DType t, int64_t terms) {
 
 // Compares every element: |got - want| <= atol + rtol * |want|. NaN or Inf in `got` never
 // passes (the reference of a finite input is finite).
-inline ::testing::AssertionResult all_close(const char* what, const HostTensor& got,
-                                            const HostTensor& want, Tol tol) {
+inline ::testing::AssertionResult all_close(const char* what, const HostTensor& got, const HostTensor& want, Tol tol) {
   if (got.shape != want.shape)
     return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape)
                                          << " != " << shape_str(want.shape);
@@ -417,40 +432,38 @@ inline ::testing::AssertionResult all_close(const char* what, const HostTensor& 
     const bool fail = !std::isfinite(g) || !std::isfinite(w) || !(err <= tol.atol + tol.rtol * std::fabs(w));
     if (!fail) continue;
     if (bad < 8) first << "\n    [" << i << "] got " << g << " want " << w;
-    if (std::isnan(err) || std::isnan(worst)) worst = std::nan("");
-    else worst = std::fmax(worst, err);
+    if (std::isnan(err) || std::isnan(worst))
+      worst = std::nan("");
+    else
+      worst = std::fmax(worst, err);
     ++bad;
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << " " << dtype_name(got.dtype) << " " << shape_str(got.shape) << ": " << bad
-         << " of " << got.numel() << " elements differ from the reference (rtol " << tol.rtol
-         << ", atol " << tol.atol << ", worst |err| " << worst << "); first:" << first.str();
+  return ::testing::AssertionFailure() << what << " " << dtype_name(got.dtype) << " " << shape_str(got.shape) << ": "
+                                       << bad << " of " << got.numel() << " elements differ from the reference (rtol "
+                                       << tol.rtol << ", atol " << tol.atol << ", worst |err| " << worst
+                                       << "); first:" << first.str();
 }
 
-inline ::testing::AssertionResult bit_equal(const char* what, const HostTensor& a,
-                                            const HostTensor& b) {
+inline ::testing::AssertionResult bit_equal(const char* what, const HostTensor& a, const HostTensor& b) {
   const size_t n = static_cast<size_t>(a.numel()) * kernelforge::dtype_size(a.dtype);
   if (a.shape != b.shape || std::memcmp(a.bytes.data(), b.bytes.data(), n) != 0) {
     int64_t first = -1;
     for (int64_t i = 0; i < a.numel() && first < 0; ++i)
       if (std::memcmp(a.bytes.data() + i * kernelforge::dtype_size(a.dtype),
-                      b.bytes.data() + i * kernelforge::dtype_size(a.dtype),
-                      kernelforge::dtype_size(a.dtype)) != 0)
+                      b.bytes.data() + i * kernelforge::dtype_size(a.dtype), kernelforge::dtype_size(a.dtype)) != 0)
         first = i;
-    return ::testing::AssertionFailure() << what << ": two runs differ, first at element " << first
-                                         << " (" << a.get(first) << " vs " << b.get(first) << ")";
+    return ::testing::AssertionFailure() << what << ": two runs differ, first at element " << first << " ("
+                                         << a.get(first) << " vs " << b.get(first) << ")";
   }
   return ::testing::AssertionSuccess();
 }
 
-inline ::testing::AssertionResult has_substrings(const Status& st,
-                                                 std::initializer_list<const char*> needles) {
+inline ::testing::AssertionResult has_substrings(const Status& st, std::initializer_list<const char*> needles) {
   if (st.ok()) return ::testing::AssertionFailure() << "expected an error, got OK";
   for (const char* n : needles)
     if (st.message().find(n) == std::string::npos)
-      return ::testing::AssertionFailure()
-             << "message \"" << st.message() << "\" does not contain \"" << n << "\"";
+      return ::testing::AssertionFailure() << "message \"" << st.message() << "\" does not contain \"" << n << "\"";
   return ::testing::AssertionSuccess() << st.message();
 }
 
