@@ -54,14 +54,13 @@ else
 fi
 
 # ---- 1. configure + build ----------------------------------------------------------------------
-cmake_args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKF_BUILD_TESTS=ON
-            "-DKF_CUDA_ARCHS=$archs" "-DPython3_EXECUTABLE=$python")
+cmake_args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKF_BUILD_TESTS=ON "-DKF_CUDA_ARCHS=$archs")
 [[ -f $build/CMakeCache.txt ]] || { command -v ninja >/dev/null && ninja --version >/dev/null 2>&1 && cmake_args+=(-G Ninja); }
 gtest_src=${KF_GTEST_SOURCE_DIR:-}
 [[ -z $gtest_src && -f $root/.gtest/CMakeLists.txt ]] && gtest_src=$root/.gtest
 [[ -n $gtest_src ]] && cmake_args+=("-DKF_GTEST_SOURCE_DIR=$(cd "$gtest_src" && pwd)")
 if [[ $py_mode == source ]]; then
-  cmake_args+=(-DKF_BUILD_TORCH=ON -DKF_TORCH_INSTALL_DIR=kernelforge)
+  cmake_args+=(-DKF_BUILD_TORCH=ON -DKF_TORCH_INSTALL_DIR=kernelforge "-DPython3_EXECUTABLE=$python")
 else
   cmake_args+=(-DKF_BUILD_TORCH=OFF)
 fi
