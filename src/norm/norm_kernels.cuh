@@ -1215,14 +1215,14 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
     Status st;
     if (try_fwd_bulk<T, kOp, kVec>(p, dev, stream, &st)) return st;
   }
-  constexpr NormTuning tune = kFwdTuning<T>;
-  constexpr int kMaxIters = kVec == 1 ? 16 : tune.max_elems / kVec;
+  constexpr NormTuning cfg = kFwdTuning<T>;
+  constexpr int kMaxIters = kVec == 1 ? 16 : cfg.max_elems / kVec;
   const int64_t nvec = p.n / kVec;
-  const int target_team = norm_detail::tune("fwd_team", tune.target_team);
-  const int cluster_team = norm_detail::tune("cluster_team", tune.cluster_team);
+  const int target_team = tune("fwd_team", cfg.target_team);
+  const int cluster_team = tune("cluster_team", cfg.cluster_team);
   const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, target_team)));
-  const bool clusters = dev.capability >= 90 && norm_detail::tune("clusters", 1) != 0;
-  const int team_cap = std::min(norm_detail::tune("team_cap", kFwdMaxTeam), kFwdMaxTeam);
+  const bool clusters = dev.capability >= 90 && tune("clusters", 1) != 0;
+  const int team_cap = std::min(tune("team_cap", kFwdMaxTeam), kFwdMaxTeam);
   int tpr = 0, cluster = 1;
   if (nvec <= int64_t(team_cap) * iters) {
     tpr = std::min(team_cap, std::max(32, pow2_ceil(ceil_div(nvec, iters))));
