@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, "python")
+sys.path.insert(0, __import__("os").environ.get("KF_PYDIR", "python"))
 import kernelforge as kf  # noqa: E402
 
 ops = torch.ops.kernelforge
@@ -153,6 +153,14 @@ def main():
             "F.layer": (lambda: F.layer_norm(x, (n,), w, b, 1e-5), byt),
             "kf_ada": (lambda: kf.ada_norm(x.view(B, -1, n), sc, sh), byt),
         }
+        try:
+            from liger_kernel.transformers import functional as lf
+            cases["liger_rms"] = (lambda: lf.liger_rms_norm(x, w, 1e-6, casting_mode="llama"), byt)
+            cases["liger_add"] = (lambda: lf.liger_fused_add_rms_norm(x, r, w, 1e-6, casting_mode="llama",
+                                                                      in_place=False), 2 * byt)
+            cases["liger_layer"] = (lambda: lf.liger_layer_norm(x, w, b, 1e-5), byt)
+        except Exception:  # noqa: BLE001
+            pass
         res = {k: (time_fn(f), nb) for k, (f, nb) in cases.items() if k.startswith("kf") or not a.kf_only}
         if n <= 8192 and not a.fwd_only:
             xg = x.clone().requires_grad_(True)

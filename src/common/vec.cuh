@@ -80,4 +80,7 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
   }
 }
 
+// Asks L2 to fetch the line holding p (no register result; used for data needed a little later).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 }  // namespace kernelforge

@@ -50,6 +50,7 @@ constexpr NormTuning kFwdTuning = {256, 64, 512, 128};
 template <>
 constexpr NormTuning kFwdTuning<float> = {256, 32, 512, 128};
 
+constexpr int kFwdPersist = 1;    // register forward: persistent grid (1) or one row group per block (0)
 constexpr int kFwdMaxTeam = 512;  // register-resident forward: at most 512 threads (128 registers each)
 constexpr int kBwdTargetTeam = 256;
 constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers per thread
@@ -184,11 +185,64 @@ __device__ __forceinline__ float fwd_value(float xh, const NormParams& p, float 
   return y;
 }
 
+// One output vector of the forward from the row vector `xv` and the statistics; w, b, scale, shift
+// are the matching parameter vectors (ignored where the op has none). Shared by all forward kernels.
+template <typename T, NormOp kOp, int kVec>
+__device__ __forceinline__ Vec<T, kVec> fwd_out(const Vec<T, kVec>& xv, float mean, float rstd, const NormParams& p,
+                                                const Vec<T, kVec>& wv, const Vec<T, kVec>& bv,
+                                                const Vec<T, kVec>& scv, const Vec<T, kVec>& shv) {
+  using Tr = OpTraits<kOp>;
+  const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
+  Vec<T, kVec> out;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float xh = (to_float(xv.v[j]) - mean) * rstd;
+    const float w = has_w ? to_float(wv.v[j]) : 1.f;
+    float b = 0.f, sc = 0.f, sh = 0.f;
+    if constexpr (!Tr::kHfRms) {
+      if (has_b) b = to_float(bv.v[j]);
+    }
+    if constexpr (Tr::kAda) {
+      sc = to_float(scv.v[j]);
+      sh = to_float(shv.v[j]);
+    }
+    out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
+  }
+  return out;
+}
+
+// Loads row `row` of x (and residual, AdaLN scale/shift) for a thread whose first vector is v0.
+// A function rather than a lambda so that it is always inlined (a non-inlined call taking register
+// arrays by reference sends them to local memory).
+template <typename T, NormOp kOp, int kVec, int kIters, int kR, int kA>
+__device__ __forceinline__ void fwd_load_row(const NormParams& p, int64_t row, int64_t v0, int tpr,
+                                             Vec<T, kVec> (&xd)[kIters], Vec<T, kVec> (&rd)[kR],
+                                             Vec<T, kVec> (&scd)[kA], Vec<T, kVec> (&shd)[kA]) {
+  using Tr = OpTraits<kOp>;
+  const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int64_t col = (v0 + int64_t(i) * tpr) * kVec;
+    if (row < p.rows && col < p.n) {
+      xd[i] = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + col);
+      if constexpr (Tr::kRes) rd[i] = load_vec<T, kVec>(static_cast<const T*>(p.residual) + row * p.res_stride + col);
+      if constexpr (Tr::kAda) {
+        scd[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
+        shd[i] = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
+      }
+    }
+  }
+}
+
 // ---- forward, row in registers ----------------------------------------------------------------
-// Persistent when cluster == 1: a block loops over rows; weight/bias live in registers across rows
-// and the next row's x (and residual) is loaded before the current row is reduced and stored, so
-// DRAM reads stay in flight through the reduction (kPipe: when the per-thread row slice is small
-// enough to hold twice).
+// A team of 2^tpr_shift threads owns a row; thread t holds vectors t, t + tpr, ... (coalesced).
+// Every load a row needs (x, residual, AdaLN scale/shift) is issued before the first reduction, and
+// weight/bias are loaded once per block into registers (kParamRegs): a block's lifetime is then one
+// DRAM round trip plus the reductions, with no L2 round trip after them. Little's law sets the
+// bandwidth: bytes in flight per SM = resident threads x bytes per thread.
+// persist == 0: one row group per block (the scheduler overlaps blocks). persist == 1: a resident
+// grid loops over rows, prefetching the next row during the current one when the slice is small
+// (kPipe). cluster > 1 (sm_90): a row is split over the CTAs of a cluster (DSMEM reductions).
 template <typename T, NormOp kOp, int kVec, int kIters>
 __global__ void __launch_bounds__(kFwdMaxTeam)
     norm_fwd_regs(const NormParams p, const int tpr_shift, const int cluster) {
@@ -197,12 +251,14 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
   } else {
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
-    constexpr int kSliceBytes = kIters * kVec * int(sizeof(T)) * (Tr::kRes ? 2 : 1);
-    constexpr bool kPipe = kSliceBytes <= 32;
+    constexpr int kSliceBytes = kIters * kVec * int(sizeof(T));
+    constexpr bool kPipe = kSliceBytes * (Tr::kRes ? 2 : 1) <= 32;
+    constexpr bool kParamRegs = kSliceBytes <= 64;
+    constexpr int kP = kParamRegs ? kIters : 1;   // parameter vectors held in registers
+    constexpr int kA = Tr::kAda ? kIters : 1;     // scale/shift vectors of the current row
+    constexpr int kR = Tr::kRes ? kIters : 1;     // residual vectors
     __shared__ ReduceSmem<1> sm;
     int slot = 0;
-    const T* __restrict__ xg = static_cast<const T*>(p.x);
-    const T* __restrict__ rg = static_cast<const T*>(p.residual);
     T* __restrict__ yg = static_cast<T*>(p.y);
     const int tpr = 1 << tpr_shift;
     const int rpb = int(blockDim.x) >> tpr_shift;
@@ -213,39 +269,34 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
     const float inv_n = 1.f / float(n);
     const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
     auto col_of = [&](int i) { return (v0 + int64_t(i) * tpr) * kVec; };
+    auto load_w = [&](int64_t col) { return load_vec<T, kVec>(static_cast<const T*>(p.weight) + col); };
+    auto load_b = [&](int64_t col) { return load_vec<T, kVec>(static_cast<const T*>(p.bias) + col); };
 
-    V wv[kPipe ? kIters : 1], bv[kPipe ? kIters : 1];  // parameters kept across rows (kPipe)
-    if constexpr (kPipe) {
+    V wv[kP], bv[kP];
+    if constexpr (kParamRegs) {
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
-        if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if (col < n && has_w) wv[i] = load_w(col);
         if constexpr (!Tr::kHfRms) {
-          if (col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+          if (col < n && has_b) bv[i] = load_b(col);
         }
       }
     }
-    V xv[kIters], rv[Tr::kRes ? kIters : 1];
-    auto load_row = [&](int64_t row, V(&xd)[kIters], V(&rd)[Tr::kRes ? kIters : 1]) {
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int64_t col = col_of(i);
-        if (row < p.rows && col < n) {
-          xd[i] = load_vec<T, kVec>(xg + row * p.x_stride + col);
-          if constexpr (Tr::kRes) rd[i] = load_vec<T, kVec>(rg + row * p.res_stride + col);
-        }
-      }
+    V xv[kIters], rv[kR], scv[kA], shv[kA];
+    auto load_row = [&](int64_t row, V(&xd)[kIters], V(&rd)[kR], V(&scd)[kA], V(&shd)[kA]) {
+      fwd_load_row<T, kOp, kVec, kIters, kR, kA>(p, row, v0, tpr, xd, rd, scd, shd);
     };
 
     const int64_t step = int64_t(gridDim.x / cluster) * rpb;
     int64_t base = int64_t(blockIdx.x / cluster) * rpb;
-    if (base < p.rows) load_row(base + team, xv, rv);
+    if (base < p.rows) load_row(base + team, xv, rv, scv, shv);
     for (; base < p.rows; base += step) {
       const int64_t row = base + team;
       const bool row_ok = row < p.rows;
-      V xn[kPipe ? kIters : 1], rn[kPipe && Tr::kRes ? kIters : 1];
+      V xn[kPipe ? kIters : 1], rn[kPipe ? kR : 1], scn[kPipe ? kA : 1], shn[kPipe ? kA : 1];
       if constexpr (kPipe) {
-        if (base + step < p.rows) load_row(row + step, xn, rn);
+        if (base + step < p.rows) load_row(row + step, xn, rn, scn, shn);
       }
       // Padding (columns past n, rows past the end) enters the sums as zeros.
 #pragma unroll
@@ -286,53 +337,155 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
       team_sum<1>(q, tpr, team, sm, slot, cluster);
       const float rstd = rsqrtf(q[0] * inv_n + p.eps);
 
-      const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
         if (!(row_ok && col < n)) continue;
-        V w_i, b_i, scv, shv;
-        if constexpr (kPipe) {
+        V w_i, b_i;
+        if constexpr (kParamRegs) {
           w_i = wv[i];
           b_i = bv[i];
         } else {
-          if (has_w) w_i = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+          if (has_w) w_i = load_w(col);
           if constexpr (!Tr::kHfRms) {
-            if (has_b) b_i = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+            if (has_b) b_i = load_b(col);
           }
         }
-        if constexpr (Tr::kAda) {
-          scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
-          shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
-        }
-        V out;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float xh = (to_float(xv[i].v[j]) - mean) * rstd;
-          const float w = has_w ? to_float(w_i.v[j]) : 1.f;
-          float b = 0.f, sc = 0.f, sh = 0.f;
-          if constexpr (!Tr::kHfRms) {
-            if (has_b) b = to_float(b_i.v[j]);
-          }
-          if constexpr (Tr::kAda) {
-            sc = to_float(scv.v[j]);
-            sh = to_float(shv.v[j]);
-          }
-          out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
-        }
+        const V out = fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, w_i, b_i, scv[Tr::kAda ? i : 0],
+                                            shv[Tr::kAda ? i : 0]);
         store_vec<T, kVec>(yg + row * p.y_stride + col, out);
       }
-      if constexpr (kPipe) {
+      if (base + step < p.rows) {
+        if constexpr (kPipe) {
 #pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          xv[i] = xn[i];
-          if constexpr (Tr::kRes) rv[i] = rn[i];
+          for (int i = 0; i < kIters; ++i) {
+            xv[i] = xn[i];
+            if constexpr (Tr::kRes) rv[i] = rn[i];
+            if constexpr (Tr::kAda) {
+              scv[i] = scn[i];
+              shv[i] = shn[i];
+            }
+          }
+        } else {
+          load_row(row + step, xv, rv, scv, shv);
         }
-      } else {
-        if (base + step < p.rows) load_row(row + step, xv, rv);
       }
     }
     cluster_exit_sync(cluster);
+  }
+}
+
+// ---- forward, one row group per block -------------------------------------------------------------
+// The simplest register kernel: a block of rpb teams handles rows blockIdx.x·rpb + team and exits
+// (the grid loops only past 2^31-1 blocks); the hardware overlaps resident blocks. Bandwidth follows
+// Little's law: bytes in flight per SM = resident threads × x bytes per thread, so registers are
+// spent on x alone. Before the reductions only x (and residual) are loaded; weight, bias and AdaLN
+// scale/shift are read after them, from L1/L2 (every block of an SM reads the same weight row; an
+// L2 prefetch is issued early for the scale/shift row). Rows are addressed by one 64-bit base per
+// tensor and 32-bit column offsets (N < 2^31).
+// Register budget per thread of norm_fwd_row by op and x bytes per thread (16-byte slots 1, 2, 4,
+// 8+): x takes 4 registers per slot and the rest ~24-40; capping the count raises resident threads,
+// and so bytes in flight per SM. Measured in notes/norm.md. The kernel's blocks have <= 256 threads.
+constexpr int kFwdRowMaxBlock = 256;
+template <NormOp kOp, int kSlots>
+constexpr int kFwdRowRegs = kSlots <= 0 ? 128
+                            : kOp == NormOp::kRms ? (kSlots <= 1 ? 32 : kSlots <= 2 ? 40 : kSlots <= 4 ? 64 : 128)
+                                                  : (kSlots <= 1 ? 40 : kSlots <= 2 ? 48 : kSlots <= 4 ? 64 : 128);
+
+template <typename T, NormOp kOp, int kVec, int kIters>
+__global__ void __launch_bounds__(kFwdRowMaxBlock,
+                                  65536 / (kFwdRowMaxBlock * kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>))
+    norm_fwd_row(const NormParams p, const int tpr_shift) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    using Tr = OpTraits<kOp>;
+    using V = Vec<T, kVec>;
+    constexpr int kR = Tr::kRes ? kIters : 1;  // residual vectors
+    __shared__ ReduceSmem<1> sm;
+    int slot = 0;
+    const int tpr = 1 << tpr_shift;
+    const int rpb = int(blockDim.x) >> tpr_shift;
+    const int team = int(threadIdx.x) >> tpr_shift;
+    const int t = int(threadIdx.x) & (tpr - 1);
+    const int n = int(p.n);
+    const float inv_n = 1.f / float(n);
+    const T* __restrict__ wg = static_cast<const T*>(p.weight);
+    const T* __restrict__ bg = static_cast<const T*>(p.bias);
+    for (int64_t base = int64_t(blockIdx.x) * rpb; base < p.rows; base += int64_t(gridDim.x) * rpb) {
+      const int64_t row = base + team;
+      const bool row_ok = row < p.rows;
+      const int64_t r = row_ok ? row : 0;
+      const T* __restrict__ xr = static_cast<const T*>(p.x) + r * p.x_stride;
+      const T* __restrict__ rr = static_cast<const T*>(p.residual) + r * p.res_stride;
+      const int64_t g = Tr::kAda ? r / p.ada_rpg : 0;
+      const T* __restrict__ scr = static_cast<const T*>(p.scale) + g * p.scale_stride;
+      const T* __restrict__ shr = static_cast<const T*>(p.shift) + g * p.shift_stride;
+      V xv[kIters], rv[kR];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int col = (t + i * tpr) * kVec;
+        if (row_ok && col < n) {
+          xv[i] = load_vec<T, kVec>(xr + col);
+          if constexpr (Tr::kRes) rv[i] = load_vec<T, kVec>(rr + col);
+          if constexpr (Tr::kAda) {
+            prefetch_l2(scr + col);
+            prefetch_l2(shr + col);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) xv[i].v[j] = rv[Tr::kRes ? i : 0].v[j] = from_float<T>(0.f);
+        }
+      }
+      if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
+        T* __restrict__ sr = static_cast<T*>(p.sum) + r * p.sum_stride;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) xv[i].v[j] = from_float<T>(to_float(xv[i].v[j]) + to_float(rv[i].v[j]));
+          const int col = (t + i * tpr) * kVec;
+          if (row_ok && col < n) store_vec<T, kVec>(sr + col, xv[i]);
+        }
+      }
+      float mean = 0.f;
+      if constexpr (Tr::kLayer) {
+        float s1[1] = {0.f};
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s1[0] += to_float(xv[i].v[j]);
+        team_sum<1>(s1, tpr, team, sm, slot, 1);
+        mean = s1[0] * inv_n;
+      }
+      float q[1] = {0.f};
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const bool ok = (t + i * tpr) * kVec < n;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = to_float(xv[i].v[j]) - mean;
+          q[0] += ok ? d * d : 0.f;
+        }
+      }
+      team_sum<1>(q, tpr, team, sm, slot, 1);
+      const float rstd = rsqrtf(q[0] * inv_n + p.eps);
+      T* __restrict__ yr = static_cast<T*>(p.y) + r * p.y_stride;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int col = (t + i * tpr) * kVec;
+        if (!(row_ok && col < n)) continue;
+        V wv, bv, scv, shv;
+        if (wg) wv = load_vec<T, kVec>(wg + col);
+        if constexpr (!Tr::kHfRms) {
+          if (bg) bv = load_vec<T, kVec>(bg + col);
+        }
+        if constexpr (Tr::kAda) {
+          scv = load_vec<T, kVec>(scr + col);
+          shv = load_vec<T, kVec>(shr + col);
+        }
+        store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
+      }
+    }
   }
 }
 
@@ -465,7 +618,7 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
       for (int64_t v = t; v < svec; v += tpr) {
         const int64_t col = col0 + v * kVec;
         const V a = *reinterpret_cast<const V*>(xs + v * kVec);
-        V wv, bv, scv, shv, out;
+        V wv, bv, scv, shv;
         if (has_w) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
         if constexpr (!Tr::kHfRms) {
           if (has_b) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
@@ -474,21 +627,8 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
           scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
           shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
         }
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float xh = (to_float(a.v[j]) - mean) * rstd;
-          const float w = has_w ? to_float(wv.v[j]) : 1.f;
-          float b = 0.f, sc = 0.f, sh = 0.f;
-          if constexpr (!Tr::kHfRms) {
-            if (has_b) b = to_float(bv.v[j]);
-          }
-          if constexpr (Tr::kAda) {
-            sc = to_float(scv.v[j]);
-            sh = to_float(shv.v[j]);
-          }
-          out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
-        }
-        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col, out);
+        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col,
+                           fwd_out<T, kOp, kVec>(a, mean, rstd, p, wv, bv, scv, shv));
       }
       __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
       if (t == 0) {
@@ -561,26 +701,15 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
       for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
         const int64_t col = v * kVec;
         const V xv = load_vec<T, kVec>(src + col);
-        V wv, bv, scv, shv, out;
+        V wv, bv, scv, shv;
         if (p.weight) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
         if (p.bias) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
         if constexpr (Tr::kAda) {
           scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
           shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
         }
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float xh = (to_float(xv.v[j]) - mean) * rstd;
-          const float w = p.weight ? to_float(wv.v[j]) : 1.f;
-          const float b = p.bias ? to_float(bv.v[j]) : 0.f;
-          float sc = 0.f, sh = 0.f;
-          if constexpr (Tr::kAda) {
-            sc = to_float(scv.v[j]);
-            sh = to_float(shv.v[j]);
-          }
-          out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
-        }
-        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col, out);
+        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col,
+                           fwd_out<T, kOp, kVec>(xv, mean, rstd, p, wv, bv, scv, shv));
       }
     }
   }
@@ -1123,9 +1252,17 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
   auto kernel = norm_fwd_regs<T, kOp, kVec, kIters>;
   int64_t units = ceil_div(p.rows, rpb);
   if (cluster == 1) {
-    // Persistent: as many blocks as fit at once (times a wave factor), each looping over rows.
-    const int64_t resident = int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1);
-    units = std::min(units, std::max<int64_t>(resident, 1));
+    if (tune("fwd_persist", kFwdPersist) != 0) {
+      // Persistent: as many blocks as fit at once (times a wave factor), each looping over rows.
+      const int64_t resident = int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1);
+      units = std::min(units, std::max<int64_t>(resident, 1));
+    } else if (block <= kFwdRowMaxBlock) {
+      units = std::min<int64_t>(units, INT_MAX);  // one row group per block (the kernel loops past 2^31-1)
+      norm_fwd_row<T, kOp, kVec, kIters><<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift);
+      return check_launch("norm forward");
+    } else {  // 512-thread teams: the persistent kernel
+      units = std::min<int64_t>(units, int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1));
+    }
     kernel<<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift, 1);
   } else {
     units = std::min<int64_t>(units, INT_MAX / cluster);
