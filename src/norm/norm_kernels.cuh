@@ -50,7 +50,11 @@ constexpr NormTuning kFwdTuning = {256, 64, 512, 128};
 template <>
 constexpr NormTuning kFwdTuning<float> = {256, 32, 512, 128};
 
-constexpr int kFwdPersist = 1;    // register forward: persistent grid (1) or one row group per block (0)
+constexpr int kFwdPersist = 0;  // register forward: persistent grid (1) or one row group per block (0)
+// norm_fwd_row: 16-byte vectors of x per thread, by op (more bytes in flight per register for the
+// ops that keep little else live; measured in notes/norm.md).
+template <NormOp kOp>
+constexpr int kFwdRowIters = kOp == NormOp::kRms ? 2 : kOp == NormOp::kLayer ? 4 : 1;
 constexpr int kFwdMaxTeam = 512;  // register-resident forward: at most 512 threads (128 registers each)
 constexpr int kBwdTargetTeam = 256;
 constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers per thread
@@ -389,8 +393,9 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 constexpr int kFwdRowMaxBlock = 256;
 template <NormOp kOp, int kSlots>
 constexpr int kFwdRowRegs = kSlots <= 0 ? 128
-                            : kOp == NormOp::kRms ? (kSlots <= 1 ? 32 : kSlots <= 2 ? 40 : kSlots <= 4 ? 64 : 128)
-                                                  : (kSlots <= 1 ? 40 : kSlots <= 2 ? 48 : kSlots <= 4 ? 64 : 128);
+                            : kOp == NormOp::kRms
+                                  ? (kSlots <= 1 ? 32 : kSlots <= 2 ? 40 : kSlots <= 4 ? 64 : 128)
+                                  : (kSlots <= 1 ? 40 : kSlots <= 2 ? 48 : kSlots <= 4 ? 64 : 128);
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 __global__ void __launch_bounds__(kFwdRowMaxBlock,
@@ -402,14 +407,14 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     constexpr int kR = Tr::kRes ? kIters : 1;  // residual vectors
-    __shared__ ReduceSmem<1> sm;
+    __shared__ ReduceSmem<Tr::kLayer ? 2 : 1> sm;
     int slot = 0;
     const int tpr = 1 << tpr_shift;
     const int rpb = int(blockDim.x) >> tpr_shift;
     const int team = int(threadIdx.x) >> tpr_shift;
     const int t = int(threadIdx.x) & (tpr - 1);
     const int n = int(p.n);
-    const float inv_n = 1.f / float(n);
+    const float inv_n = p.inv_n;
     const T* __restrict__ wg = static_cast<const T*>(p.weight);
     const T* __restrict__ bg = static_cast<const T*>(p.bias);
     for (int64_t base = int64_t(blockIdx.x) * rpb; base < p.rows; base += int64_t(gridDim.x) * rpb) {
@@ -418,10 +423,14 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
       const int64_t r = row_ok ? row : 0;
       const T* __restrict__ xr = static_cast<const T*>(p.x) + r * p.x_stride;
       const T* __restrict__ rr = static_cast<const T*>(p.residual) + r * p.res_stride;
-      const int64_t g = Tr::kAda ? r / p.ada_rpg : 0;
+      // (32-bit division when it fits: the 64-bit one is a long subroutine, paid per row)
+      const int64_t g = !Tr::kAda ? 0
+                        : p.rows <= INT_MAX ? int64_t(uint32_t(r) / uint32_t(p.ada_rpg))
+                                            : r / p.ada_rpg;
       const T* __restrict__ scr = static_cast<const T*>(p.scale) + g * p.scale_stride;
       const T* __restrict__ shr = static_cast<const T*>(p.shift) + g * p.shift_stride;
       V xv[kIters], rv[kR];
+      const float shift_k = Tr::kLayer && row_ok ? to_float(xr[0]) : 0.f;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int col = (t + i * tpr) * kVec;
@@ -447,28 +456,32 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
           if (row_ok && col < n) store_vec<T, kVec>(sr + col, xv[i]);
         }
       }
-      float mean = 0.f;
-      if constexpr (Tr::kLayer) {
-        float s1[1] = {0.f};
+      // One reduction for both statistics: with K = x[row, 0] (LayerNorm; 0 for RMSNorm),
+      // S1 = Σ (x - K), S2 = Σ (x - K)²; mean = K + S1/n, var = S2/n - (S1/n)². Shifting by a value
+      // of the row keeps the cancellation small (error ~ eps·(1 + (mean - K)²/var)) and saves the
+      // second barrier round that a separate mean pass costs.
+      constexpr int kS = Tr::kLayer ? 2 : 1;
+      float st[kS];
 #pragma unroll
-        for (int i = 0; i < kIters; ++i)
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) s1[0] += to_float(xv[i].v[j]);
-        team_sum<1>(s1, tpr, team, sm, slot, 1);
-        mean = s1[0] * inv_n;
-      }
-      float q[1] = {0.f};
+      for (int k = 0; k < kS; ++k) st[k] = 0.f;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const bool ok = (t + i * tpr) * kVec < n;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = to_float(xv[i].v[j]) - mean;
-          q[0] += ok ? d * d : 0.f;
+          const float d = to_float(xv[i].v[j]) - shift_k;
+          st[kS - 1] += ok ? d * d : 0.f;
+          if constexpr (Tr::kLayer) st[0] += ok ? d : 0.f;
         }
       }
-      team_sum<1>(q, tpr, team, sm, slot, 1);
-      const float rstd = rsqrtf(q[0] * inv_n + p.eps);
+      team_sum<kS>(st, tpr, team, sm, slot, 1);
+      float mean = 0.f, var = st[kS - 1] * inv_n;
+      if constexpr (Tr::kLayer) {
+        const float m1 = st[0] * inv_n;
+        mean = shift_k + m1;
+        var = fmaxf(var - m1 * m1, 0.f);
+      }
+      const float rstd = rsqrtf(var + p.eps);
       T* __restrict__ yr = static_cast<T*>(p.y) + r * p.y_stride;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
@@ -1286,7 +1299,11 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
 
 // Bulk-copy pipeline (sm_90, 16-byte aligned rows): slice = N / C elements per CTA, S stages.
 constexpr int kBulkSliceBytes = 64 * 1024;   // largest row slice per CTA before splitting over a cluster
-constexpr int kBulkMinRowBytes = 8 * 1024;   // smaller rows: register kernel
+// Smallest row (bytes) that takes the bulk pipeline instead of the register kernel, by op (measured:
+// the row kernel wins up to 16 KB rows for RMSNorm/LayerNorm, the pipeline from 8 KB for the ops that
+// read more than x per row: add_rms_norm's residual, AdaLN's scale/shift).
+template <NormOp kOp>
+constexpr int kBulkMinRowBytes = (kOp == NormOp::kRms || kOp == NormOp::kLayer) ? 32 * 1024 : 8 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
 
 template <typename T, NormOp kOp, int kVec>
@@ -1294,9 +1311,7 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   using Tr = OpTraits<kOp>;
   if (kVec == 1 || dev.capability < 90 || tune("bulk", 1) == 0) return false;
   const int64_t row_bytes = p.n * int64_t(sizeof(T));
-  // Measured (notes/norm.md): below 8 KB rows the register kernel is as fast or faster, except
-  // for add_rms_norm whose two inputs profit from the copy engine.
-  if (row_bytes < tune("bulk_min_row", kBulkMinRowBytes) && !Tr::kRes) return false;
+  if (row_bytes < tune("bulk_min_row", kBulkMinRowBytes<kOp>)) return false;
   // Few rows (decode): the pipeline has nothing to overlap; its setup only adds latency.
   if (p.rows < int64_t(dev.sm_count) * tune("bulk_min_waves", 2)) return false;
   const int slice_cap = tune("bulk_slice", kBulkSliceBytes);
@@ -1355,6 +1370,23 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
   constexpr NormTuning cfg = kFwdTuning<T>;
   constexpr int kMaxIters = kVec == 1 ? 16 : cfg.max_elems / kVec;
   const int64_t nvec = p.n / kVec;
+  if (kVec > 1 && tune("fwd_persist", kFwdPersist) == 0) {  // one row group per block (norm_fwd_row)
+    const int want = tune("row_iters", kFwdRowIters<kOp>);
+    const int tpr = int(std::min<int64_t>(kFwdRowMaxBlock, std::max<int64_t>(32, pow2_ceil(ceil_div(nvec, want)))));
+    const int it = pow2_ceil(ceil_div(nvec, tpr));
+    if (it <= kMaxIters) {
+      switch (it) {
+        case 1:
+          return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, 1, dev, stream);
+        case 2:
+          return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, 1, dev, stream);
+        case 4:
+          return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, 1, dev, stream);
+        default:
+          if constexpr (kMaxIters >= 8) return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, 1, dev, stream);
+      }
+    }
+  }
   const int target_team = tune("fwd_team", cfg.target_team);
   const int cluster_team = tune("cluster_team", cfg.cluster_team);
   const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, target_team)));

@@ -41,6 +41,7 @@ struct NormParams {
   int64_t ada_groups = 1;  // rows / ada_rpg
   int64_t scale_stride = 0, shift_stride = 0;
   float eps = 0.f;
+  float inv_n = 0.f;  // 1 / n, rounded once on the host
 };
 
 struct NormCall {

@@ -196,6 +196,7 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype) {
   const int64_t n = x.shape[x.ndim - 1];
   if (n > INT_MAX) return ck.fail("the last dimension of x must be at most 2^31 - 1, got " + std::to_string(n));
   p->n = n;
+  p->inv_n = n > 0 ? float(1.0 / double(n)) : 0.f;
   p->rows = n == 0 ? 0 : x.numel() / n;
   p->eps = c.eps;
   if (x.numel() == 0) p->rows = 0;
