@@ -54,7 +54,7 @@ constexpr int kFwdPersist = 0;  // register forward: persistent grid (1) or one 
 // norm_fwd_row: 16-byte vectors of x per thread, by op (more bytes in flight per register for the
 // ops that keep little else live; measured in notes/norm.md).
 template <NormOp kOp>
-constexpr int kFwdRowIters = kOp == NormOp::kRms ? 2 : kOp == NormOp::kLayer ? 4 : 1;
+constexpr int kFwdRowIters = (kOp == NormOp::kRms || kOp == NormOp::kLayer) ? 2 : 1;
 constexpr int kFwdMaxTeam = 512;  // register-resident forward: at most 512 threads (128 registers each)
 constexpr int kBwdTargetTeam = 256;
 constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers per thread
@@ -438,8 +438,10 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
           xv[i] = load_vec<T, kVec>(xr + col);
           if constexpr (Tr::kRes) rv[i] = load_vec<T, kVec>(rr + col);
           if constexpr (Tr::kAda) {
-            prefetch_l2(scr + col);
-            prefetch_l2(shr + col);
+            if (p.ada_rpg == 1) {  // a scale/shift row per x row: DRAM reads, start them now
+              prefetch_l2(scr + col);
+              prefetch_l2(shr + col);
+            }
           }
         } else {
 #pragma unroll
