@@ -481,7 +481,8 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
       if constexpr (Tr::kLayer) {
         const float m1 = st[0] * inv_n;
         mean = shift_k + m1;
-        var = fmaxf(var - m1 * m1, 0.f);
+        var -= m1 * m1;
+        var = var < 0.f ? 0.f : var;  // rounding only; not fmaxf, which would turn a NaN (inf input) into 0
       }
       const float rstd = rsqrtf(var + p.eps);
       T* __restrict__ yr = static_cast<T*>(p.y) + r * p.y_stride;
@@ -1228,8 +1229,8 @@ inline int cached_blocks_per_sm(const void* kernel, int threads, size_t smem) {
   for (const Key& e : cache)
     if (e.k == kernel && e.t == threads && e.s == smem) return e.v;
   int per_sm = 0;
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
+  // Raised for any dynamic size: static + dynamic shared memory over 48 KB needs the attribute too.
+  if (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
     per_sm = -1;
   if (per_sm == 0 && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess))
     per_sm = -1;

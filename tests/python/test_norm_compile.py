@@ -26,7 +26,9 @@ class Block(torch.nn.Module):
     def forward(self, x, extra):
         inp = {"weight": self.weight, "bias": self.bias, **extra, "x": x * 2.0}
         out = run_kf(self.kf, self.op, inp)
-        return sum(y.float().sin().sum() for y in out) + out[0] * 3.0
+        # mean, not sum: a float32 sum of thousands of terms differs with the summation order
+        # between compiled and eager code by more than the float32 tolerance.
+        return sum(y.float().sin().mean() for y in out) + out[0] * 3.0
 
 
 @pytest.mark.parametrize("device,dtype,backend", COMPILE_CASES)
