@@ -78,7 +78,8 @@ EOF
   done
 } 2>&1 | tee -a "$LOG"
 
-COMMIT=${KF_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || true)}
+# KF_COMMIT, else a carried .commit file (the device's copy may hold a stale .git), else git.
+COMMIT=${KF_COMMIT:-$(cat "$ROOT/.commit" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || true)}
 export KF_COMMIT=$COMMIT
 say "commit: ${COMMIT:-unknown (no .git here; pass KF_COMMIT=<sha>)}"
 
