@@ -193,8 +193,8 @@ __device__ __forceinline__ float fwd_value(float xh, const NormParams& p, float 
 // are the matching parameter vectors (ignored where the op has none). Shared by all forward kernels.
 template <typename T, NormOp kOp, int kVec>
 __device__ __forceinline__ Vec<T, kVec> fwd_out(const Vec<T, kVec>& xv, float mean, float rstd, const NormParams& p,
-                                                const Vec<T, kVec>& wv, const Vec<T, kVec>& bv,
-                                                const Vec<T, kVec>& scv, const Vec<T, kVec>& shv) {
+                                                const Vec<T, kVec>& wv, const Vec<T, kVec>& bv, const Vec<T, kVec>& scv,
+                                                const Vec<T, kVec>& shv) {
   using Tr = OpTraits<kOp>;
   const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
   Vec<T, kVec> out;
@@ -258,9 +258,9 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
     constexpr int kSliceBytes = kIters * kVec * int(sizeof(T));
     constexpr bool kPipe = kSliceBytes * (Tr::kRes ? 2 : 1) <= 32;
     constexpr bool kParamRegs = kSliceBytes <= 64;
-    constexpr int kP = kParamRegs ? kIters : 1;   // parameter vectors held in registers
-    constexpr int kA = Tr::kAda ? kIters : 1;     // scale/shift vectors of the current row
-    constexpr int kR = Tr::kRes ? kIters : 1;     // residual vectors
+    constexpr int kP = kParamRegs ? kIters : 1;  // parameter vectors held in registers
+    constexpr int kA = Tr::kAda ? kIters : 1;    // scale/shift vectors of the current row
+    constexpr int kR = Tr::kRes ? kIters : 1;    // residual vectors
     __shared__ ReduceSmem<1> sm;
     int slot = 0;
     T* __restrict__ yg = static_cast<T*>(p.y);
@@ -355,8 +355,8 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
             if (has_b) b_i = load_b(col);
           }
         }
-        const V out = fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, w_i, b_i, scv[Tr::kAda ? i : 0],
-                                            shv[Tr::kAda ? i : 0]);
+        const V out =
+            fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, w_i, b_i, scv[Tr::kAda ? i : 0], shv[Tr::kAda ? i : 0]);
         store_vec<T, kVec>(yg + row * p.y_stride + col, out);
       }
       if (base + step < p.rows) {
@@ -392,10 +392,15 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 // and so bytes in flight per SM. Measured in notes/norm.md. The kernel's blocks have <= 256 threads.
 constexpr int kFwdRowMaxBlock = 256;
 template <NormOp kOp, int kSlots>
-constexpr int kFwdRowRegs = kSlots <= 0 ? 128
-                            : kOp == NormOp::kRms
-                                  ? (kSlots <= 1 ? 32 : kSlots <= 2 ? 40 : kSlots <= 4 ? 64 : 128)
-                                  : (kSlots <= 1 ? 40 : kSlots <= 2 ? 48 : kSlots <= 4 ? 64 : 128);
+constexpr int kFwdRowRegs = kSlots <= 0           ? 128
+                            : kOp == NormOp::kRms ? (kSlots <= 1   ? 32
+                                                     : kSlots <= 2 ? 40
+                                                     : kSlots <= 4 ? 64
+                                                                   : 128)
+                                                  : (kSlots <= 1   ? 40
+                                                     : kSlots <= 2 ? 48
+                                                     : kSlots <= 4 ? 64
+                                                                   : 128);
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 __global__ void __launch_bounds__(kFwdRowMaxBlock,
@@ -424,9 +429,7 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
       const T* __restrict__ xr = static_cast<const T*>(p.x) + r * p.x_stride;
       const T* __restrict__ rr = static_cast<const T*>(p.residual) + r * p.res_stride;
       // (32-bit division when it fits: the 64-bit one is a long subroutine, paid per row)
-      const int64_t g = !Tr::kAda ? 0
-                        : p.rows <= INT_MAX ? int64_t(uint32_t(r) / uint32_t(p.ada_rpg))
-                                            : r / p.ada_rpg;
+      const int64_t g = !Tr::kAda ? 0 : p.rows <= INT_MAX ? int64_t(uint32_t(r) / uint32_t(p.ada_rpg)) : r / p.ada_rpg;
       const T* __restrict__ scr = static_cast<const T*>(p.scale) + g * p.scale_stride;
       const T* __restrict__ shr = static_cast<const T*>(p.shift) + g * p.shift_stride;
       V xv[kIters], rv[kR];
@@ -1301,7 +1304,7 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
 }
 
 // Bulk-copy pipeline (sm_90, 16-byte aligned rows): slice = N / C elements per CTA, S stages.
-constexpr int kBulkSliceBytes = 64 * 1024;   // largest row slice per CTA before splitting over a cluster
+constexpr int kBulkSliceBytes = 64 * 1024;  // largest row slice per CTA before splitting over a cluster
 // Smallest row (bytes) that takes the bulk pipeline instead of the register kernel, by op (measured:
 // the row kernel wins up to 16 KB rows for RMSNorm/LayerNorm, the pipeline from 8 KB for the ops that
 // read more than x per row: add_rms_norm's residual, AdaLN's scale/shift).
