@@ -391,6 +391,17 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 // 8+): x takes 4 registers per slot and the rest ~24-40; capping the count raises resident threads,
 // and so bytes in flight per SM. Measured in notes/norm.md. The kernel's blocks have <= 256 threads.
 constexpr int kFwdRowMaxBlock = 256;
+// Resident threads per SM of the architecture being compiled (the block count asked of the compiler
+// must fit it): sm_75 1024, sm_86/87/89 1536, sm_80/sm_90 2048.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kSmThreads = 1024;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ > 800 && __CUDA_ARCH__ < 900
+constexpr int kSmThreads = 1536;
+#else
+constexpr int kSmThreads = 2048;
+#endif
+template <int kRegs>
+constexpr int kFwdRowMinBlocks = std::min(65536 / (kFwdRowMaxBlock * kRegs), kSmThreads / kFwdRowMaxBlock);
 template <NormOp kOp, int kSlots>
 constexpr int kFwdRowRegs = kSlots <= 0           ? 128
                             : kOp == NormOp::kRms ? (kSlots <= 1   ? 32
@@ -403,8 +414,7 @@ constexpr int kFwdRowRegs = kSlots <= 0           ? 128
                                                                    : 128);
 
 template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(kFwdRowMaxBlock,
-                                  65536 / (kFwdRowMaxBlock * kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>))
+__global__ void __launch_bounds__(kFwdRowMaxBlock, kFwdRowMinBlocks<kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
   if constexpr (!arch_supports<T>()) {
     __trap();
