@@ -1,5 +1,7 @@
 """One launch of each forward kernel of interest (kernelforge and Liger) for Nsight Compute:
-    ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN
+    ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN [OPS]
+OPS: comma-separated from rms, layer, ada, add, liger (default rms,layer,liger). ada is the bench's
+case: x [4, rows/4, N], scale/shift [4, 1, N], no weight or bias.
 """
 import sys
 
@@ -9,15 +11,24 @@ sys.path.insert(0, __import__("os").environ.get("KF_PYDIR", "python"))
 import kernelforge as kf  # noqa: E402
 
 rows, n = (int(v) for v in sys.argv[1].split("x"))
+which = (sys.argv[2] if len(sys.argv) > 2 else "rms,layer,liger").split(",")
 x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-kf.rms_norm(x, w)
-kf.layer_norm(x, w, b)
-try:
-    from liger_kernel.transformers import functional as lf
-    lf.liger_rms_norm(x, w, 1e-6, casting_mode="llama")
-    lf.liger_layer_norm(x, w, b, 1e-5)
-except Exception as e:  # noqa: BLE001
-    print("no liger:", e)
+if "rms" in which:
+    kf.rms_norm(x, w)
+if "layer" in which:
+    kf.layer_norm(x, w, b)
+if "add" in which:
+    kf.add_rms_norm(x, torch.randn_like(x), w)
+if "ada" in which:
+    sc = torch.randn(4, 1, n, device="cuda", dtype=torch.bfloat16) * 0.1
+    kf.ada_norm(x.view(4, rows // 4, n), sc, sc.clone())
+if "liger" in which:
+    try:
+        from liger_kernel.transformers import functional as lf
+        lf.liger_rms_norm(x, w, 1e-6, casting_mode="llama")
+        lf.liger_layer_norm(x, w, b, 1e-5)
+    except Exception as e:  # noqa: BLE001
+        print("no liger:", e)
 torch.cuda.synchronize()

@@ -6,12 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-namespace kernelforge {
+#include <type_traits>
 
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Vec {
-  T v[kVec];
-};
+namespace kernelforge {
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
@@ -37,6 +34,96 @@ template <typename T>
 __device__ __forceinline__ float round_to(float v) {
   return to_float(from_float<T>(v));
 }
+
+// Bits of one element of a 16-bit type (bf16/fp16) <-> float32.
+template <typename T>
+__device__ __forceinline__ float bits_to_float(unsigned int b);  // b: the element's 16 bits, zero-extended
+template <>
+__device__ __forceinline__ float bits_to_float<__nv_bfloat16>(unsigned int b) {
+  return __uint_as_float(b << 16);
+}
+template <>
+__device__ __forceinline__ float bits_to_float<__half>(unsigned int b) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+}
+template <typename T>
+__device__ __forceinline__ unsigned int float_to_bits(float f);  // round to nearest even
+template <>
+__device__ __forceinline__ unsigned int float_to_bits<__nv_bfloat16>(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+template <>
+__device__ __forceinline__ unsigned int float_to_bits<__half>(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+// kVec elements of T held as packed 32-bit words (16 bytes = 4 registers), read and written as
+// float32 through get/set. The words, not the elements, are the variables the compiler sees: a
+// vector that is loaded or zero-filled stays 4 registers until an element is used, and an element
+// is unpacked right where it is used (one shift or mask for bf16). An array of T elements instead
+// was split by the compiler into one 16-bit register per element (8 per vector) as soon as a branch
+// merged two vectors (e.g. a load and a zero fill), which made the norm kernels spill.
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  static constexpr int kBytes = int(sizeof(T)) * kVec;
+  static_assert(kVec == 1 || kBytes % 4 == 0, "Vec: a multi-element vector must be whole 32-bit words");
+  static constexpr bool kFloat = std::is_same<T, float>::value;
+  using Word = std::conditional_t<(kBytes >= 4), unsigned int, unsigned short>;
+  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
+  Word w[kWords];
+
+  __device__ __forceinline__ static Vec zero() {
+    Vec v;
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) v.w[k] = 0;
+    return v;
+  }
+  // Element j (a compile-time constant after unrolling) as float32.
+  __device__ __forceinline__ float get(int j) const {
+    if constexpr (kFloat) {
+      return __uint_as_float(w[j]);
+    } else if constexpr (kBytes < 4) {
+      return bits_to_float<T>(w[0]);
+    } else {
+      const unsigned int word = w[j >> 1];
+      if constexpr (std::is_same<T, __nv_bfloat16>::value)  // the high half is already a float's top bits
+        return __uint_as_float((j & 1) ? (word & 0xffff0000u) : (word << 16));
+      else
+        return bits_to_float<T>((j & 1) ? (word >> 16) : (word & 0xffffu));
+    }
+  }
+  // Sets element j to f rounded to T.
+  __device__ __forceinline__ void set(int j, float f) {
+    if constexpr (kFloat) {
+      w[j] = __float_as_uint(f);
+    } else if constexpr (kBytes < 4) {
+      w[0] = static_cast<unsigned short>(float_to_bits<T>(f));
+    } else {
+      const unsigned int b = float_to_bits<T>(f), word = w[j >> 1];
+      w[j >> 1] = (j & 1) ? ((word & 0xffffu) | (b << 16)) : ((word & 0xffff0000u) | b);
+    }
+  }
+  // All elements from float32 values (rounded to T; pairs packed by one conversion where possible).
+  __device__ __forceinline__ static Vec from(const float (&f)[kVec]) {
+    Vec v;
+    if constexpr (kFloat || kBytes < 4) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v.set(j, f[j]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+          const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);  // .x = low half
+          memcpy(&v.w[k], &h, 4);
+        } else {
+          const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+          memcpy(&v.w[k], &h, 4);
+        }
+      }
+    }
+    return v;
+  }
+};
 
 // 16/8/4-byte vectors move through one integer register group so that the compiler emits a single
 // LDG.E.128 / STG.E.128 (element-wise struct copies were split into 32-bit stores).
@@ -64,19 +151,34 @@ __device__ __forceinline__ Vec<T, kVec> load_vec(const T* p) {
   using R = typename RawVec<sizeof(T) * kVec>::type;
   const R r = *reinterpret_cast<const R*>(p);
   Vec<T, kVec> v;
-  memcpy(&v, &r, sizeof(R));
+  memcpy(&v.w, &r, sizeof(R));
   return v;
 }
 template <typename T, int kVec>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
   using R = typename RawVec<sizeof(T) * kVec>::type;
   R r;
-  memcpy(&r, &v, sizeof(R));
+  memcpy(&r, &v.w, sizeof(R));
   if constexpr (sizeof(R) == 16) {  // explicit: NVVM otherwise split it into four 32-bit stores
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
                  : "memory");
   } else {
     *reinterpret_cast<R*>(p) = r;
+  }
+}
+
+// Hides the bits of v from the compiler (an empty asm that "modifies" its registers). Values the
+// compiler derived from v before this point cannot be reused after it, so it keeps the packed
+// vector live (4 registers for 16 bytes) instead of the float32 values unpacked from it (8 for
+// bf16/fp16) across a reduction, and unpacks again afterwards (one integer op per element).
+template <typename T, int kVec>
+__device__ __forceinline__ void launder(Vec<T, kVec>& v) {
+#pragma unroll
+  for (int k = 0; k < Vec<T, kVec>::kWords; ++k) {
+    if constexpr (sizeof(typename Vec<T, kVec>::Word) == 4)
+      asm volatile("" : "+r"(v.w[k]));
+    else
+      asm volatile("" : "+h"(v.w[k]));
   }
 }
 

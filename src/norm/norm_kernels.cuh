@@ -51,16 +51,18 @@ template <>
 constexpr NormTuning kFwdTuning<float> = {256, 32, 512, 128};
 
 constexpr int kFwdPersist = 0;  // register forward: persistent grid (1) or one row group per block (0)
-// norm_fwd_row: 16-byte vectors of x per thread, by op (more bytes in flight per register for the
-// ops that keep little else live; measured in notes/norm.md).
-template <NormOp kOp>
-constexpr int kFwdRowIters = (kOp == NormOp::kRms || kOp == NormOp::kLayer) ? 2 : 1;
-constexpr int kFwdMaxTeam = 512;  // register-resident forward: at most 512 threads (128 registers each)
-constexpr int kBwdTargetTeam = 256;
-constexpr int kBwdMaxTeam = 512;  // register-resident backward: 128 registers per thread
-constexpr int kBwdMaxElems = 16;  // per thread: x, dy and up to four column accumulators
+// norm_fwd_row: 16-byte vectors of x per thread, by op (measured in notes/norm.md: 2 is best or level
+// for every op at N = 2048-8192 since the packed vectors stopped spilling).
+constexpr int kFwdRowIters = 2;
+constexpr int kFwdMaxTeam = 512;     // register-resident forward: at most 512 threads (128 registers each)
+constexpr int kBwdTargetTeam = 128;  // threads per row aimed for: 2 vectors per thread from N = 2048 (bf16)
+constexpr int kBwdMaxTeam = 512;     // register-resident backward: 128 registers per thread
+constexpr int kBwdMaxElems = 16;     // per thread: x, dy and up to four column accumulators
 constexpr int kBwdMinTeam = 128;
 constexpr int kMaxCluster = 8;  // portable cluster size limit
+#ifndef KF_BWD_ADA_REREAD       // build-time switch for sweeps (scripts/gpu_sweep.sh KF_SWEEP_FLAGS)
+#define KF_BWD_ADA_REREAD 1
+#endif
 
 // Developer override of the tables above for tuning sweeps: KF_TUNE="fwd_team=128,cluster_team=256".
 // Read once per process; unknown keys are ignored. Production runs leave KF_TUNE unset.
@@ -197,22 +199,34 @@ __device__ __forceinline__ Vec<T, kVec> fwd_out(const Vec<T, kVec>& xv, float me
                                                 const Vec<T, kVec>& shv) {
   using Tr = OpTraits<kOp>;
   const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
-  Vec<T, kVec> out;
+  float out[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
-    const float xh = (to_float(xv.v[j]) - mean) * rstd;
-    const float w = has_w ? to_float(wv.v[j]) : 1.f;
+    const float xh = (xv.get(j) - mean) * rstd;
+    const float w = has_w ? wv.get(j) : 1.f;
     float b = 0.f, sc = 0.f, sh = 0.f;
     if constexpr (!Tr::kHfRms) {
-      if (has_b) b = to_float(bv.v[j]);
+      if (has_b) b = bv.get(j);
     }
     if constexpr (Tr::kAda) {
-      sc = to_float(scv.v[j]);
-      sh = to_float(shv.v[j]);
+      sc = scv.get(j);
+      sh = shv.get(j);
     }
-    out.v[j] = from_float<T>(fwd_value<T, kOp>(xh, p, w, b, sc, sh));
+    out[j] = fwd_value<T, kOp>(xh, p, w, b, sc, sh);
   }
-  return out;
+  return Vec<T, kVec>::from(out);
+}
+
+// a / b for 0 <= a, 0 < b: a 32-bit division when both fit (the 64-bit one is a long subroutine).
+__device__ __forceinline__ int64_t div_nonneg(int64_t a, int64_t b) {
+  return (uint64_t(a) | uint64_t(b)) <= UINT32_MAX ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
+}
+
+// AdaLN scale/shift row of x row r: g = r / ada_rpg (a 32-bit division when the rows fit: the 64-bit
+// one is a long subroutine, paid per row; none when every x row has its own scale row).
+__device__ __forceinline__ int64_t ada_group(int64_t r, const NormParams& p) {
+  if (p.ada_rpg == 1) return r;
+  return div_nonneg(r, p.ada_rpg);
 }
 
 // Loads row `row` of x (and residual, AdaLN scale/shift) for a thread whose first vector is v0.
@@ -223,7 +237,7 @@ __device__ __forceinline__ void fwd_load_row(const NormParams& p, int64_t row, i
                                              Vec<T, kVec> (&xd)[kIters], Vec<T, kVec> (&rd)[kR],
                                              Vec<T, kVec> (&scd)[kA], Vec<T, kVec> (&shd)[kA]) {
   using Tr = OpTraits<kOp>;
-  const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+  const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int64_t col = (v0 + int64_t(i) * tpr) * kVec;
@@ -306,13 +320,13 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const bool ok = row_ok && col_of(i) < n;
+        if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
+          float f[kVec];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
-            xv[i].v[j] = from_float<T>(ok ? to_float(xv[i].v[j]) + to_float(rv[i].v[j]) : 0.f);
-          } else {
-            if (!ok) xv[i].v[j] = from_float<T>(0.f);
-          }
+          for (int j = 0; j < kVec; ++j) f[j] = ok ? xv[i].get(j) + rv[i].get(j) : 0.f;
+          xv[i] = V::from(f);
+        } else {
+          if (!ok) xv[i] = V::zero();
         }
         if constexpr (Tr::kRes) {
           if (ok) store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col_of(i), xv[i]);
@@ -324,7 +338,7 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 #pragma unroll
         for (int i = 0; i < kIters; ++i)
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) s1[0] += to_float(xv[i].v[j]);
+          for (int j = 0; j < kVec; ++j) s1[0] += xv[i].get(j);
         team_sum<1>(s1, tpr, team, sm, slot, cluster);
         mean = s1[0] * inv_n;
       }
@@ -334,7 +348,7 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
         const bool ok = col_of(i) < n;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = to_float(xv[i].v[j]) - mean;
+          const float d = xv[i].get(j) - mean;
           q[0] += ok ? d * d : 0.f;
         }
       }
@@ -355,6 +369,7 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
             if (has_b) b_i = load_b(col);
           }
         }
+        launder(xv[i]);
         const V out =
             fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, w_i, b_i, scv[Tr::kAda ? i : 0], shv[Tr::kAda ? i : 0]);
         store_vec<T, kVec>(yg + row * p.y_stride + col, out);
@@ -413,8 +428,12 @@ constexpr int kFwdRowRegs = kSlots <= 0           ? 128
                                                      : kSlots <= 4 ? 64
                                                                    : 128);
 
-template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(kFwdRowMaxBlock, kFwdRowMinBlocks<kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
+// kEarly (a grid of at most one block per SM, e.g. decode rows): occupancy does not matter, latency
+// does, so weight, bias and AdaLN scale/shift are loaded together with x, before the reductions
+// (one memory round trip per block instead of two), and there is no register cap.
+template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly>
+__global__ void __launch_bounds__(kFwdRowMaxBlock,
+                                  kEarly ? 1 : kFwdRowMinBlocks<kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -438,11 +457,15 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock, kFwdRowMinBlocks<kFwdRowRegs<
       const int64_t r = row_ok ? row : 0;
       const T* __restrict__ xr = static_cast<const T*>(p.x) + r * p.x_stride;
       const T* __restrict__ rr = static_cast<const T*>(p.residual) + r * p.res_stride;
-      // (32-bit division when it fits: the 64-bit one is a long subroutine, paid per row)
-      const int64_t g = !Tr::kAda ? 0 : p.rows <= INT_MAX ? int64_t(uint32_t(r) / uint32_t(p.ada_rpg)) : r / p.ada_rpg;
-      const T* __restrict__ scr = static_cast<const T*>(p.scale) + g * p.scale_stride;
-      const T* __restrict__ shr = static_cast<const T*>(p.shift) + g * p.shift_stride;
+      // Scale/shift rows before the reductions only where they are used there (kEarly, or one row
+      // per x row: an L2 prefetch, no division); else they are computed after (below), so that no
+      // division delays the loads of x.
+      const int64_t ge = !Tr::kAda ? 0 : kEarly ? ada_group(r, p) : r;
+      const T* __restrict__ scr = static_cast<const T*>(p.scale) + ge * p.scale_stride;
+      const T* __restrict__ shr = static_cast<const T*>(p.shift) + ge * p.shift_stride;
       V xv[kIters], rv[kR];
+      constexpr int kE = kEarly ? kIters : 1;
+      V we[kE], be[kE], sce[kE], she[kE];  // kEarly: parameters loaded with x
       const float shift_k = Tr::kLayer && row_ok ? to_float(xr[0]) : 0.f;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
@@ -450,23 +473,33 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock, kFwdRowMinBlocks<kFwdRowRegs<
         if (row_ok && col < n) {
           xv[i] = load_vec<T, kVec>(xr + col);
           if constexpr (Tr::kRes) rv[i] = load_vec<T, kVec>(rr + col);
-          if constexpr (Tr::kAda) {
+          if constexpr (kEarly) {
+            if (wg) we[i] = load_vec<T, kVec>(wg + col);
+            if constexpr (!Tr::kHfRms) {
+              if (bg) be[i] = load_vec<T, kVec>(bg + col);
+            }
+            if constexpr (Tr::kAda) {
+              sce[i] = load_vec<T, kVec>(scr + col);
+              she[i] = load_vec<T, kVec>(shr + col);
+            }
+          } else if constexpr (Tr::kAda) {
             if (p.ada_rpg == 1) {  // a scale/shift row per x row: DRAM reads, start them now
               prefetch_l2(scr + col);
               prefetch_l2(shr + col);
             }
           }
         } else {
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) xv[i].v[j] = rv[Tr::kRes ? i : 0].v[j] = from_float<T>(0.f);
+          xv[i] = rv[Tr::kRes ? i : 0] = V::zero();
         }
       }
       if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
         T* __restrict__ sr = static_cast<T*>(p.sum) + r * p.sum_stride;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
+          float f[kVec];
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) xv[i].v[j] = from_float<T>(to_float(xv[i].v[j]) + to_float(rv[i].v[j]));
+          for (int j = 0; j < kVec; ++j) f[j] = xv[i].get(j) + rv[i].get(j);
+          xv[i] = V::from(f);
           const int col = (t + i * tpr) * kVec;
           if (row_ok && col < n) store_vec<T, kVec>(sr + col, xv[i]);
         }
@@ -484,7 +517,7 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock, kFwdRowMinBlocks<kFwdRowRegs<
         const bool ok = (t + i * tpr) * kVec < n;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = to_float(xv[i].v[j]) - shift_k;
+          const float d = xv[i].get(j) - shift_k;
           st[kS - 1] += ok ? d * d : 0.f;
           if constexpr (Tr::kLayer) st[0] += ok ? d : 0.f;
         }
@@ -499,19 +532,34 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock, kFwdRowMinBlocks<kFwdRowRegs<
       }
       const float rstd = rsqrtf(var + p.eps);
       T* __restrict__ yr = static_cast<T*>(p.y) + r * p.y_stride;
+      // The scale/shift rows are recomputed here from a laundered row index, so that neither they nor
+      // the group index stay live (in registers) across the reduction.
+      int64_t rl = r;
+      if constexpr (Tr::kAda && !kEarly) asm volatile("" : "+l"(rl));
+      const int64_t gl = Tr::kAda ? ada_group(rl, p) : 0;
+      const T* __restrict__ scl = static_cast<const T*>(p.scale) + gl * p.scale_stride;
+      const T* __restrict__ shl = static_cast<const T*>(p.shift) + gl * p.shift_stride;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int col = (t + i * tpr) * kVec;
         if (!(row_ok && col < n)) continue;
         V wv, bv, scv, shv;
-        if (wg) wv = load_vec<T, kVec>(wg + col);
-        if constexpr (!Tr::kHfRms) {
-          if (bg) bv = load_vec<T, kVec>(bg + col);
+        if constexpr (kEarly) {
+          wv = we[i];
+          bv = be[i];
+          scv = sce[i];
+          shv = she[i];
+        } else {
+          if (wg) wv = load_vec<T, kVec>(wg + col);
+          if constexpr (!Tr::kHfRms) {
+            if (bg) bv = load_vec<T, kVec>(bg + col);
+          }
+          if constexpr (Tr::kAda) {
+            scv = load_vec<T, kVec>(scl + col);
+            shv = load_vec<T, kVec>(shl + col);
+          }
         }
-        if constexpr (Tr::kAda) {
-          scv = load_vec<T, kVec>(scr + col);
-          shv = load_vec<T, kVec>(shr + col);
-        }
+        launder(xv[i]);  // convert x again here rather than keep its float32 copy live (registers)
         store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
       }
     }
@@ -615,8 +663,10 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
         for (int64_t v = t; v < svec; v += tpr) {
           V a = *reinterpret_cast<const V*>(xs + v * kVec);
           const V r = *reinterpret_cast<const V*>(xs + slice + v * kVec);
+          float f[kVec];
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) a.v[j] = from_float<T>(to_float(a.v[j]) + to_float(r.v[j]));
+          for (int j = 0; j < kVec; ++j) f[j] = a.get(j) + r.get(j);
+          a = V::from(f);
           *reinterpret_cast<V*>(xs + v * kVec) = a;
           store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col0 + v * kVec, a);
         }
@@ -627,7 +677,7 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
         for (int64_t v = t; v < svec; v += tpr) {
           const V a = *reinterpret_cast<const V*>(xs + v * kVec);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) s1[0] += to_float(a.v[j]);
+          for (int j = 0; j < kVec; ++j) s1[0] += a.get(j);
         }
         team_sum<1>(s1, tpr, 0, sm, slot, cluster);
         mean = s1[0] * inv_n;
@@ -637,13 +687,13 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
         const V a = *reinterpret_cast<const V*>(xs + v * kVec);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = to_float(a.v[j]) - mean;
+          const float d = a.get(j) - mean;
           q[0] += d * d;
         }
       }
       team_sum<1>(q, tpr, 0, sm, slot, cluster);  // (a barrier: every thread wrote its s first)
       const float rstd = rsqrtf(q[0] * inv_n + p.eps);
-      const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+      const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
       for (int64_t v = t; v < svec; v += tpr) {
         const int64_t col = col0 + v * kVec;
         const V a = *reinterpret_cast<const V*>(xs + v * kVec);
@@ -696,13 +746,15 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
         V xv = load_vec<T, kVec>(static_cast<const T*>(p.x) + row * p.x_stride + v * kVec);
         if constexpr (Tr::kRes) {
           const V rv = load_vec<T, kVec>(static_cast<const T*>(p.residual) + row * p.res_stride + v * kVec);
+          float f[kVec];
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) xv.v[j] = from_float<T>(to_float(xv.v[j]) + to_float(rv.v[j]));
+          for (int j = 0; j < kVec; ++j) f[j] = xv.get(j) + rv.get(j);
+          xv = V::from(f);
           store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + v * kVec, xv);
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float a = to_float(xv.v[j]);
+          const float a = xv.get(j);
           s[0] += Tr::kLayer ? a : a * a;
         }
       }
@@ -716,7 +768,7 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
           const V xv = load_vec<T, kVec>(src + v * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const float d = to_float(xv.v[j]) - mean;
+            const float d = xv.get(j) - mean;
             q[0] += d * d;
           }
         }
@@ -725,7 +777,7 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
       } else {
         rstd = rsqrtf(s[0] * inv_n + p.eps);
       }
-      const int64_t g = Tr::kAda ? row / p.ada_rpg : 0;
+      const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
 #pragma unroll 4
       for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
         const int64_t col = v * kVec;
@@ -762,21 +814,32 @@ struct BwdWork {
   int64_t group_rows;  // R
   int64_t bpg;         // blocks per group (1: groups per block instead)
   bool grouped;
-  float* part_a;  // [partial rows, N]: Σ u·xh   (nullptr: not needed)
-  float* part_d;  // [partial rows, N]: Σ u
+  int64_t ld;     // row stride of the partial rows: N rounded up to 4 (16-byte rows for the reduction)
+  float* part_a;  // [partial rows, ld]: Σ u·xh   (nullptr: not needed)
+  float* part_d;  // [partial rows, ld]: Σ u
 };
 
 // The rows of one block, in order: k = 0, 1, ... (see the work split above). row_of returns -1 past
 // the end; group_end tells when a block that owns whole groups has finished one.
 struct BwdSeq {
   int64_t b, grid, bpg, R, G;
+  int64_t bgroup, blr;  // bpg > 1: this block's group b / bpg and first row in it b % bpg
+  __device__ __forceinline__ BwdSeq(int64_t b_, int64_t grid_, int64_t bpg_, int64_t R_, int64_t G_)
+      : b(b_), grid(grid_), bpg(bpg_), R(R_), G(G_) {
+    bgroup = div_nonneg(b, bpg);
+    blr = b - bgroup * bpg;
+  }
+  // Group of the block's k-th row (valid when row_of(k) >= 0).
+  __device__ __forceinline__ int64_t group_of(int64_t k) const {
+    return bpg > 1 ? bgroup : b + div_nonneg(k, R) * grid;
+  }
   __device__ __forceinline__ int64_t row_of(int64_t k) const {
     if (bpg > 1) {
-      const int64_t lr = b % bpg + k * bpg;
-      return lr < R ? (b / bpg) * R + lr : -1;
+      const int64_t lr = blr + k * bpg;
+      return lr < R ? bgroup * R + lr : -1;
     }
-    const int64_t grp = b + (k / R) * grid;
-    return grp < G ? grp * R + k % R : -1;
+    const int64_t q = div_nonneg(k, R), grp = b + q * grid;
+    return grp < G ? grp * R + (k - q * R) : -1;
   }
 };
 
@@ -791,7 +854,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     using V = Vec<T, kVec>;
     constexpr int E = kIters * kVec;
     constexpr bool kNeedD = Tr::kLayer || Tr::kAda;
-    __shared__ ReduceSmem<2> sm;
+    __shared__ ReduceSmem<Tr::kLayer ? 4 : 2> sm;
     int slot = 0;
     const int tpr = blockDim.x, t = threadIdx.x;
     const int64_t n = p.n;
@@ -803,8 +866,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int64_t col = col_of(i);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) wv[i].v[j] = bv[i].v[j] = from_float<T>(0.f);
+      wv[i] = bv[i] = V::zero();
       if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
       if (Tr::kAda && col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
     }
@@ -813,7 +875,7 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     for (int e = 0; e < E; ++e) acc_a[e] = acc_d[e] = 0.f;
 
     const int64_t b = blockIdx.x;
-    const BwdSeq seq = {b, int64_t(gridDim.x), wk.bpg, wk.group_rows, wk.groups};
+    const BwdSeq seq(b, int64_t(gridDim.x), wk.bpg, wk.group_rows, wk.groups);
     const bool per_group = wk.grouped && wk.bpg == 1;
 
     // Bulk pipeline state (kBulk only).
@@ -845,22 +907,30 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
     for (int64_t k = 0;; ++k) {
       const int64_t row = seq.row_of(k);
       if (row < 0) break;
-      // Plain: x, dy, dsum in registers. Bulk: they stay in shared memory and are re-read per pass
-      // (fewer registers, so AdaLN can hold 16 elements per thread).
-      // AdaLN (bulk) re-reads from shared memory; the others load their slice into registers once.
-      constexpr bool kReread = kBulk && Tr::kAda;
+      // x, dy (and dsum) are loaded into registers once per row, from global memory (plain) or
+      // from the stage (bulk), which is then released at once. kReread (bulk AdaLN when
+      // KF_BWD_ADA_REREAD=1): they stay in the stage and are re-read per pass instead (fewer registers;
+      // the stage is released only at the end of the row).
+      constexpr bool kReread = kBulk && Tr::kAda && KF_BWD_ADA_REREAD;
       constexpr int kR = kReread ? 1 : kIters;
       V xv[kR], dyv[kR], dsv[kR], scv[kIters];
-      const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
+      // scale row: the group (a block's rows share one when bpg > 1), or the row itself (rpg = 1)
+      const int64_t ga = Tr::kAda ? (wk.grouped ? seq.group_of(k) : row) : 0;
       const T* xs = nullptr;
       if constexpr (kBulk) {
         const int s = int(k % stages);
         mbar_wait(&bars[s], uint32_t((k / stages) & 1));
         xs = stage_base + int64_t(s) * nbuf * n;
       }
-      V zero;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) zero.v[j] = from_float<T>(0.f);
+      // LayerNorm's shift K = x[row, 0] (see the statistics below), read before the stage is refilled.
+      float shift_k = 0.f;
+      if constexpr (Tr::kLayer) {
+        if constexpr (kBulk)
+          shift_k = to_float(xs[0]);
+        else
+          shift_k = to_float(static_cast<const T*>(p.x)[row * p.x_stride]);
+      }
+      const V zero = V::zero();
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
@@ -914,83 +984,81 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
       };
       // dn = dy·(1 + scale)·w : the gradient w.r.t. xh
       auto dn_of = [&](int i, int j) {
-        float g = to_float(DY(i).v[j]);
-        if constexpr (Tr::kAda) g *= 1.f + to_float(scv[i].v[j]);
-        return has_w ? g * to_float(wv[i].v[j]) : g;
+        float g = DY(i).get(j);
+        if constexpr (Tr::kAda) g *= 1.f + scv[i].get(j);
+        return has_w ? g * wv[i].get(j) : g;
       };
-      float mean = 0.f, rstd, mdn = 0.f, mdnxh;
-      if constexpr (Tr::kLayer) {
-        float s[2] = {0.f, 0.f};  // Σx (padding is 0)
+      // One reduction for every statistic. With K = x[row, 0] (LayerNorm; K = 0 for RMSNorm) and
+      // d = x - K: S1 = Σd, S2 = Σd², G1 = Σdn, G2 = Σdn·d; then
+      //   mean = K + S1/n, var = S2/n - (S1/n)², mean(dn) = G1/n,
+      //   mean(dn·xh) = rstd·(G2/n - (S1/n)·(G1/n))          (xh = (d - S1/n)·rstd)
+      // (the forward's shifted single-pass statistics: one barrier round instead of three).
+      constexpr int kS = Tr::kLayer ? 4 : 2;  // {S2, G2} or {S2, G2, S1, G1}
+      float st[kS];
 #pragma unroll
-        for (int i = 0; i < kIters; ++i)
+      for (int q = 0; q < kS; ++q) st[q] = 0.f;
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) s[0] += to_float(X(i).v[j]);
-        team_sum<2>(s, tpr, 0, sm, slot, 1);
-        mean = s[0] * inv_n;
-        float q[2] = {0.f, 0.f};  // Σ(x - mean)²
+      for (int i = 0; i < kIters; ++i) {
+        const bool ok = col_of(i) < n;
 #pragma unroll
-        for (int i = 0; i < kIters; ++i) {
-          const bool ok = col_of(i) < n;
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float d = to_float(X(i).v[j]) - mean;
-            q[0] += ok ? d * d : 0.f;
+        for (int j = 0; j < kVec; ++j) {
+          const float d = ok ? X(i).get(j) - shift_k : 0.f;  // padding: x = dy = 0 -> d = dn = 0
+          const float dn = dn_of(i, j);
+          st[0] += d * d;
+          st[1] += dn * d;
+          if constexpr (Tr::kLayer) {
+            st[2] += d;
+            st[3] += dn;
           }
         }
-        team_sum<2>(q, tpr, 0, sm, slot, 1);
-        rstd = rsqrtf(q[0] * inv_n + p.eps);
-        float r[2] = {0.f, 0.f};  // Σdn, Σdn·xh (padding: dy = 0 -> dn = 0)
+      }
+      team_sum<kS>(st, tpr, 0, sm, slot, 1);
+      float mean = 0.f, mdn = 0.f, var = st[0] * inv_n, mdnd = st[1] * inv_n;
+      if constexpr (Tr::kLayer) {
+        const float m1 = st[2] * inv_n;
+        mean = shift_k + m1;
+        mdn = st[3] * inv_n;
+        var -= m1 * m1;
+        var = var < 0.f ? 0.f : var;  // rounding only (not fmaxf: a NaN must stay NaN)
+        mdnd -= m1 * mdn;
+      }
+      const float rstd = rsqrtf(var + p.eps);
+      const float mdnxh = rstd * mdnd;
+      if constexpr (!kReread) {
 #pragma unroll
-        for (int i = 0; i < kIters; ++i)
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float dn = dn_of(i, j);
-            r[0] += dn;
-            r[1] += dn * (to_float(X(i).v[j]) - mean) * rstd;
-          }
-        team_sum<2>(r, tpr, 0, sm, slot, 1);
-        mdn = r[0] * inv_n;
-        mdnxh = r[1] * inv_n;
-      } else {
-        float r[2] = {0.f, 0.f};  // Σx², Σdn·x in one reduction
-#pragma unroll
-        for (int i = 0; i < kIters; ++i)
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float a = to_float(X(i).v[j]);
-            r[0] += a * a;
-            r[1] += dn_of(i, j) * a;
-          }
-        team_sum<2>(r, tpr, 0, sm, slot, 1);
-        rstd = rsqrtf(r[0] * inv_n + p.eps);
-        mdnxh = r[1] * inv_n * rstd;  // mean(dn·xh)
+        for (int i = 0; i < kIters; ++i) {  // unpack again below rather than keep float copies live
+          launder(xv[i]);
+          launder(dyv[i]);
+          if constexpr (Tr::kAda) launder(scv[i]);
+        }
       }
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
         if (col >= n) continue;
-        V dxv, dscv;
+        float dxf[kVec], dscf[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float xh = (to_float(X(i).v[j]) - mean) * rstd;
+          const float xh = (X(i).get(j) - mean) * rstd;
           float dx = rstd * (dn_of(i, j) - mdn - xh * mdnxh);
-          if (p.dsum) dx += to_float(DS(i).v[j]);
-          dxv.v[j] = from_float<T>(dx);
-          float u = to_float(DY(i).v[j]);
+          if (p.dsum) dx += DS(i).get(j);
+          dxf[j] = dx;
+          float u = DY(i).get(j);
+          dscf[j] = 0.f;
           if constexpr (Tr::kAda) {
             if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift, u includes (1 + scale)
-              const float nrm = (has_w ? xh * to_float(wv[i].v[j]) : xh) + to_float(bv[i].v[j]);
-              dscv.v[j] = from_float<T>(u * nrm);
-              u *= 1.f + to_float(scv[i].v[j]);
+              const float nrm = (has_w ? xh * wv[i].get(j) : xh) + bv[i].get(j);
+              dscf[j] = u * nrm;
+              u *= 1.f + scv[i].get(j);
             }
           }
           acc_a[i * kVec + j] += u * xh;
           if constexpr (kNeedD) acc_d[i * kVec + j] += u;
         }
-        store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, dxv);
+        store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, V::from(dxf));
         if constexpr (Tr::kAda) {
           if (!wk.grouped) {
-            if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, dscv);
+            if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, V::from(dscf));
             if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, DY(i));
           }
         }
@@ -1005,7 +1073,8 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           }
         }
       }
-      if (per_group && (k % wk.group_rows) == wk.group_rows - 1) {  // end of a group owned by this block
+      if (per_group && k - div_nonneg(k, wk.group_rows) * wk.group_rows ==
+                           wk.group_rows - 1) {  // end of a group owned by this block
         const int64_t grp = row / wk.group_rows;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
@@ -1014,8 +1083,8 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const int e = i * kVec + j;
-            wk.part_a[grp * n + col + j] = acc_a[e];
-            wk.part_d[grp * n + col + j] = acc_d[e];
+            wk.part_a[grp * wk.ld + col + j] = acc_a[e];
+            wk.part_d[grp * wk.ld + col + j] = acc_d[e];
             acc_a[e] = acc_d[e] = 0.f;
           }
         }
@@ -1028,9 +1097,9 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
         if (col >= n) continue;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          if (wk.part_a) wk.part_a[b * n + col + j] = acc_a[i * kVec + j];
+          if (wk.part_a) wk.part_a[b * wk.ld + col + j] = acc_a[i * kVec + j];
           if constexpr (kNeedD) {
-            if (wk.part_d) wk.part_d[b * n + col + j] = acc_d[i * kVec + j];
+            if (wk.part_d) wk.part_d[b * wk.ld + col + j] = acc_d[i * kVec + j];
           }
         }
       }
@@ -1066,7 +1135,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
         const int64_t row = grp * wk.group_rows + lr;
         const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
         const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
-        const int64_t ga = Tr::kAda ? row / p.ada_rpg : 0;
+        const int64_t ga = Tr::kAda ? ada_group(row, p) : 0;
         const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ga * p.scale_stride : nullptr;
         auto dn_of = [&](int64_t c) {
           float g = to_float(dy[c]);
@@ -1120,78 +1189,122 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
               u *= 1.f + to_float(sc[c]);
             }
           }
-          if (wk.part_a) wk.part_a[pr * n + c] = (first ? 0.f : wk.part_a[pr * n + c]) + u * xh;
-          if (wk.part_d) wk.part_d[pr * n + c] = (first ? 0.f : wk.part_d[pr * n + c]) + u;
+          if (wk.part_a) wk.part_a[pr * wk.ld + c] = (first ? 0.f : wk.part_a[pr * wk.ld + c]) + u * xh;
+          if (wk.part_d) wk.part_d[pr * wk.ld + c] = (first ? 0.f : wk.part_d[pr * wk.ld + c]) + u;
         }
         first = false;
       }
       if (per_group && first) {  // an empty group (R == 0 cannot happen, kept for safety)
         for (int64_t c = threadIdx.x; c < n; c += tpr) {
-          if (wk.part_a) wk.part_a[pr * n + c] = 0.f;
-          if (wk.part_d) wk.part_d[pr * n + c] = 0.f;
+          if (wk.part_a) wk.part_a[pr * wk.ld + c] = 0.f;
+          if (wk.part_d) wk.part_d[pr * wk.ld + c] = 0.f;
         }
       }
     }
     if (!per_group && first) {  // a block without rows still owns its partial row
       for (int64_t c = threadIdx.x; c < n; c += tpr) {
-        if (wk.part_a) wk.part_a[b * n + c] = 0.f;
-        if (wk.part_d) wk.part_d[b * n + c] = 0.f;
+        if (wk.part_a) wk.part_a[b * wk.ld + c] = 0.f;
+        if (wk.part_d) wk.part_d[b * wk.ld + c] = 0.f;
       }
     }
   }
 }
 
-// out[o, c] = Σ_{r < rows_per_out} f_r · partial[o·rows_per_out + r, c] in a fixed order
-// (deterministic), with f_r = 1 + scale[r·scale_stride + c] when `scale` is given (AdaLN's
-// Σ_g (1 + scale_g)·A_g), else 1. Block (32, 8): 32 columns, 8 row-slices summed in order.
+// Column sums of the backward's float32 partial rows, for up to two slabs (A and D) in one launch:
+//   out_s[o, c] = Σ_{r < R} f_r[c] · part_s[(o·R + r)·ld + c]
+// with f_r[c] = 1 + scale[r·scale_stride + c] when `scale` is given (AdaLN's Σ_g (1 + scale_g)·A_g),
+// else 1. Block (8, 32): thread x owns 4 adjacent columns (one float4 per row), thread y sums the rows
+// r ≡ y (mod 32) in order, keeping kColUnroll float4 loads in flight; then y = 0 adds the 32 slices
+// in order. The order is fixed, so the result is bit-identical on every run. Bytes: the slabs are
+// read once (R·ld·4 B each); at R ~ 1000 partial rows and N = 2048 that is 8 MB per slab, so the
+// load parallelism matters (the previous 4-byte, 8-slice version ran at a fraction of the bandwidth).
+constexpr int kColTileX = 8, kColTileY = 32, kColUnroll = 8;
 template <typename OutT, typename T>
-__global__ void __launch_bounds__(256)
-    reduce_columns(const float* __restrict__ partial, int64_t n, int64_t rows_per_out, int64_t out_rows,
-                   OutT* __restrict__ out, const T* __restrict__ scale, int64_t scale_stride) {
+struct ColSums {
+  const float* part[2];
+  OutT* out[2];
+  int64_t n, ld, R, out_rows;
+  const T* scale;
+  int64_t scale_stride;
+};
+
+template <typename OutT, typename T>
+__global__ void __launch_bounds__(kColTileX* kColTileY) reduce_columns(const ColSums<OutT, T> a) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
-    __shared__ float sm[8][33];
-    const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-    for (int64_t o = blockIdx.y; o < out_rows; o += gridDim.y) {
-      float s = 0.f;
-      if (col < n) {
-        const float* src = partial + o * rows_per_out * n + col;
-#pragma unroll 4
-        for (int64_t r = threadIdx.y; r < rows_per_out; r += 8) {
-          const float f = scale ? 1.f + to_float(scale[r * scale_stride + col]) : 1.f;
-          s += f * src[r * n];
+    __shared__ float4 sm[kColTileY][kColTileX];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t c0 = (int64_t(blockIdx.x) * kColTileX + tx) * 4;  // first of this thread's 4 columns
+    const float* __restrict__ part = a.part[blockIdx.z];
+    OutT* __restrict__ out = a.out[blockIdx.z];
+    for (int64_t o = blockIdx.y; o < a.out_rows; o += gridDim.y) {
+      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c0 < a.ld) {
+        const float* src = part + o * a.R * a.ld + c0;
+        for (int64_t r0 = ty; r0 < a.R; r0 += int64_t(kColTileY) * kColUnroll) {
+          float4 v[kColUnroll];
+#pragma unroll
+          for (int u = 0; u < kColUnroll; ++u) {  // all loads first: kColUnroll x 16 B in flight
+            const int64_t r = r0 + int64_t(u) * kColTileY;
+            v[u] = r < a.R ? *reinterpret_cast<const float4*>(src + r * a.ld) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+#pragma unroll
+          for (int u = 0; u < kColUnroll; ++u) {
+            const int64_t r = r0 + int64_t(u) * kColTileY;
+            float f[4] = {1.f, 1.f, 1.f, 1.f};
+            if (a.scale && r < a.R) {
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                if (c0 + q < a.n) f[q] = 1.f + to_float(a.scale[r * a.scale_stride + c0 + q]);
+            }
+            s.x += f[0] * v[u].x;
+            s.y += f[1] * v[u].y;
+            s.z += f[2] * v[u].z;
+            s.w += f[3] * v[u].w;
+          }
         }
       }
-      sm[threadIdx.y][threadIdx.x] = s;
+      sm[ty][tx] = s;
       __syncthreads();
-      if (threadIdx.y == 0 && col < n) {
-        float tot = 0.f;
+      if (ty == 0 && c0 < a.n) {
+        float4 tot = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) tot += sm[k][threadIdx.x];
-        if constexpr (std::is_same<OutT, float>::value)
-          out[o * n + col] = tot;
-        else
-          out[o * n + col] = from_float<T>(tot);
+        for (int k = 0; k < kColTileY; ++k) {
+          tot.x += sm[k][tx].x;
+          tot.y += sm[k][tx].y;
+          tot.z += sm[k][tx].z;
+          tot.w += sm[k][tx].w;
+        }
+        const float t4[4] = {tot.x, tot.y, tot.z, tot.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (c0 + q >= a.n) break;
+          if constexpr (std::is_same<OutT, float>::value)
+            out[o * a.ld + c0 + q] = t4[q];  // float outputs are partial-layout rows (stride ld)
+          else
+            out[o * a.n + c0 + q] = from_float<T>(t4[q]);
+        }
       }
       __syncthreads();
     }
   }
 }
 
-// Grouped AdaLN: dshift_g = D_g, dscale_g = w·A_g + b·D_g (elementwise over [G, N]).
+// Grouped AdaLN: dshift_g = D_g, dscale_g = w·A_g + b·D_g (elementwise over [G, N]; A, D rows have
+// stride ld).
 template <typename T>
-__global__ void ada_group_grads(const float* __restrict__ a, const float* __restrict__ d, int64_t n, int64_t total,
-                                const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ dscale,
-                                T* __restrict__ dshift) {
+__global__ void ada_group_grads(const float* __restrict__ a, const float* __restrict__ d, int64_t n, int64_t ld,
+                                int64_t total, const T* __restrict__ w, const T* __restrict__ bias,
+                                T* __restrict__ dscale, T* __restrict__ dshift) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-      const int64_t c = i % n;
+      const int64_t g = i / n, c = i - g * n, k = g * ld + c;
       const float wc = w ? to_float(w[c]) : 1.f, bc = bias ? to_float(bias[c]) : 0.f;
-      if (dscale) dscale[i] = from_float<T>(wc * a[i] + bc * d[i]);
-      if (dshift) dshift[i] = from_float<T>(d[i]);
+      if (dscale) dscale[i] = from_float<T>(wc * a[k] + bc * d[k]);
+      if (dshift) dshift[i] = from_float<T>(d[k]);
     }
   }
 }
@@ -1272,6 +1385,26 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
+// Launch configuration of a 1-D grid of `ctas` blocks in clusters of `cluster` CTAs (cudaLaunchKernelEx).
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  ClusterLaunch(int64_t ctas, int threads, size_t smem, cudaStream_t stream, int cluster) {
+    cfg.gridDim = dim3(unsigned(ctas));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg.attrs points into this object
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 template <typename T, NormOp kOp, int kVec, int kIters>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
   const int block = std::max(tpr, tune("min_block", kFwdTuning<T>.min_block));
@@ -1286,8 +1419,11 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
       const int64_t resident = int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1);
       units = std::min(units, std::max<int64_t>(resident, 1));
     } else if (block <= kFwdRowMaxBlock) {
-      units = std::min<int64_t>(units, INT_MAX);  // one row group per block (the kernel loops past 2^31-1)
-      norm_fwd_row<T, kOp, kVec, kIters><<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift);
+      units = std::min<int64_t>(units, INT_MAX);           // one row group per block (the kernel loops past 2^31-1)
+      if (units <= dev.sm_count && tune("early", 1) != 0)  // at most one block per SM: latency-bound
+        norm_fwd_row<T, kOp, kVec, kIters, true><<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift);
+      else
+        norm_fwd_row<T, kOp, kVec, kIters, false><<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift);
       return check_launch("norm forward");
     } else {  // 512-thread teams: the persistent kernel
       units = std::min<int64_t>(units, int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1));
@@ -1295,17 +1431,8 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
     kernel<<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift, 1);
   } else {
     units = std::min<int64_t>(units, INT_MAX / cluster);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(units * cluster));
-    cfg.blockDim = dim3(block);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    ClusterLaunch cl(units * cluster, block, 0, stream, cluster);
+    cudaLaunchConfig_t& cfg = cl.cfg;
     cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, shift, cluster);
     if (err != cudaSuccess)
       return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
@@ -1316,10 +1443,10 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
 // Bulk-copy pipeline (sm_90, 16-byte aligned rows): slice = N / C elements per CTA, S stages.
 constexpr int kBulkSliceBytes = 64 * 1024;  // largest row slice per CTA before splitting over a cluster
 // Smallest row (bytes) that takes the bulk pipeline instead of the register kernel, by op (measured:
-// the row kernel wins up to 16 KB rows for RMSNorm/LayerNorm, the pipeline from 8 KB for the ops that
-// read more than x per row: add_rms_norm's residual, AdaLN's scale/shift).
+// the row kernel wins up to 16 KB rows for RMSNorm/LayerNorm/add_rms_norm; AdaLN is level at 8 KB and
+// slightly faster with the pipeline at 16 KB).
 template <NormOp kOp>
-constexpr int kBulkMinRowBytes = (kOp == NormOp::kRms || kOp == NormOp::kLayer) ? 32 * 1024 : 8 * 1024;
+constexpr int kBulkMinRowBytes = (kOp == NormOp::kAdaRms || kOp == NormOp::kAdaLayer) ? 16 * 1024 : 32 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
 
 template <typename T, NormOp kOp, int kVec>
@@ -1346,18 +1473,8 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
   if (per_sm < 1) return false;
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(std::max<int64_t>(cluster, (ctas / cluster) * cluster)));
-  cfg.blockDim = dim3(tpr);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  ClusterLaunch cl(std::max<int64_t>(cluster, (ctas / cluster) * cluster), tpr, smem, stream, cluster);
+  cudaLaunchConfig_t& cfg = cl.cfg;
   if (cluster > 1) {  // clusters must fit inside a GPC: size the persistent grid by resident clusters
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters < 1) {
@@ -1387,7 +1504,7 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
   constexpr int kMaxIters = kVec == 1 ? 16 : cfg.max_elems / kVec;
   const int64_t nvec = p.n / kVec;
   if (kVec > 1 && tune("fwd_persist", kFwdPersist) == 0) {  // one row group per block (norm_fwd_row)
-    const int want = tune("row_iters", kFwdRowIters<kOp>);
+    const int want = tune("row_iters", kFwdRowIters);
     const int tpr = int(std::min<int64_t>(kFwdRowMaxBlock, std::max<int64_t>(32, pow2_ceil(ceil_div(nvec, want)))));
     const int it = pow2_ceil(ceil_div(nvec, tpr));
     if (it <= kMaxIters) {
@@ -1441,13 +1558,29 @@ Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   return fwd_with_vec<T, kOp, 1>(p, dev, stream);
 }
 
+// out_s = column sums of the slabs part_s (s < 2; an absent output or slab is skipped), one launch.
 template <typename OutT, typename T>
-Status reduce_into(const float* partial, int64_t n, int64_t rows_per_out, int64_t out_rows, OutT* out, const T* scale,
-                   int64_t scale_stride, cudaStream_t stream) {
-  if (out == nullptr || partial == nullptr) return Status::Ok();
-  const dim3 grid(unsigned(ceil_div(n, 32)), unsigned(std::min<int64_t>(out_rows, 65535)));
-  reduce_columns<OutT, T>
-      <<<grid, dim3(32, 8), 0, stream>>>(partial, n, rows_per_out, out_rows, out, scale, scale_stride);
+Status reduce_into(const float* part_a, OutT* out_a, const float* part_d, OutT* out_d, int64_t n, int64_t ld,
+                   int64_t rows_per_out, int64_t out_rows, const T* scale, int64_t scale_stride, cudaStream_t stream) {
+  ColSums<OutT, T> a = {};
+  int slabs = 0;
+  if (part_a && out_a) {
+    a.part[slabs] = part_a;
+    a.out[slabs++] = out_a;
+  }
+  if (part_d && out_d) {
+    a.part[slabs] = part_d;
+    a.out[slabs++] = out_d;
+  }
+  if (slabs == 0) return Status::Ok();
+  a.n = n;
+  a.ld = ld;
+  a.R = rows_per_out;
+  a.out_rows = out_rows;
+  a.scale = scale;
+  a.scale_stride = scale_stride;
+  const dim3 grid(unsigned(ceil_div(ld / 4, kColTileX)), unsigned(std::min<int64_t>(out_rows, 65535)), unsigned(slabs));
+  reduce_columns<OutT, T><<<grid, dim3(kColTileX, kColTileY), 0, stream>>>(a);
   return check_launch("norm backward (column reduction)");
 }
 
@@ -1522,8 +1655,10 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const bool need_a = p.dweight || (wk.grouped && p.dscale);
   const bool need_d = ((Tr::kLayer || Tr::kAda) && p.dbias) || (wk.grouped && (p.dscale || p.dshift));
   const bool staged = wk.grouped && wk.bpg > 1;
-  const int64_t slab = prows * p.n, gslab = staged ? wk.groups * p.n : 0;
-  const size_t need = size_t((need_a ? slab + gslab : 0) + (need_d ? slab + gslab : 0)) * sizeof(float);
+  wk.ld = ceil_div(p.n, 4) * 4;
+  const int64_t slab = prows * wk.ld, gslab = staged ? wk.groups * wk.ld : 0;
+  // (+16 bytes: the partial rows start on a 16-byte boundary whatever the caller's alignment)
+  const size_t need = size_t((need_a ? slab + gslab : 0) + (need_d ? slab + gslab : 0)) * sizeof(float) + 16;
   if (workspace == nullptr) {
     *workspace_bytes = need;
     return Status::Ok();
@@ -1531,7 +1666,7 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   if (*workspace_bytes < need)
     return Status::Invalid("norm backward: workspace too small: need " + std::to_string(need) + " bytes, got " +
                            std::to_string(*workspace_bytes));
-  float* ws = static_cast<float*>(workspace);
+  float* ws = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(workspace) + 15) & ~uintptr_t(15));
   float* ga = nullptr;
   float* gd = nullptr;
   if (need_a) {
@@ -1553,28 +1688,25 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const T* no_scale = nullptr;
   T* dw = static_cast<T*>(p.dweight);
   T* db = static_cast<T*>(p.dbias);
-  if (!wk.grouped) {
-    if (!(s = reduce_into<T, T>(wk.part_a, p.n, nblocks, 1, dw, no_scale, 0, stream)).ok()) return s;
-    if (Tr::kLayer || Tr::kAda)
-      if (!(s = reduce_into<T, T>(wk.part_d, p.n, nblocks, 1, db, no_scale, 0, stream)).ok()) return s;
-    return Status::Ok();
-  }
+  if (!wk.grouped)  // dw = Σ A, db = Σ D over the blocks' partial rows
+    return reduce_into<T, T>(wk.part_a, dw, wk.part_d, (Tr::kLayer || Tr::kAda) ? db : nullptr, p.n, wk.ld, nblocks, 1,
+                             no_scale, 0, stream);
   // Grouped AdaLN: per-group sums (when several blocks shared a group), then the parameter grads.
   if (staged) {
-    if (!(s = reduce_into<float, T>(wk.part_a, p.n, wk.bpg, wk.groups, ga, no_scale, 0, stream)).ok()) return s;
-    if (!(s = reduce_into<float, T>(wk.part_d, p.n, wk.bpg, wk.groups, gd, no_scale, 0, stream)).ok()) return s;
+    if (!(s = reduce_into<float, T>(wk.part_a, ga, wk.part_d, gd, p.n, wk.ld, wk.bpg, wk.groups, no_scale, 0, stream))
+             .ok())
+      return s;
   }
   if (p.dscale || p.dshift) {
     const int64_t total = wk.groups * p.n;
     const int64_t grid = std::min<int64_t>(ceil_div(total, 256), int64_t(dev.sm_count) * 16);
     ada_group_grads<T><<<dim3(unsigned(grid)), dim3(256), 0, stream>>>(
-        ga, gd, p.n, total, static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), static_cast<T*>(p.dscale),
-        static_cast<T*>(p.dshift));
+        ga, gd, p.n, wk.ld, total, static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
+        static_cast<T*>(p.dscale), static_cast<T*>(p.dshift));
     if (!(s = check_launch("ada_norm backward (scale/shift)")).ok()) return s;
   }
   const T* sc = static_cast<const T*>(p.scale);
-  if (!(s = reduce_into<T, T>(ga, p.n, wk.groups, 1, dw, sc, p.scale_stride, stream)).ok()) return s;
-  return reduce_into<T, T>(gd, p.n, wk.groups, 1, db, sc, p.scale_stride, stream);
+  return reduce_into<T, T>(ga, dw, gd, db, p.n, wk.ld, wk.groups, 1, sc, p.scale_stride, stream);
 }
 
 template <typename T, NormOp kOp>
