@@ -60,7 +60,17 @@ constexpr int kBwdMaxTeam = 512;     // register-resident backward: 128 register
 constexpr int kBwdMaxElems = 16;     // per thread: x, dy and up to four column accumulators
 constexpr int kBwdMinTeam = 128;
 constexpr int kMaxCluster = 8;  // portable cluster size limit
-#ifndef KF_BWD_ADA_REREAD       // build-time switch for sweeps (scripts/gpu_sweep.sh KF_SWEEP_FLAGS)
+// Register cap of the backward register kernel (build-time switch for sweeps; 0: only the 512-thread
+// launch bound, i.e. up to 128 registers).
+#ifndef KF_BWD_MAXNREG
+#define KF_BWD_MAXNREG 0
+#endif
+#if KF_BWD_MAXNREG > 0  // (the two qualifiers exclude each other; 512 x KF_BWD_MAXNREG must fit 64K)
+#define KF_BWD_REG_ATTR __maxnreg__(KF_BWD_MAXNREG)
+#else
+#define KF_BWD_REG_ATTR __launch_bounds__(kBwdMaxTeam)
+#endif
+#ifndef KF_BWD_ADA_REREAD  // build-time switch for sweeps (scripts/gpu_sweep.sh KF_SWEEP_FLAGS)
 #define KF_BWD_ADA_REREAD 1
 #endif
 
@@ -222,11 +232,13 @@ __device__ __forceinline__ int64_t div_nonneg(int64_t a, int64_t b) {
   return (uint64_t(a) | uint64_t(b)) <= UINT32_MAX ? int64_t(uint32_t(a) / uint32_t(b)) : a / b;
 }
 
-// AdaLN scale/shift row of x row r: g = r / ada_rpg (a 32-bit division when the rows fit: the 64-bit
-// one is a long subroutine, paid per row; none when every x row has its own scale row).
+// AdaLN scale/shift group of x row r: g = r / ada_rpg, without a division when the rows fit in 31
+// bits (a division is ~25 dependent instructions, the 64-bit one a long subroutine, paid per row).
 __device__ __forceinline__ int64_t ada_group(int64_t r, const NormParams& p) {
   if (p.ada_rpg == 1) return r;
-  return div_nonneg(r, p.ada_rpg);
+  if (p.rows <= INT_MAX && p.ada_rpg <= INT_MAX)  // multiply-high, add, shift (make_fast_div)
+    return int64_t((__umulhi(p.ada_mul, uint32_t(r)) + uint32_t(r)) >> p.ada_shr);
+  return r / p.ada_rpg;
 }
 
 // Loads row `row` of x (and residual, AdaLN scale/shift) for a thread whose first vector is v0.
@@ -846,7 +858,7 @@ struct BwdSeq {
 // kBulk (sm_90, 16-byte aligned rows that fit a stage): x, dy (and dsum) of the next rows stream
 // into shared memory through cp.async.bulk while the current row is processed; else plain loads.
 template <typename T, NormOp kOp, int kVec, int kIters, bool kBulk>
-__global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p, const BwdWork wk, const int stages) {
+__global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork wk, const int stages) {
   if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk)) {
     __trap();
   } else {
@@ -1031,6 +1043,11 @@ __global__ void __launch_bounds__(kBwdMaxTeam) norm_bwd_regs(const NormParams p,
           launder(dyv[i]);
           if constexpr (Tr::kAda) launder(scv[i]);
         }
+      }
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {  // weight/bias too: the same every row, but keeping their
+        launder(wv[i]);                   // float32 copies live across rows costs 2x the registers
+        if constexpr (Tr::kAda) launder(bv[i]);
       }
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {

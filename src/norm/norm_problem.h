@@ -42,7 +42,29 @@ struct NormParams {
   int64_t scale_stride = 0, shift_stride = 0;
   float eps = 0.f;
   float inv_n = 0.f;  // 1 / n, rounded once on the host
+  // r / ada_rpg for 0 <= r < 2^31 without a division: (umulhi(ada_mul, r) + r) >> ada_shr
+  // (set by set_ada_divisor; see fast_div below).
+  uint32_t ada_mul = 1, ada_shr = 0;
 };
+
+// Division by an invariant d (1 <= d < 2^31) as a multiply-high, add and shift, exact for every
+// 0 <= n < 2^31: with l = ceil(log2 d) and m = floor(2^(32+l) / d) - 2^32 + 1 (< 2^32),
+// n / d = (umulhi(m, n) + n) >> l (the sum stays below 2^32 because n < 2^31).
+struct FastDiv {
+  uint32_t mul = 1, shr = 0;
+};
+inline FastDiv make_fast_div(int64_t d) {
+  FastDiv f;
+  uint32_t l = 0;
+  while ((int64_t(1) << l) < d) ++l;
+  f.shr = l;
+  f.mul = static_cast<uint32_t>((uint64_t(1) << (32 + l)) / uint64_t(d) - (uint64_t(1) << 32) + 1);
+  return f;
+}
+inline uint32_t fast_div_host(const FastDiv& f, uint32_t n) {  // what the kernels compute
+  const uint32_t hi = static_cast<uint32_t>((uint64_t(f.mul) * n) >> 32);
+  return (hi + n) >> f.shr;
+}
 
 struct NormCall {
   const char* name = "";

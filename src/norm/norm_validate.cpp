@@ -235,6 +235,11 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype) {
     p->shift = c.shift->data;
     p->ada_rpg = rpg1 > 0 ? rpg1 : 1;
     p->ada_groups = g1;
+    if (p->ada_rpg < (int64_t(1) << 31)) {
+      const FastDiv f = make_fast_div(p->ada_rpg);
+      p->ada_mul = f.mul;
+      p->ada_shr = f.shr;
+    }
   }
 
   if (!c.backward) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/norm/norm_problem.h"  // FastDiv (internal: the kernels' AdaLN group index)
 #include "test_util.h"
 
 namespace {
@@ -322,6 +323,51 @@ TEST(NormReference, AdaNormBackwardFiniteDifference) {
 
 // Tensors with no elements are valid whatever their strides (a framework's empty tensor [2, 0, 64]
 // has strides [64, 64, 1]); nothing is computed and parameter gradients are zero.
+// The kernels compute AdaLN's group index r / rows_per_group with make_fast_div's multiply-high:
+// exact for every divisor 1 <= d < 2^31 and numerator 0 <= n < 2^31 (edges and random pairs).
+TEST(NormFastDiv, MatchesDivision) {
+  std::vector<int64_t> ds = {1,
+                             2,
+                             3,
+                             5,
+                             7,
+                             255,
+                             256,
+                             257,
+                             4095,
+                             4096,
+                             4097,
+                             65535,
+                             65536,
+                             1000003,
+                             (int64_t(1) << 30) - 1,
+                             int64_t(1) << 30,
+                             (int64_t(1) << 30) + 1,
+                             (int64_t(1) << 31) - 1};
+  std::vector<uint32_t> ns = {0,     1,           2,          4095,           4096,          4097,
+                              65536, 1000000007u, (1u << 30), (1u << 31) - 2, (1u << 31) - 1};
+  uint64_t st = 0x9e3779b97f4a7c15ull;
+  auto rnd = [&st] {
+    st ^= st << 13;
+    st ^= st >> 7;
+    st ^= st << 17;
+    return st;
+  };
+  for (int i = 0; i < 200; ++i) ds.push_back(int64_t(rnd() % ((uint64_t(1) << 31) - 1)) + 1);
+  for (int i = 0; i < 200; ++i) ns.push_back(uint32_t(rnd() % (uint64_t(1) << 31)));
+  for (int64_t d : ds) {
+    const kernelforge::FastDiv f = kernelforge::make_fast_div(d);
+    for (uint32_t n : ns) ASSERT_EQ(kernelforge::fast_div_host(f, n), uint32_t(n / d)) << "n=" << n << " d=" << d;
+    for (int64_t k = 1; k < 4; ++k) {  // around multiples of d, where rounding errors would show
+      for (int64_t off = -1; off <= 1; ++off) {
+        const int64_t n = k * d + off;
+        if (n >= 0 && n < (int64_t(1) << 31))
+          ASSERT_EQ(kernelforge::fast_div_host(f, uint32_t(n)), uint32_t(n / d)) << "n=" << n << " d=" << d;
+      }
+    }
+  }
+}
+
 TEST(NormReference, EmptyTensorsWithAnyStrides) {
   auto empty = [](DType t) {
     TensorView v = kernelforge::make_view(nullptr, t, {2, 0, 64}, Device{DeviceType::kCPU, 0});
