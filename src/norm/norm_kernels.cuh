@@ -59,7 +59,8 @@ constexpr int kBwdTargetTeam = 128;  // threads per row aimed for: 2 vectors per
 constexpr int kBwdMaxTeam = 512;     // register-resident backward: 128 registers per thread
 constexpr int kBwdMaxElems = 16;     // per thread: x, dy and up to four column accumulators
 constexpr int kBwdMinTeam = 128;
-constexpr int kMaxCluster = 8;  // portable cluster size limit
+constexpr int kBwdStreamTeam = 512;  // threads per row of the streaming backward (128 registers each)
+constexpr int kMaxCluster = 8;       // portable cluster size limit
 // Register cap of the backward register kernel (build-time switch for sweeps; 0: only the 512-thread
 // launch bound, i.e. up to 128 registers).
 #ifndef KF_BWD_MAXNREG
@@ -1127,25 +1128,50 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
   }
 }
 
-// Backward for rows too long for registers: several passes over global memory; the column sums
-// are accumulated in this block's own partial rows (read-modify-write; one owner per partial row).
+// Backward for rows too long for registers: two passes over the row in global memory (the second
+// mostly from L2), kVec elements per access. Pass 1: the statistics in one reduction (the shifted
+// sums of norm_bwd_regs); pass 2: dx (and AdaLN's per-row dscale/dshift), and the column sums
+// accumulated in this block's own partial rows (read-modify-write; one owner per partial row, so
+// the order is fixed and the result deterministic).
 template <typename T, NormOp kOp, int kVec>
-__global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, const BwdWork wk, const int) {
+__global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp == NormOp::kAdaLayer) ? 1 : 2)
+    norm_bwd_stream(const NormParams p, const BwdWork wk, const int) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
     using Tr = OpTraits<kOp>;
-    __shared__ ReduceSmem<2> sm;
+    using V = Vec<T, kVec>;
+    constexpr int kS = Tr::kLayer ? 4 : 2;
+    __shared__ ReduceSmem<kS> sm;
     int slot = 0;
     const int tpr = blockDim.x;
-    const int64_t n = p.n;
+    const int64_t n = p.n, nvec = n / kVec;  // kVec > 1 only when kVec divides n (can_vectorize)
     const float inv_n = 1.f / float(n);
     const T* w = static_cast<const T*>(p.weight);
     const T* bb = static_cast<const T*>(p.bias);
+    const V zero = V::zero();
     const int64_t b = blockIdx.x;
     const int64_t g_first = wk.bpg > 1 ? b / wk.bpg : b;
     const int64_t g_step = wk.bpg > 1 ? wk.groups : gridDim.x;
     const bool per_group = wk.grouped && wk.bpg == 1;
+    // acc[c] = (first ? 0 : acc[c]) + add[j] for the kVec columns from c (float4 when possible)
+    auto accumulate = [&](float* acc, int64_t c, const float(&add)[kVec], bool first) {
+      if constexpr (kVec % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < kVec; q += 4) {
+          float4* a4 = reinterpret_cast<float4*>(acc + c + q);
+          float4 v = first ? make_float4(0.f, 0.f, 0.f, 0.f) : *a4;
+          v.x += add[q];
+          v.y += add[q + 1];
+          v.z += add[q + 2];
+          v.w += add[q + 3];
+          *a4 = v;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[c + j] = (first ? 0.f : acc[c + j]) + add[j];
+      }
+    };
     bool first = true;
     for (int64_t grp = g_first; grp < wk.groups; grp += g_step) {
       if (per_group) first = true;
@@ -1157,60 +1183,82 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const NormParams p, cons
         const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
         const int64_t ga = Tr::kAda ? ada_group(row, p) : 0;
         const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ga * p.scale_stride : nullptr;
-        auto dn_of = [&](int64_t c) {
-          float g = to_float(dy[c]);
-          if constexpr (Tr::kAda) g *= 1.f + to_float(sc[c]);
-          return w ? g * to_float(w[c]) : g;
+        // dn = dy·(1 + scale)·w for the kVec elements of vector v
+        auto dn_vec = [&](int64_t c, const V& dyv, float(&dn)[kVec]) {
+          const V wv = w ? load_vec<T, kVec>(w + c) : zero;
+          V scv = zero;
+          if constexpr (Tr::kAda) scv = load_vec<T, kVec>(sc + c);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            float g = dyv.get(j);
+            if constexpr (Tr::kAda) g *= 1.f + scv.get(j);
+            dn[j] = w ? g * wv.get(j) : g;
+          }
         };
-        float mean = 0.f, rstd, mdn = 0.f, mdnxh;
-        if constexpr (Tr::kLayer) {
-          float s[2] = {0.f, 0.f};
-          for (int64_t c = threadIdx.x; c < n; c += tpr) s[0] += to_float(x[c]);
-          team_sum<2>(s, tpr, 0, sm, slot, 1);
-          mean = s[0] * inv_n;
-          float q[2] = {0.f, 0.f};
-          for (int64_t c = threadIdx.x; c < n; c += tpr) {
-            const float d = to_float(x[c]) - mean;
-            q[0] += d * d;
-          }
-          team_sum<2>(q, tpr, 0, sm, slot, 1);
-          rstd = rsqrtf(q[0] * inv_n + p.eps);
-          float r[2] = {0.f, 0.f};
-          for (int64_t c = threadIdx.x; c < n; c += tpr) {
-            const float dn = dn_of(c);
-            r[0] += dn;
-            r[1] += dn * (to_float(x[c]) - mean) * rstd;
-          }
-          team_sum<2>(r, tpr, 0, sm, slot, 1);
-          mdn = r[0] * inv_n;
-          mdnxh = r[1] * inv_n;
-        } else {
-          float r[2] = {0.f, 0.f};
-          for (int64_t c = threadIdx.x; c < n; c += tpr) {
-            const float a = to_float(x[c]);
-            r[0] += a * a;
-            r[1] += dn_of(c) * a;
-          }
-          team_sum<2>(r, tpr, 0, sm, slot, 1);
-          rstd = rsqrtf(r[0] * inv_n + p.eps);
-          mdnxh = r[1] * inv_n * rstd;
-        }
-        for (int64_t c = threadIdx.x; c < n; c += tpr) {
-          const float xh = (to_float(x[c]) - mean) * rstd;
-          float dx = rstd * (dn_of(c) - mdn - xh * mdnxh);
-          if (p.dsum) dx += to_float(static_cast<const T*>(p.dsum)[row * p.dsum_stride + c]);
-          static_cast<T*>(p.dx)[row * p.dx_stride + c] = from_float<T>(dx);
-          float u = to_float(dy[c]);
-          if constexpr (Tr::kAda) {
-            if (!wk.grouped) {
-              const float nrm = (w ? xh * to_float(w[c]) : xh) + (bb ? to_float(bb[c]) : 0.f);
-              if (p.dscale) static_cast<T*>(p.dscale)[row * n + c] = from_float<T>(u * nrm);
-              if (p.dshift) static_cast<T*>(p.dshift)[row * n + c] = dy[c];
-              u *= 1.f + to_float(sc[c]);
+        const float shift_k = Tr::kLayer ? to_float(x[0]) : 0.f;
+        float st[kS];
+#pragma unroll
+        for (int q = 0; q < kS; ++q) st[q] = 0.f;
+#pragma unroll 2
+        for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
+          const int64_t c = v * kVec;
+          const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
+          float dn[kVec];
+          dn_vec(c, dyv, dn);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float d = xv.get(j) - shift_k;
+            st[0] += d * d;
+            st[1] += dn[j] * d;
+            if constexpr (Tr::kLayer) {
+              st[2] += d;
+              st[3] += dn[j];
             }
           }
-          if (wk.part_a) wk.part_a[pr * wk.ld + c] = (first ? 0.f : wk.part_a[pr * wk.ld + c]) + u * xh;
-          if (wk.part_d) wk.part_d[pr * wk.ld + c] = (first ? 0.f : wk.part_d[pr * wk.ld + c]) + u;
+        }
+        team_sum<kS>(st, tpr, 0, sm, slot, 1);
+        float mean = 0.f, mdn = 0.f, var = st[0] * inv_n, mdnd = st[1] * inv_n;
+        if constexpr (Tr::kLayer) {
+          const float m1 = st[2] * inv_n;
+          mean = shift_k + m1;
+          mdn = st[3] * inv_n;
+          var -= m1 * m1;
+          var = var < 0.f ? 0.f : var;  // rounding only (not fmaxf: a NaN must stay NaN)
+          mdnd -= m1 * mdn;
+        }
+        const float rstd = rsqrtf(var + p.eps), mdnxh = rstd * mdnd;
+#pragma unroll 2
+        for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
+          const int64_t c = v * kVec;
+          const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
+          float dn[kVec], dxf[kVec], ua[kVec], ud[kVec], dscf[kVec];
+          dn_vec(c, dyv, dn);
+          const V dsv = p.dsum ? load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + c) : zero;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float xh = (xv.get(j) - mean) * rstd;
+            dxf[j] = rstd * (dn[j] - mdn - xh * mdnxh) + (p.dsum ? dsv.get(j) : 0.f);
+            float u = dyv.get(j);
+            dscf[j] = 0.f;
+            if constexpr (Tr::kAda) {
+              if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift; u includes (1 + scale)
+                const float nrm = (w ? xh * to_float(w[c + j]) : xh) + (bb ? to_float(bb[c + j]) : 0.f);
+                dscf[j] = u * nrm;
+                u *= 1.f + to_float(sc[c + j]);
+              }
+            }
+            ua[j] = u * xh;
+            ud[j] = u;
+          }
+          store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + c, V::from(dxf));
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped) {
+              if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + c, V::from(dscf));
+              if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + c, dyv);
+            }
+          }
+          if (wk.part_a) accumulate(wk.part_a + pr * wk.ld, c, ua, first);
+          if (wk.part_d) accumulate(wk.part_d + pr * wk.ld, c, ud, first);
         }
         first = false;
       }
@@ -1623,7 +1671,8 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const int64_t nvec = p.n / kVec;
   const int iters = std::min(max_iters, pow2_ceil(ceil_div(nvec, tune("bwd_team", kBwdTargetTeam))));
   const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
-  const int tpr = regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : 1024;
+  const int tpr =
+      regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : kBwdStreamTeam;
 
   const bool bulk = regs && bulk_ok && p.rows >= int64_t(dev.sm_count) * tune("bulk_min_waves", 2);
   const int stages = bulk ? int(std::min<int64_t>(kBulkMaxStages, budget / stage_bytes)) : 1;
