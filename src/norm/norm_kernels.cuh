@@ -187,6 +187,40 @@ __device__ __forceinline__ constexpr bool arch_supports() {
 #endif
 }
 
+// Row statistics from the shifted sums, K = x[row, 0] for LayerNorm (0 for RMSNorm, mean = 0):
+//   S1 = Σ(x − K), S2 = Σ(x − K)²  ->  m1 = S1/n, mean = K + m1, var = S2/n − m1², rstd = 1/sqrt(var + eps)
+// One reduction instead of two; shifting by a value of the row keeps the cancellation small (error
+// ~ eps·(1 + (mean − K)²/var)). var is clamped at 0 against rounding, not with fmaxf, which would
+// turn the NaN of an inf input into 0.
+struct RowStats {
+  float mean, rstd, m1;
+};
+template <bool kLayer>
+__device__ __forceinline__ RowStats row_stats(float s1, float s2, float shift_k, float inv_n, float eps) {
+  RowStats r = {0.f, 0.f, 0.f};
+  float var = s2 * inv_n;
+  if constexpr (kLayer) {
+    r.m1 = s1 * inv_n;
+    r.mean = shift_k + r.m1;
+    var -= r.m1 * r.m1;
+    var = var < 0.f ? 0.f : var;
+  }
+  r.rstd = rsqrtf(var + eps);
+  return r;
+}
+
+// Backward statistics from one reduction of st = {S2, G2[, S1, G1]} (G1 = Σdn, G2 = Σdn·(x − K)):
+// mean(dn) = G1/n, mean(dn·xh) = rstd·(G2/n − m1·G1/n) (xh = (x − K − m1)·rstd).
+struct BwdStats {
+  float mean, rstd, mdn, mdnxh;
+};
+template <bool kLayer, int kS>
+__device__ __forceinline__ BwdStats bwd_stats(const float (&st)[kS], float shift_k, float inv_n, float eps) {
+  const RowStats r = row_stats<kLayer>(kLayer ? st[kS - 2] : 0.f, st[0], shift_k, inv_n, eps);
+  const float mdn = kLayer ? st[kS - 1] * inv_n : 0.f;
+  return {r.mean, r.rstd, mdn, r.rstd * (st[1] * inv_n - r.m1 * mdn)};
+}
+
 // Output of one element of the forward: xh is the normalized value (float32).
 template <typename T, NormOp kOp>
 __device__ __forceinline__ float fwd_value(float xh, const NormParams& p, float w, float b, float sc, float sh) {
@@ -517,10 +551,7 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
           if (row_ok && col < n) store_vec<T, kVec>(sr + col, xv[i]);
         }
       }
-      // One reduction for both statistics: with K = x[row, 0] (LayerNorm; 0 for RMSNorm),
-      // S1 = Σ (x - K), S2 = Σ (x - K)²; mean = K + S1/n, var = S2/n - (S1/n)². Shifting by a value
-      // of the row keeps the cancellation small (error ~ eps·(1 + (mean - K)²/var)) and saves the
-      // second barrier round that a separate mean pass costs.
+      // One reduction for both statistics: the shifted sums S1, S2 of row_stats (K = x[row, 0]).
       constexpr int kS = Tr::kLayer ? 2 : 1;
       float st[kS];
 #pragma unroll
@@ -536,14 +567,8 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
         }
       }
       team_sum<kS>(st, tpr, team, sm, slot, 1);
-      float mean = 0.f, var = st[kS - 1] * inv_n;
-      if constexpr (Tr::kLayer) {
-        const float m1 = st[0] * inv_n;
-        mean = shift_k + m1;
-        var -= m1 * m1;
-        var = var < 0.f ? 0.f : var;  // rounding only; not fmaxf, which would turn a NaN (inf input) into 0
-      }
-      const float rstd = rsqrtf(var + p.eps);
+      const RowStats rs = row_stats<Tr::kLayer>(st[0], st[kS - 1], shift_k, inv_n, p.eps);
+      const float mean = rs.mean, rstd = rs.rstd;
       T* __restrict__ yr = static_cast<T*>(p.y) + r * p.y_stride;
       // The scale/shift rows are recomputed here from a laundered row index, so that neither they nor
       // the group index stay live (in registers) across the reduction.
@@ -701,14 +726,8 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
         }
       }
       team_sum<kS>(st, tpr, 0, sm, slot, cluster);  // (a barrier: every thread wrote its s first)
-      float mean = 0.f, var = st[kS - 1] * inv_n;
-      if constexpr (Tr::kLayer) {
-        const float m1 = st[0] * inv_n;
-        mean = shift_k + m1;
-        var -= m1 * m1;
-        var = var < 0.f ? 0.f : var;  // rounding only (not fmaxf: a NaN must stay NaN)
-      }
-      const float rstd = rsqrtf(var + p.eps);
+      const RowStats rs = row_stats<Tr::kLayer>(st[0], st[kS - 1], shift_k, inv_n, p.eps);
+      const float mean = rs.mean, rstd = rs.rstd;
       const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
       for (int64_t v = t; v < svec; v += tpr) {
         const int64_t col = col0 + v * kVec;
@@ -1004,11 +1023,8 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         if constexpr (Tr::kAda) g *= 1.f + scv[i].get(j);
         return has_w ? g * wv[i].get(j) : g;
       };
-      // One reduction for every statistic. With K = x[row, 0] (LayerNorm; K = 0 for RMSNorm) and
-      // d = x - K: S1 = Σd, S2 = Σd², G1 = Σdn, G2 = Σdn·d; then
-      //   mean = K + S1/n, var = S2/n - (S1/n)², mean(dn) = G1/n,
-      //   mean(dn·xh) = rstd·(G2/n - (S1/n)·(G1/n))          (xh = (d - S1/n)·rstd)
-      // (the forward's shifted single-pass statistics: one barrier round instead of three).
+      // One reduction for every statistic (bwd_stats), with d = x - K (K = x[row, 0] for LayerNorm):
+      // S1 = Σd, S2 = Σd², G1 = Σdn, G2 = Σdn·d — one barrier round instead of three.
       constexpr int kS = Tr::kLayer ? 4 : 2;  // {S2, G2} or {S2, G2, S1, G1}
       float st[kS];
 #pragma unroll
@@ -1029,17 +1045,8 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         }
       }
       team_sum<kS>(st, tpr, 0, sm, slot, 1);
-      float mean = 0.f, mdn = 0.f, var = st[0] * inv_n, mdnd = st[1] * inv_n;
-      if constexpr (Tr::kLayer) {
-        const float m1 = st[2] * inv_n;
-        mean = shift_k + m1;
-        mdn = st[3] * inv_n;
-        var -= m1 * m1;
-        var = var < 0.f ? 0.f : var;  // rounding only (not fmaxf: a NaN must stay NaN)
-        mdnd -= m1 * mdn;
-      }
-      const float rstd = rsqrtf(var + p.eps);
-      const float mdnxh = rstd * mdnd;
+      const BwdStats bs = bwd_stats<Tr::kLayer>(st, shift_k, inv_n, p.eps);
+      const float mean = bs.mean, rstd = bs.rstd, mdn = bs.mdn, mdnxh = bs.mdnxh;
       if constexpr (!kReread) {
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {  // unpack again below rather than keep float copies live
@@ -1217,16 +1224,8 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
           }
         }
         team_sum<kS>(st, tpr, 0, sm, slot, 1);
-        float mean = 0.f, mdn = 0.f, var = st[0] * inv_n, mdnd = st[1] * inv_n;
-        if constexpr (Tr::kLayer) {
-          const float m1 = st[2] * inv_n;
-          mean = shift_k + m1;
-          mdn = st[3] * inv_n;
-          var -= m1 * m1;
-          var = var < 0.f ? 0.f : var;  // rounding only (not fmaxf: a NaN must stay NaN)
-          mdnd -= m1 * mdn;
-        }
-        const float rstd = rsqrtf(var + p.eps), mdnxh = rstd * mdnd;
+        const BwdStats bs = bwd_stats<Tr::kLayer>(st, shift_k, inv_n, p.eps);
+        const float mean = bs.mean, rstd = bs.rstd, mdn = bs.mdn, mdnxh = bs.mdnxh;
 #pragma unroll 2
         for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
           const int64_t c = v * kVec;
