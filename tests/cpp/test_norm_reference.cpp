@@ -361,8 +361,9 @@ TEST(NormFastDiv, MatchesDivision) {
     for (int64_t k = 1; k < 4; ++k) {  // around multiples of d, where rounding errors would show
       for (int64_t off = -1; off <= 1; ++off) {
         const int64_t n = k * d + off;
-        if (n >= 0 && n < (int64_t(1) << 31))
+        if (n >= 0 && n < (int64_t(1) << 31)) {
           ASSERT_EQ(kernelforge::fast_div_host(f, uint32_t(n)), uint32_t(n / d)) << "n=" << n << " d=" << d;
+        }
       }
     }
   }
