@@ -43,7 +43,7 @@ struct NormParams {
   float eps = 0.f;
   float inv_n = 0.f;  // 1 / n, rounded once on the host
   // r / ada_rpg for 0 <= r < 2^31 without a division: (umulhi(ada_mul, r) + r) >> ada_shr
-  // (set by set_ada_divisor; see fast_div below).
+  // (set by validate_norm with make_fast_div, below; used when rows and ada_rpg fit in 31 bits).
   uint32_t ada_mul = 1, ada_shr = 0;
 };
 
