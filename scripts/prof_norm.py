@@ -17,22 +17,8 @@ import kernelforge  # noqa: E402,F401
 
 ops = torch.ops.kernelforge
 FLUSH = None
-
-
-def timed(fn, reps=30):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        FLUSH.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    ts.sort()
-    return ts[len(ts) // 2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_smoke import time_fn as timed  # noqa: E402  (median of event-timed calls, L2 flushed)
 
 
 def kernels(fn, reps=10):
