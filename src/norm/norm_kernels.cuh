@@ -1205,10 +1205,10 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
         const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
         const int64_t ga = Tr::kAda ? ada_group(row, p) : 0;
         const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ga * p.scale_stride : nullptr;
-        // dn = dy·(1 + scale)·w for the kVec elements of vector v
-        auto dn_vec = [&](int64_t c, const V& dyv, float(&dn)[kVec]) {
-          const V wv = w ? load_vec<T, kVec>(w + c) : zero;
-          V scv = zero;
+        // dn = dy·(1 + scale)·w for the kVec elements at column c (wv, scv: the loaded w, scale)
+        auto dn_vec = [&](int64_t c, const V& dyv, float(&dn)[kVec], V& wv, V& scv) {
+          wv = w ? load_vec<T, kVec>(w + c) : zero;
+          scv = zero;
           if constexpr (Tr::kAda) scv = load_vec<T, kVec>(sc + c);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
@@ -1226,7 +1226,8 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
           const int64_t c = v * kVec;
           const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
           float dn[kVec];
-          dn_vec(c, dyv, dn);
+          V wv, scv;
+          dn_vec(c, dyv, dn, wv, scv);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float d = xv.get(j) - shift_k;
@@ -1246,7 +1247,11 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
           const int64_t c = v * kVec;
           const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
           float dn[kVec], dxf[kVec], ua[kVec], ud[kVec], dscf[kVec];
-          dn_vec(c, dyv, dn);
+          V wv, scv, bv = zero;
+          dn_vec(c, dyv, dn, wv, scv);
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped && bb) bv = load_vec<T, kVec>(bb + c);
+          }
           const V dsv = p.dsum ? load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + c) : zero;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
@@ -1256,9 +1261,9 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
             dscf[j] = 0.f;
             if constexpr (Tr::kAda) {
               if (!wk.grouped) {  // per-row scale: elementwise dscale/dshift; u includes (1 + scale)
-                const float nrm = (w ? xh * to_float(w[c + j]) : xh) + (bb ? to_float(bb[c + j]) : 0.f);
+                const float nrm = (w ? xh * wv.get(j) : xh) + bv.get(j);
                 dscf[j] = u * nrm;
-                u *= 1.f + to_float(sc[c + j]);
+                u *= 1.f + scv.get(j);
               }
             }
             ua[j] = u * xh;
