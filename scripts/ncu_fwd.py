@@ -1,7 +1,8 @@
 """One launch of each forward kernel of interest (kernelforge and Liger) for Nsight Compute:
     ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN [OPS]
-OPS: comma-separated from rms, layer, ada, add, liger (default rms,layer,liger). ada is the bench's
-case: x [4, rows/4, N], scale/shift [4, 1, N], no weight or bias.
+OPS: comma-separated from rms, layer, ada, add, liger, and the backward calls rms_bwd, layer_bwd,
+ada_bwd (default rms,layer,liger). ada is the bench's case: x [4, rows/4, N], scale/shift [4, 1, N],
+no weight or bias.
 """
 import sys
 
@@ -24,6 +25,15 @@ if "add" in which:
 if "ada" in which:
     sc = torch.randn(4, 1, n, device="cuda", dtype=torch.bfloat16) * 0.1
     kf.ada_norm(x.view(4, rows // 4, n), sc, sc.clone())
+ops = torch.ops.kernelforge
+dy = torch.randn_like(x) if any(o.endswith("_bwd") for o in which) else None
+if "rms_bwd" in which:
+    ops.rms_norm_backward(dy, x, w, 1e-6)
+if "layer_bwd" in which:
+    ops.layer_norm_backward(dy, x, w, b, 1e-5)
+if "ada_bwd" in which:
+    sc = torch.randn(4, 1, n, device="cuda", dtype=torch.bfloat16) * 0.1
+    ops.ada_norm_backward(dy.view(4, rows // 4, n), x.view(4, rows // 4, n), sc, sc.clone(), None, None, 1e-6, 1)
 if "liger" in which:
     try:
         from liger_kernel.transformers import functional as lf

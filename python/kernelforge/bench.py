@@ -391,6 +391,17 @@ class Timer:
         return statistics.median(times)
 
 
+def measure_copy_at(nbytes: int, timer: "Timer") -> float:
+    """GB/s of dst.copy_(src) moving `nbytes` (half read, half written), timed by `timer` like the
+    ops (L2 flushed, GPU head start, median): the speed of light at that size, fixed costs included
+    (launch, ramp-up, and the write-back of the dirty lines the zero-fill flush leaves in L2)."""
+    src = torch.randint(0, 256, (nbytes // 2,), dtype=torch.uint8, device=timer.device)
+    dst = torch.empty_like(src)
+    ms = timer.median_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * (nbytes // 2) / (ms * 1e-3) / 1e9
+
+
 def measure_copy_gbps(device: torch.device, nbytes: int = 1 << 30, reps: int = 20) -> float:
     """Device-to-device copy of a 1 GiB buffer, bytes read + written over the median time."""
     if device.type != "cuda":
@@ -450,7 +461,8 @@ def result_names(op, mode):
 # ---- the run ---------------------------------------------------------------------------------
 
 CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "tflops",
-              "pct_of_copy_bw", "speedup_vs_best_peer", "gpu", "torch_version", "commit")
+              "pct_of_copy_bw", "speedup_vs_best_peer", "gpu", "torch_version", "commit",
+              "copy_same_bytes_gbps", "pct_of_copy_same_bytes")
 
 
 @dataclass
@@ -476,6 +488,9 @@ class RunInfo:
     commit: str
     copy_gbps: float
     problems: list = field(default_factory=list)
+    # GB/s of a device-to-device copy moving the same bytes as one measurement, timed by the same
+    # Timer (flush, head start): the ceiling at that size, fixed costs included (see notes/bench.md).
+    copy_at: dict = field(default_factory=dict)
 
 
 def git_commit() -> str:
@@ -555,13 +570,17 @@ def fmt_ms(ms: float) -> str:
     return "nan" if not math.isfinite(ms) else f"{ms:.5f}"
 
 
-def derived(res: Result, elt: int, copy_gbps: float, best_peer_ms: float) -> dict:
+def derived(res: Result, elt: int, copy_gbps: float, best_peer_ms: float, copy_at: dict | None = None) -> dict:
     ok = math.isfinite(res.ms) and res.ms > 0
-    gbps = traffic_bytes(res.op, res.mode, res.rows, res.hidden, elt) / (res.ms * 1e-3) / 1e9 if ok else float("nan")
+    nbytes = traffic_bytes(res.op, res.mode, res.rows, res.hidden, elt)
+    gbps = nbytes / (res.ms * 1e-3) / 1e9 if ok else float("nan")
     tflops = flop_count(res.op, res.mode, res.rows, res.hidden) / (res.ms * 1e-3) / 1e12 if ok else float("nan")
     pct = 100.0 * gbps / copy_gbps if ok and math.isfinite(copy_gbps) else float("nan")
     speed = best_peer_ms / res.ms if ok and math.isfinite(best_peer_ms) else float("nan")
-    return {"gbps": gbps, "tflops": tflops, "pct": pct, "speedup": speed}
+    size_copy = (copy_at or {}).get(nbytes, float("nan")) if res.mode in ("fwd", "fwdbwd") else float("nan")
+    pct_size = 100.0 * gbps / size_copy if ok and math.isfinite(size_copy) else float("nan")
+    return {"gbps": gbps, "tflops": tflops, "pct": pct, "speedup": speed, "size_copy": size_copy,
+            "pct_size": pct_size}
 
 
 def _num(v: float, digits: int) -> str:
@@ -590,11 +609,11 @@ class CsvSink:
     def write_group(self, group: list[Result], elt: int):
         _, peer_ms = best_peer(group)
         for r in group:
-            d = derived(r, elt, self.info.copy_gbps, peer_ms)
+            d = derived(r, elt, self.info.copy_gbps, peer_ms, self.info.copy_at)
             self.w.writerow([r.op, r.mode, r.shape, r.dtype, r.provider, fmt_ms(r.ms),
                              _num(d["gbps"], 1), _num(d["tflops"], 3), _num(d["pct"], 1),
                              _num(d["speedup"], 3), self.info.gpu, self.info.torch_version,
-                             self.info.commit])
+                             self.info.commit, _num(d["size_copy"], 1), _num(d["pct_size"], 1)])
         self.f.flush()
 
     def close(self):
@@ -707,7 +726,8 @@ def merge_problems(problems: list) -> list[str]:
 
 def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
     head = (f"{'op':<13} {'mode':<9} {'shape':<12} {'dtype':<5} {'kf us':>9} {'kf GB/s':>8} "
-            f"{'%copy':>6} {'best peer':<13} {'peer us':>9} {'peer GB/s':>9} {'speedup':>8}")
+            f"{'%copy':>6} {'best peer':<13} {'peer us':>9} {'peer GB/s':>9} {'speedup':>8} "
+            f"{'copy@size':>9} {'%':>5}")
     lines = [head, "-" * len(head)]
     for group in groups:
         if not group:
@@ -717,7 +737,9 @@ def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
         peer_name, peer_ms = best_peer(group)
         kf = next((r for r in group if r.provider == "kernelforge"), None)
         kf_ms = kf.ms if kf else float("nan")
-        kfd = derived(kf, elt, info.copy_gbps, peer_ms) if kf else {"gbps": float("nan"), "pct": float("nan"), "speedup": float("nan")}
+        nan = float("nan")
+        kfd = (derived(kf, elt, info.copy_gbps, peer_ms, info.copy_at) if kf else
+               {"gbps": nan, "pct": nan, "speedup": nan, "size_copy": nan, "pct_size": nan})
         peer_gbps = (traffic_bytes(r0.op, r0.mode, r0.rows, r0.hidden, elt) / (peer_ms * 1e-3) / 1e9
                      if math.isfinite(peer_ms) else float("nan"))
 
@@ -727,7 +749,8 @@ def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
         lines.append(f"{r0.op:<13} {r0.mode:<9} {r0.shape:<12} {r0.dtype:<5} {f(kf_ms * 1e3, 2):>9} "
                      f"{f(kfd['gbps'], 0):>8} {f(kfd['pct'], 1):>6} {peer_name or '-':<13} "
                      f"{f(peer_ms * 1e3, 2):>9} {f(peer_gbps, 0):>9} "
-                     f"{(f(kfd['speedup'], 2) + 'x') if math.isfinite(kfd['speedup']) else '-':>8}")
+                     f"{(f(kfd['speedup'], 2) + 'x') if math.isfinite(kfd['speedup']) else '-':>8} "
+                     f"{f(kfd['size_copy'], 0):>9} {f(kfd['pct_size'], 1):>5}")
     return lines
 
 
@@ -882,6 +905,15 @@ def main(args: argparse.Namespace) -> int:
             skipped += 1
             continue
         ops_providers = [p for p in providers if p in OP_PROVIDERS[op]]
+        if device.type == "cuda":
+            elt = torch.empty((), dtype=DTYPES[dt]).element_size()
+            for m in ("fwd", "fwdbwd"):
+                nbytes = traffic_bytes(op, m, rows, hidden, elt)
+                if m in args.modes and rows > DECODE_MAX_ROWS and nbytes not in info.copy_at:
+                    try:
+                        info.copy_at[nbytes] = measure_copy_at(nbytes, timer)
+                    except torch.OutOfMemoryError:
+                        torch.cuda.empty_cache()
         try:
             groups = run_case(op, rows, hidden, dt, args, timer, info, ops_providers, log)
         except Exception as e:  # noqa: BLE001  (e.g. inputs out of memory: skip the case, go on)
@@ -911,7 +943,8 @@ def main(args: argparse.Namespace) -> int:
             info.problems.append(f"plot {op}: {type(e).__name__}: {e}")
 
     lines = [f"kforge bench summary: {gpu}, torch {info.torch_version}, commit {info.commit or '-'}, "
-             f"D2D copy {info.copy_gbps:.0f} GB/s; speedup = best peer time / kernelforge time", ""]
+             f"D2D copy {info.copy_gbps:.0f} GB/s; speedup = best peer time / kernelforge time; "
+             "copy@size = GB/s of a copy of the same bytes timed the same way, % = kernelforge's share of it", ""]
     lines += summary_lines(op_order(all_groups, args.ops), info)
     if info.problems:
         lines += ["", "problems:"] + [f"  {p}" for p in merge_problems(info.problems)]
