@@ -497,46 +497,6 @@ constexpr int kFwdRowRegs = kSlots <= 0           ? 128
                                                      : kSlots <= 4 ? 64
                                                                    : 128);
 
-// Output phase of norm_fwd_row: y for the thread's vectors of one row (statistics known). Offsets
-// of the AdaLN scale/shift rows (group g) are computed in OffT (uint32_t when they fit).
-template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, typename OffT>
-__device__ __forceinline__ void fwd_row_out(const NormParams& p, Vec<T, kVec> (&xv)[kIters], float mean, float rstd,
-                                            int t, int tpr, bool row_ok, T* __restrict__ yr, int64_t g,
-                                            const Vec<T, kVec> (&we)[kEarly ? kIters : 1],
-                                            const Vec<T, kVec> (&be)[kEarly ? kIters : 1],
-                                            const Vec<T, kVec> (&sce)[kEarly ? kIters : 1],
-                                            const Vec<T, kVec> (&she)[kEarly ? kIters : 1]) {
-  using Tr = OpTraits<kOp>;
-  using V = Vec<T, kVec>;
-  const int n = int(p.n);
-  const T* __restrict__ wg = static_cast<const T*>(p.weight);
-  const T* __restrict__ bg = static_cast<const T*>(p.bias);
-  const OffT sc_off = OffT(g) * OffT(p.scale_stride), sh_off = OffT(g) * OffT(p.shift_stride);
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int col = (t + i * tpr) * kVec;
-    if (!(row_ok && col < n)) continue;
-    V wv, bv, scv, shv;
-    if constexpr (kEarly) {
-      wv = we[i];
-      bv = be[i];
-      scv = sce[i];
-      shv = she[i];
-    } else {
-      if (wg) wv = load_vec<T, kVec>(wg + col);
-      if constexpr (!Tr::kHfRms) {
-        if (bg) bv = load_vec<T, kVec>(bg + col);
-      }
-      if constexpr (Tr::kAda) {
-        scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + (sc_off + OffT(col)));
-        shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + (sh_off + OffT(col)));
-      }
-    }
-    launder(xv[i]);  // convert x again here rather than keep its float32 copy live (registers)
-    store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
-  }
-}
-
 // kEarly (a grid of at most one block per SM, e.g. decode rows): occupancy does not matter, latency
 // does, so weight, bias and AdaLN scale/shift are loaded together with x, before the reductions
 // (one memory round trip per block instead of two), and there is no register cap.
@@ -637,14 +597,31 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
       int64_t rl = r;
       if constexpr (Tr::kAda && !kEarly) asm volatile("" : "+l"(rl));
       const int64_t gl = Tr::kAda ? ada_group(rl, p) : 0;
-      // AdaLN scale/shift row offsets in 32 bits where they fit (ada_off32): the compiler recomputes
-      // them per vector rather than keep them live, and the 64-bit multiply-adds were ~15 % of AdaLN's
-      // instructions at N = 2048. The branch is uniform and outside the vector loop.
-      if (Tr::kAda && !kEarly && p.ada_off32)
-        fwd_row_out<T, kOp, kVec, kIters, kEarly, uint32_t>(p, xv, mean, rstd, t, tpr, row_ok, yr, gl, we, be, sce,
-                                                            she);
-      else
-        fwd_row_out<T, kOp, kVec, kIters, kEarly, int64_t>(p, xv, mean, rstd, t, tpr, row_ok, yr, gl, we, be, sce, she);
+      const T* __restrict__ scl = static_cast<const T*>(p.scale) + gl * p.scale_stride;
+      const T* __restrict__ shl = static_cast<const T*>(p.shift) + gl * p.shift_stride;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int col = (t + i * tpr) * kVec;
+        if (!(row_ok && col < n)) continue;
+        V wv, bv, scv, shv;
+        if constexpr (kEarly) {
+          wv = we[i];
+          bv = be[i];
+          scv = sce[i];
+          shv = she[i];
+        } else {
+          if (wg) wv = load_vec<T, kVec>(wg + col);
+          if constexpr (!Tr::kHfRms) {
+            if (bg) bv = load_vec<T, kVec>(bg + col);
+          }
+          if constexpr (Tr::kAda) {
+            scv = load_vec<T, kVec>(scl + col);
+            shv = load_vec<T, kVec>(shl + col);
+          }
+        }
+        launder(xv[i]);  // convert x again here rather than keep its float32 copy live (registers)
+        store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
+      }
     }
   }
 }

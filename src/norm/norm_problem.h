@@ -45,7 +45,6 @@ struct NormParams {
   // r / ada_rpg for 0 <= r < 2^31 without a division: (umulhi(ada_mul, r) + r) >> ada_shr
   // (set by validate_norm with make_fast_div, below; used when rows and ada_rpg fit in 31 bits).
   uint32_t ada_mul = 1, ada_shr = 0;
-  bool ada_off32 = false;  // every scale/shift element offset fits 31 bits (32-bit address math)
 };
 
 // Division by an invariant d (1 <= d < 2^31) as a multiply-high, add and shift, exact for every

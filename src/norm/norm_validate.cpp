@@ -1,5 +1,4 @@
 // Argument checks for the normalization family: the one place that validates (see norm_problem.h).
-#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -241,10 +240,6 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype) {
       p->ada_mul = f.mul;
       p->ada_shr = f.shr;
     }
-    // Every scale/shift element offset g·stride + col fits 31 bits (strides are >= 0 here).
-    const int64_t max_stride = std::max(p->scale_stride, p->shift_stride);
-    p->ada_off32 =
-        p->ada_groups <= INT32_MAX && (max_stride == 0 || (p->ada_groups - 1) <= (INT32_MAX - n) / max_stride);
   }
 
   if (!c.backward) {
