@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/device.h"
@@ -61,6 +62,12 @@ constexpr int kBwdMaxElems = 16;     // per thread: x, dy and up to four column 
 constexpr int kBwdMinTeam = 128;
 constexpr int kBwdStreamTeam = 512;  // threads per row of the streaming backward (128 registers each)
 constexpr int kMaxCluster = 8;       // portable cluster size limit
+// norm_bwd_chunk (sm_90): threads per block aimed for (one 16-byte vector per thread up to 256
+// vectors, two above), stages and shared memory per block (96 KB: two blocks per SM; twice that with
+// two vectors per thread).
+constexpr int kBwdChunkTeam = 256;
+constexpr int kBwdChunkStages = 3;
+constexpr int kBwdChunkSmem = 96 * 1024;
 // Register cap of the backward register kernel (build-time switch for sweeps; 0: only the 512-thread
 // launch bound, i.e. up to 128 registers).
 #ifndef KF_BWD_MAXNREG
@@ -98,6 +105,26 @@ inline int pow2_ceil(int64_t v) {
   return p;
 }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- programmatic dependent launch (sm_90) ------------------------------------------------------
+// Every kernel is launched with the PDL attribute on sm_90 (Launch below): it may become resident
+// while the previous kernel of the stream is still draining, which hides the launch latency (~1-2 µs
+// per kernel boundary: the backward's column reductions, consecutive calls in a CUDA graph).
+// pdl_wait() blocks until the previous kernel has completed and its writes are visible, so every
+// kernel calls it before its first global memory access; without the attribute it returns at once.
+// pdl_trigger() lets the next kernel launch before this one exits; only kernels whose whole grid is
+// resident at once call it early (otherwise the next kernel's waiting blocks would take the slots of
+// this kernel's later blocks); the others trigger implicitly as their blocks exit.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // ---- reductions ---------------------------------------------------------------------------
 // Sums K floats over a team of `tpr` threads (power of two >= 32; teams are aligned blocks of
@@ -336,6 +363,7 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     constexpr int kSliceBytes = kIters * kVec * int(sizeof(T));
@@ -507,6 +535,8 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
+    if constexpr (kEarly) pdl_trigger();  // the whole grid is resident
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     constexpr int kR = Tr::kRes ? kIters : 1;  // residual vectors
@@ -674,6 +704,7 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
@@ -786,6 +817,7 @@ __global__ void __launch_bounds__(1024) norm_fwd_stream(const NormParams p) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     __shared__ ReduceSmem<1> sm;
@@ -874,6 +906,7 @@ struct BwdWork {
   int64_t ld;     // row stride of the partial rows: N rounded up to 4 (16-byte rows for the reduction)
   float* part_a;  // [partial rows, ld]: Σ u·xh   (nullptr: not needed)
   float* part_d;  // [partial rows, ld]: Σ u
+  int64_t chunk;  // norm_bwd_chunk: rows per chunk (a chunk never spans two groups)
 };
 
 // The rows of one block, in order: k = 0, 1, ... (see the work split above). row_of returns -1 past
@@ -907,6 +940,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
   if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk)) {
     __trap();
   } else {
+    pdl_wait();
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     constexpr int E = kIters * kVec;
@@ -1157,6 +1191,259 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
   }
 }
 
+// ---- backward, chunks of rows staged in shared memory (sm_90) -----------------------------------
+// norm_bwd_regs spends two block barriers per row (stage release, statistics); with 4 warps per block
+// and 128 registers per thread it is latency-bound (notes/norm.md, design 9). This kernel works on a
+// chunk of up to kC consecutive rows of one group at a time:
+//   * x, dy (and dsum) of the next chunks stream into shared memory with cp.async.bulk (S stages,
+//     one mbarrier per stage); DRAM traffic stays the minimum: read x, dy (dsum) once, write dx once.
+//   * thread t owns the same columns (vectors t, t + T, ...) in every row, so the parameter factor
+//     f = w·(1 + scale_g) and the column accumulators A = Σ u·xh, D = Σ u live in registers for
+//     the block's lifetime (dn = dy·f; u = dy: this kernel takes no per-row AdaLN scale).
+//   * pass 1: the thread's partial statistics of every row of the chunk (C·kS floats), one warp
+//     transpose-reduction (31 shuffles for 32 values), one block barrier; then every warp sums the
+//     warp partials in the same order, so all threads hold identical statistics (deterministic).
+//   * pass 2: dx of the chunk's rows with x, dy re-read from the stage (shared memory has bandwidth to
+//     spare: ~3 reads per element against ~13 B/clk of DRAM per SM), A and D accumulated.
+// One barrier per chunk: the stage of chunk k-1 is refilled right after chunk k's barrier, when
+// every thread is past chunk k-1. The column partials are written like norm_bwd_regs does.
+
+// Sums K values (a power of two <= 32) over the lanes of a warp, transposed: every step hands half
+// of the values to the partner lane, so that lane l ends with value l / (32 / K) in v[0] after 31
+// shuffles for K = 32 (5·K for the plain butterfly). Lanes with the same value hold identical bits
+// (a + b = b + a in the butterfly steps).
+template <int K, int kOff>
+__device__ __forceinline__ void warp_transpose_sum(float* v, int lane) {
+  if constexpr (kOff > 0) {
+    if constexpr (K > 1) {
+      constexpr int H = K / 2;
+      const bool up = (lane & kOff) != 0;
+#pragma unroll
+      for (int j = 0; j < H; ++j) {
+        const float send = up ? v[j] : v[j + H];
+        const float keep = up ? v[j + H] : v[j];
+        v[j] = keep + __shfl_xor_sync(0xffffffffu, send, kOff);
+      }
+      warp_transpose_sum<H, kOff / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kOff);
+      warp_transpose_sum<1, kOff / 2>(v, lane);
+    }
+  }
+}
+
+template <typename T, NormOp kOp, int kVec, int kIters, int kC>
+__global__ void __launch_bounds__(512) norm_bwd_chunk(const NormParams p, const BwdWork wk, const int stages) {
+  using Tr = OpTraits<kOp>;
+  if constexpr (!arch_supports<T>() || !kHasBulk) {
+    __trap();
+  } else {
+    pdl_wait();
+    using V = Vec<T, kVec>;
+    constexpr int E = kIters * kVec;
+    constexpr int kS = Tr::kLayer ? 4 : 2;  // {S2, G2[, S1, G1]} per row, as in norm_bwd_regs
+    constexpr int K = kC * kS;              // statistics per chunk (wk.chunk <= kC rows): at most 32
+    static_assert(K <= 32, "one statistic per lane");
+    constexpr int kLanesPer = 32 / K;  // lanes holding each value after the transpose-sum
+    constexpr bool kNeedD = Tr::kLayer || Tr::kAda;
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
+    __shared__ float red[2][16][K];  // warp partials (<= 16 warps), double-buffered
+    const int tpr = blockDim.x, t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarps = tpr >> 5;
+    const int64_t n = p.n;
+    const float inv_n = 1.f / float(n);
+    const bool has_ds = Tr::kRes && p.dsum != nullptr;  // compile-time false except for add_rms_norm
+    const int nbuf = has_ds ? 3 : 2;
+    const uint32_t row_bytes = uint32_t(n * sizeof(T));
+    const int64_t C = wk.chunk, R = wk.group_rows, U = (R + C - 1) / C;  // U chunks per group
+    const BwdSeq seq(blockIdx.x, int64_t(gridDim.x), wk.bpg, U, wk.groups);
+    const bool per_group = wk.grouped && wk.bpg == 1;
+    T* stage_base = reinterpret_cast<T*>(dyn_smem);
+    const int64_t stage_elems = C * nbuf * n;
+    auto col_of = [&](int i) { return (int64_t(i) * tpr + t) * kVec; };
+
+    // Chunk k of this block: rows row0 .. row0 + nr - 1 of group grp (false past the end).
+    auto chunk_of = [&](int64_t k, int64_t& grp, int64_t& c, int64_t& row0, int& nr) {
+      const int64_t u = seq.row_of(k);
+      if (u < 0) return false;
+      grp = seq.group_of(k);
+      c = u - grp * U;
+      row0 = grp * R + c * C;
+      nr = int(R - c * C < C ? R - c * C : C);
+      return true;
+    };
+    auto issue = [&](int64_t k, int s) {
+      int64_t grp, c, row0;
+      int nr;
+      if (!chunk_of(k, grp, c, row0, nr)) return;
+      mbar_expect(&bars[s], row_bytes * uint32_t(nbuf * nr));
+      T* dst = stage_base + int64_t(s) * stage_elems;
+      for (int r = 0; r < nr; ++r, dst += nbuf * n) {
+        const int64_t row = row0 + r;
+        bulk_load_row(dst, static_cast<const T*>(p.x) + row * p.x_stride, row_bytes, &bars[s]);
+        bulk_load_row(dst + n, static_cast<const T*>(p.dy) + row * p.dy_stride, row_bytes, &bars[s]);
+        if (has_ds)
+          bulk_load_row(dst + 2 * n, static_cast<const T*>(p.dsum) + row * p.dsum_stride, row_bytes, &bars[s]);
+      }
+    };
+    if (t == 0) {
+      for (int s = 0; s < stages; ++s)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int s = 0; s < stages; ++s) issue(s, s);
+    }
+
+    // f = w·(1 + scale_g) per owned element (w = 1 without weight; scale only for grouped AdaLN)
+    float f[E], acc_a[E], acc_d[E];
+    auto load_factors = [&](int64_t grp) {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
+        V wv = V::zero(), sv = V::zero();
+        if (col < n && p.weight) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if constexpr (Tr::kAda) {
+          if (col < n) sv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + grp * p.scale_stride + col);
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          float fe = p.weight ? wv.get(j) : 1.f;
+          if constexpr (Tr::kAda) fe *= 1.f + sv.get(j);
+          f[i * kVec + j] = fe;
+        }
+      }
+    };
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc_a[e] = acc_d[e] = 0.f;
+    int64_t cur_grp = -1;
+    auto flush = [&](int64_t pr) {  // the accumulators into partial row pr
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
+        if (col >= n) continue;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          if (wk.part_a) wk.part_a[pr * wk.ld + col + j] = acc_a[i * kVec + j];
+          if constexpr (kNeedD) {
+            if (wk.part_d) wk.part_d[pr * wk.ld + col + j] = acc_d[i * kVec + j];
+          }
+        }
+      }
+    };
+    __syncthreads();  // barriers initialized
+
+    int buf = 0;
+    for (int64_t k = 0;; ++k) {
+      int64_t grp, c, row0;
+      int nr;
+      if (!chunk_of(k, grp, c, row0, nr)) break;
+      if (grp != cur_grp) {  // the factors change only with the AdaLN group
+        if (Tr::kAda || cur_grp < 0) load_factors(grp);
+        cur_grp = grp;
+      }
+      const int s = int(k % stages);
+      mbar_wait(&bars[s], uint32_t((k / stages) & 1));
+      const T* stg = stage_base + int64_t(s) * stage_elems;
+
+      // pass 1: partial statistics of every row of the chunk, d = x - K (K = x[row, 0] for LayerNorm)
+      float v[K], shift[kC];
+#pragma unroll
+      for (int q = 0; q < K; ++q) v[q] = 0.f;
+#pragma unroll
+      for (int r = 0; r < kC; ++r) {
+        shift[r] = 0.f;
+        if (r < nr) {
+          const T* xs = stg + int64_t(r) * nbuf * n;
+          if constexpr (Tr::kLayer) shift[r] = to_float(xs[0]);
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            const int64_t col = col_of(i);
+            if (col >= n) continue;
+            const V xv = *reinterpret_cast<const V*>(xs + col), dyv = *reinterpret_cast<const V*>(xs + n + col);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const float d = xv.get(j) - shift[r];
+              const float dn = dyv.get(j) * f[i * kVec + j];
+              v[r * kS + 0] += d * d;
+              v[r * kS + 1] += dn * d;
+              if constexpr (Tr::kLayer) {
+                v[r * kS + 2] += d;
+                v[r * kS + 3] += dn;
+              }
+            }
+          }
+        }
+      }
+      warp_transpose_sum<K, 16>(v, lane);
+      if (lane % kLanesPer == 0) red[buf][warp][lane / kLanesPer] = v[0];
+      __syncthreads();  // partials visible; every thread is past chunk k-1: refill its stage
+      if (t == 0 && k > 0) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        issue(k - 1 + stages, int((k - 1) % stages));
+      }
+      float tot = 0.f;  // lane q < K: statistic q of the chunk, summed over the warps in order
+      if (lane < K)
+        for (int w = 0; w < nwarps; ++w) tot += red[buf][w][lane];
+      buf ^= 1;
+      // Lane r·kS turns the sums of row r into the row's coefficients (all rows at once; other lanes
+      // compute values nobody reads): xh = x·rstd + mrs, dx = dn·rstd + cc − xh·bb (= rstd·(dn − mean(dn)
+      // − xh·mean(dn·xh))). Pass 2 fetches them with 4 shuffles per row.
+      float c_rstd, c_mrs, c_bb, c_cc;
+      {
+        float sums[kS];
+        sums[0] = tot;
+#pragma unroll
+        for (int q = 1; q < kS; ++q) sums[q] = __shfl_down_sync(0xffffffffu, tot, q);
+        const int rr = lane / kS;
+        float sk = 0.f;
+        if constexpr (Tr::kLayer) {
+          if (lane < K && rr < nr) sk = to_float(stg[int64_t(rr) * nbuf * n]);
+        }
+        const BwdStats bs = bwd_stats<Tr::kLayer>(sums, sk, inv_n, p.eps);
+        c_rstd = bs.rstd;
+        c_mrs = -bs.mean * bs.rstd;
+        c_bb = bs.mdnxh * bs.rstd;
+        c_cc = -bs.mdn * bs.rstd;
+      }
+
+      // pass 2: dx, column sums
+#pragma unroll
+      for (int r = 0; r < kC; ++r) {
+        if (r >= nr) continue;
+        const float rstd = __shfl_sync(0xffffffffu, c_rstd, r * kS), mrs = __shfl_sync(0xffffffffu, c_mrs, r * kS);
+        const float bb = __shfl_sync(0xffffffffu, c_bb, r * kS), cc = __shfl_sync(0xffffffffu, c_cc, r * kS);
+        const T* xs = stg + int64_t(r) * nbuf * n;
+        const int64_t row = row0 + r;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int64_t col = col_of(i);
+          if (col >= n) continue;
+          const V xv = *reinterpret_cast<const V*>(xs + col), dyv = *reinterpret_cast<const V*>(xs + n + col);
+          V dsv = V::zero();
+          if (has_ds) dsv = *reinterpret_cast<const V*>(xs + 2 * n + col);
+          float dxf[kVec];
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float xh = fmaf(xv.get(j), rstd, mrs);
+            const float u = dyv.get(j);
+            float dx = fmaf(-xh, bb, fmaf(u * f[i * kVec + j], rstd, cc));
+            if (has_ds) dx += dsv.get(j);
+            dxf[j] = dx;
+            acc_a[i * kVec + j] = fmaf(u, xh, acc_a[i * kVec + j]);
+            if constexpr (kNeedD) acc_d[i * kVec + j] += u;
+          }
+          store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, V::from(dxf));
+        }
+      }
+      if (per_group && c == U - 1) {  // end of a group owned by this block
+        flush(grp);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc_a[e] = acc_d[e] = 0.f;
+      }
+    }
+    if (!per_group) flush(int64_t(blockIdx.x));
+  }
+}
+
 // Backward for rows too long for registers: two passes over the row in global memory (the second
 // mostly from L2), kVec elements per access. Pass 1: the statistics in one reduction (the shifted
 // sums of norm_bwd_regs); pass 2: dx (and AdaLN's per-row dscale/dshift), and the column sums
@@ -1168,6 +1455,7 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
     using Tr = OpTraits<kOp>;
     using V = Vec<T, kVec>;
     constexpr int kS = Tr::kLayer ? 4 : 2;
@@ -1327,6 +1615,7 @@ __global__ void __launch_bounds__(kColTileX* kColTileY) reduce_columns(const Col
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
     __shared__ float4 sm[kColTileY][kColTileX];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int64_t c0 = (int64_t(blockIdx.x) * kColTileX + tx) * 4;  // first of this thread's 4 columns
@@ -1394,6 +1683,7 @@ __global__ void ada_group_grads(const float* __restrict__ a, const float* __rest
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
       const int64_t g = i / n, c = i - g * n, k = g * ld + c;
       const float wc = w ? to_float(w[c]) : 1.f, bc = bias ? to_float(bias[c]) : 0.f;
@@ -1479,25 +1769,49 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
-// Launch configuration of a 1-D grid of `ctas` blocks in clusters of `cluster` CTAs (cudaLaunchKernelEx).
-struct ClusterLaunch {
+// Programmatic dependent launch for every kernel on sm_90 (see pdl_wait); KF_TUNE pdl=0 turns it off.
+inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90 && tune("pdl", 1) != 0; }
+
+// Launch configuration for cudaLaunchKernelEx: grid, block, shared memory and stream, clusters of
+// `cluster` CTAs along x when cluster > 1, and the programmatic-dependent-launch attribute when `pdl`.
+struct Launch {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  ClusterLaunch(int64_t ctas, int threads, size_t smem, cudaStream_t stream, int cluster) {
-    cfg.gridDim = dim3(unsigned(ctas));
-    cfg.blockDim = dim3(unsigned(threads));
+  cudaLaunchAttribute attr[2];
+  Launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl, int cluster = 1) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    if (cluster > 1) {
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = unsigned(cluster);
+      a.val.clusterDim.y = 1;
+      a.val.clusterDim.z = 1;
+    }
+    if (pdl) {
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg.attrs points into this object
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  template <typename... Params, typename... Args>
+  cudaError_t operator()(void (*kernel)(Params...), Args&&... args) {
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  }
+  Launch(const Launch&) = delete;  // cfg.attrs points into this object
+  Launch& operator=(const Launch&) = delete;
 };
+
+// cudaLaunchKernelEx's error, or a failed launch reported by cudaGetLastError.
+inline Status launched(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+  }
+  return check_launch(what);
+}
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
@@ -1513,25 +1827,20 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
       const int64_t resident = int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1);
       units = std::min(units, std::max<int64_t>(resident, 1));
     } else if (block <= kFwdRowMaxBlock) {
-      units = std::min<int64_t>(units, INT_MAX);           // one row group per block (the kernel loops past 2^31-1)
+      units = std::min<int64_t>(units, INT_MAX);  // one row group per block (the kernel loops past 2^31-1)
+      Launch row(dim3(unsigned(units)), dim3(block), 0, stream, use_pdl(dev));
       if (units <= dev.sm_count && tune("early", 1) != 0)  // at most one block per SM: latency-bound
-        norm_fwd_row<T, kOp, kVec, kIters, true><<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift);
-      else
-        norm_fwd_row<T, kOp, kVec, kIters, false><<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift);
-      return check_launch("norm forward");
+        return launched(row(norm_fwd_row<T, kOp, kVec, kIters, true>, p, shift), "norm forward");
+      return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false>, p, shift), "norm forward");
     } else {  // 512-thread teams: the persistent kernel
       units = std::min<int64_t>(units, int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1));
     }
-    kernel<<<dim3(unsigned(units)), dim3(block), 0, stream>>>(p, shift, 1);
-  } else {
-    units = std::min<int64_t>(units, INT_MAX / cluster);
-    ClusterLaunch cl(units * cluster, block, 0, stream, cluster);
-    cudaLaunchConfig_t& cfg = cl.cfg;
-    cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, shift, cluster);
-    if (err != cudaSuccess)
-      return Status::Cuda(std::string("norm forward: cluster launch failed: ") + cudaGetErrorString(err));
+    Launch persistent(dim3(unsigned(units)), dim3(block), 0, stream, use_pdl(dev));
+    return launched(persistent(kernel, p, shift, 1), "norm forward");
   }
-  return check_launch("norm forward");
+  units = std::min<int64_t>(units, INT_MAX / cluster);
+  Launch cl(dim3(unsigned(units * cluster)), dim3(block), 0, stream, use_pdl(dev), cluster);
+  return launched(cl(kernel, p, shift, cluster), "norm forward (cluster)");
 }
 
 // Bulk-copy pipeline (sm_90, 16-byte aligned rows): slice = N / C elements per CTA, S stages.
@@ -1570,7 +1879,8 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
   if (per_sm < 1) return false;
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
-  ClusterLaunch cl(std::max<int64_t>(cluster, (ctas / cluster) * cluster), tpr, smem, stream, cluster);
+  Launch cl(dim3(unsigned(std::max<int64_t>(cluster, (ctas / cluster) * cluster))), dim3(tpr), smem, stream, false,
+            cluster);
   cudaLaunchConfig_t& cfg = cl.cfg;
   if (cluster > 1) {  // clusters must fit inside a GPC: size the persistent grid by resident clusters
     int clusters = 0;
@@ -1582,7 +1892,8 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   }
   ctas = std::min<int64_t>(ctas, p.rows * cluster);
   cfg.gridDim = dim3(unsigned(std::max<int64_t>(ctas, cluster)));
-  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, cluster, stages);
+  Launch bulk(cfg.gridDim, cfg.blockDim, smem, stream, use_pdl(dev), cluster);
+  cudaError_t err = bulk(kernel, p, cluster, stages);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return false;  // e.g. no room for this cluster shape: the register kernels take it
@@ -1631,8 +1942,8 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
   }
   if (tpr == 0) {  // streaming: one 1024-thread block per row
     const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
-    norm_fwd_stream<T, kOp, kVec><<<dim3(unsigned(grid)), dim3(1024), 0, stream>>>(p);
-    return check_launch("norm forward (streaming)");
+    Launch ls(dim3(unsigned(grid)), dim3(1024), 0, stream, use_pdl(dev));
+    return launched(ls(norm_fwd_stream<T, kOp, kVec>, p), "norm forward (streaming)");
   }
   switch (iters) {
     case 1:
@@ -1658,7 +1969,8 @@ Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // out_s = column sums of the slabs part_s (s < 2; an absent output or slab is skipped), one launch.
 template <typename OutT, typename T>
 Status reduce_into(const float* part_a, OutT* out_a, const float* part_d, OutT* out_d, int64_t n, int64_t ld,
-                   int64_t rows_per_out, int64_t out_rows, const T* scale, int64_t scale_stride, cudaStream_t stream) {
+                   int64_t rows_per_out, int64_t out_rows, const T* scale, int64_t scale_stride, bool pdl,
+                   cudaStream_t stream) {
   ColSums<OutT, T> a = {};
   int slabs = 0;
   if (part_a && out_a) {
@@ -1677,8 +1989,8 @@ Status reduce_into(const float* part_a, OutT* out_a, const float* part_d, OutT* 
   a.scale = scale;
   a.scale_stride = scale_stride;
   const dim3 grid(unsigned(ceil_div(ld / 4, kColTileX)), unsigned(std::min<int64_t>(out_rows, 65535)), unsigned(slabs));
-  reduce_columns<OutT, T><<<grid, dim3(kColTileX, kColTileY), 0, stream>>>(a);
-  return check_launch("norm backward (column reduction)");
+  Launch lr(grid, dim3(kColTileX, kColTileY), 0, stream, pdl);
+  return launched(lr(reduce_columns<OutT, T>, a), "norm backward (column reduction)");
 }
 
 template <typename T, NormOp kOp, int kVec>
@@ -1700,14 +2012,43 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const int tpr =
       regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : kBwdStreamTeam;
 
-  const bool bulk = regs && bulk_ok && p.rows >= int64_t(dev.sm_count) * tune("bulk_min_waves", 2);
-  const int stages = bulk ? int(std::min<int64_t>(kBulkMaxStages, budget / stage_bytes)) : 1;
-  const size_t smem = bulk ? size_t(stages) * size_t(stage_bytes) : 0;
+  bool bulk = regs && bulk_ok && p.rows >= int64_t(dev.sm_count) * tune("bulk_min_waves", 2);
+  int stages = bulk ? int(std::min<int64_t>(kBulkMaxStages, budget / stage_bytes)) : 1;
+  size_t smem = bulk ? size_t(stages) * size_t(stage_bytes) : 0;
+  int threads = tpr;
+  int64_t chunk = 1;  // rows per work unit (norm_bwd_chunk: rows per chunk)
 
   using Kernel = void (*)(const NormParams, const BwdWork, const int);
   Kernel kernel = nullptr;
   auto pick = [&](auto k_plain, auto k_bulk) { kernel = bulk ? Kernel(k_bulk) : Kernel(k_plain); };
-  if (!regs)
+  // Chunked kernel (norm_bwd_chunk): sm_90, 16-byte rows of up to 2 vectors per thread at <= 512
+  // threads, many rows, and no per-row AdaLN scale (its dscale/dshift are row tensors).
+  if constexpr (kVec > 1) {
+    const int64_t team = tune("bwd_chunk_team", kBwdChunkTeam);
+    const int citers = nvec <= team ? 1 : 2;
+    const int64_t cthreads = ceil_div(ceil_div(nvec, citers), 32) * 32;
+    const int cstages = std::max(2, std::min(kBulkMaxStages, tune("bwd_chunk_stages", kBwdChunkStages)));
+    const int64_t crow = int64_t(nbuf) * p.n * int64_t(sizeof(T));  // stage bytes per row
+    const int64_t group_rows = (Tr::kAda && p.ada_rpg > 1) ? p.ada_rpg : p.rows;
+    // (two vectors per thread: one block per SM, so that 2 rows per chunk fit at N = 8192 bf16)
+    const int64_t cbudget = tune("bwd_chunk_smem", citers == 1 ? kBwdChunkSmem : 2 * kBwdChunkSmem);
+    const int64_t crows = std::min<int64_t>(
+        {int64_t(tune("bwd_chunk_rows", 8)), int64_t(citers == 1 ? 8 : 2), group_rows, cbudget / (crow * cstages)});
+    if (dev.capability >= 90 && tune("bwd_chunk", 1) != 0 && (!Tr::kAda || p.ada_rpg > 1) && cthreads <= 512 &&
+        crows >= 1 && p.rows >= int64_t(dev.sm_count) * tune("bulk_min_waves", 2)) {
+      if (citers == 1)
+        kernel = crows <= 4 ? Kernel(norm_bwd_chunk<T, kOp, kVec, 1, 4>) : Kernel(norm_bwd_chunk<T, kOp, kVec, 1, 8>);
+      else
+        kernel = crows <= 1 ? Kernel(norm_bwd_chunk<T, kOp, kVec, 2, 1>) : Kernel(norm_bwd_chunk<T, kOp, kVec, 2, 2>);
+      bulk = true;
+      threads = int(cthreads);
+      chunk = crows;
+      stages = cstages;
+      smem = size_t(cstages) * size_t(crows * crow);
+    }
+  }
+  if (kernel != nullptr) {
+  } else if (!regs)
     kernel = norm_bwd_stream<T, kOp, kVec>;
   else if (iters == 1)
     pick(norm_bwd_regs<T, kOp, kVec, 1, false>, norm_bwd_regs<T, kOp, kVec, 1, (kVec > 1)>);
@@ -1730,21 +2071,22 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   wk.grouped = Tr::kAda && p.ada_rpg > 1;
   wk.groups = wk.grouped ? p.ada_groups : 1;
   wk.group_rows = wk.grouped ? p.ada_rpg : p.rows;
+  wk.chunk = chunk;
   int64_t target;
   if (bulk) {
-    const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
+    const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
     if (per_sm < 1)
       return Status::Cuda("norm backward: cannot reserve " + std::to_string(smem) + " bytes of shared memory");
     target = int64_t(per_sm) * dev.sm_count * tune("bwd_waves", 1);
   } else {
-    target = int64_t(resident_blocks(kernel, tpr, dev)) * tune("bwd_waves", 1);
+    target = int64_t(resident_blocks(kernel, threads, dev)) * tune("bwd_waves", 1);
   }
   int64_t nblocks;
   if (wk.groups >= target) {
     wk.bpg = 1;
     nblocks = std::min<int64_t>(target, INT_MAX);
-  } else {
-    wk.bpg = std::max<int64_t>(1, std::min(wk.group_rows, ceil_div(target, wk.groups)));
+  } else {  // blocks per group: at most one per work unit (row or chunk) of the group
+    wk.bpg = std::max<int64_t>(1, std::min(ceil_div(wk.group_rows, chunk), ceil_div(target, wk.groups)));
     nblocks = wk.groups * wk.bpg;
   }
   // Partial rows: one per block, or one per group when a block owns whole groups. Grouped AdaLN
@@ -1780,31 +2122,36 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     ws += gslab;
   }
 
-  kernel<<<dim3(unsigned(nblocks)), dim3(tpr), smem, stream>>>(p, wk, stages);
-  Status s = check_launch("norm backward");
+  const bool pdl = use_pdl(dev);
+  Launch lb(dim3(unsigned(nblocks)), dim3(threads), smem, stream, pdl);
+  Status s = launched(lb(kernel, p, wk, stages), "norm backward");
   if (!s.ok()) return s;
   const T* no_scale = nullptr;
   T* dw = static_cast<T*>(p.dweight);
   T* db = static_cast<T*>(p.dbias);
   if (!wk.grouped)  // dw = Σ A, db = Σ D over the blocks' partial rows
     return reduce_into<T, T>(wk.part_a, dw, wk.part_d, (Tr::kLayer || Tr::kAda) ? db : nullptr, p.n, wk.ld, nblocks, 1,
-                             no_scale, 0, stream);
+                             no_scale, 0, pdl, stream);
   // Grouped AdaLN: per-group sums (when several blocks shared a group), then the parameter grads.
   if (staged) {
-    if (!(s = reduce_into<float, T>(wk.part_a, ga, wk.part_d, gd, p.n, wk.ld, wk.bpg, wk.groups, no_scale, 0, stream))
+    if (!(s = reduce_into<float, T>(wk.part_a, ga, wk.part_d, gd, p.n, wk.ld, wk.bpg, wk.groups, no_scale, 0, pdl,
+                                    stream))
              .ok())
       return s;
   }
   if (p.dscale || p.dshift) {
     const int64_t total = wk.groups * p.n;
     const int64_t grid = std::min<int64_t>(ceil_div(total, 256), int64_t(dev.sm_count) * 16);
-    ada_group_grads<T><<<dim3(unsigned(grid)), dim3(256), 0, stream>>>(
-        ga, gd, p.n, wk.ld, total, static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
-        static_cast<T*>(p.dscale), static_cast<T*>(p.dshift));
-    if (!(s = check_launch("ada_norm backward (scale/shift)")).ok()) return s;
+    Launch lg(dim3(unsigned(grid)), dim3(256), 0, stream, pdl);
+    const float* cga = ga;
+    const float* cgd = gd;
+    s = launched(lg(ada_group_grads<T>, cga, cgd, p.n, wk.ld, total, static_cast<const T*>(p.weight),
+                    static_cast<const T*>(p.bias), static_cast<T*>(p.dscale), static_cast<T*>(p.dshift)),
+                 "ada_norm backward (scale/shift)");
+    if (!s.ok()) return s;
   }
   const T* sc = static_cast<const T*>(p.scale);
-  return reduce_into<T, T>(ga, dw, gd, db, p.n, wk.ld, wk.groups, 1, sc, p.scale_stride, stream);
+  return reduce_into<T, T>(ga, dw, gd, db, p.n, wk.ld, wk.groups, 1, sc, p.scale_stride, pdl, stream);
 }
 
 template <typename T, NormOp kOp>
