@@ -1829,7 +1829,7 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
     } else if (block <= kFwdRowMaxBlock) {
       units = std::min<int64_t>(units, INT_MAX);  // one row group per block (the kernel loops past 2^31-1)
       Launch row(dim3(unsigned(units)), dim3(block), 0, stream, use_pdl(dev));
-      if (units <= dev.sm_count && tune("early", 1) != 0)  // at most one block per SM: latency-bound
+      if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0)  // <= 1 block per SM
         return launched(row(norm_fwd_row<T, kOp, kVec, kIters, true>, p, shift), "norm forward");
       return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false>, p, shift), "norm forward");
     } else {  // 512-thread teams: the persistent kernel
