@@ -17,7 +17,8 @@
 #   KF_DEADLINE=570            seconds for the whole run (the bench stops starting cases in time)
 #   KF_BENCH_ARGS="..."        extra arguments for `kforge bench` (e.g. "rms_norm --quick")
 #   KF_CHECK_ARGS="..."        extra arguments for `kforge check`
-#   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default *NormGpu*)
+#   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default: the norm GPU tests and the
+#                              activation GPU tests of the odd-row-stride and mixed-alignment layouts)
 #   KF_COMMIT=<sha>            commit stamped into the CSV when the tree has no .git
 #   KF_JOBS, KF_CUDA_ARCHS     build parallelism (default nproc) and arch (default 90a-real)
 # Carried extras (name them in the device call's `carry`):
@@ -148,6 +149,10 @@ run_step() {
 }
 
 want() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+# memcheck: every norm GPU test; the activation GPU tests whose layouts exercise every vector width
+# and the partial last vectors (odd row stride, one input aligned and the others not)
+export SAN_FILTER='*NormGpu*:*ActGpu.*/*_oddstride:*ActGpu.*/*_mixed:*ActGpuSpecial*'
+
 # C++ tests are skipped only when the build was configured without them
 tests_built() { ! grep -qs '^KF_BUILD_TESTS:BOOL=OFF' _build/dev/CMakeCache.txt; }
 
@@ -184,9 +189,9 @@ if want sanitizer; then
       bin=$(find _build/dev/tests/cpp _build/dev -maxdepth 3 -type f -perm -u+x -name kf_tests 2>/dev/null | head -n1)
       [[ -n $bin ]] || bin=$(find _build/dev/tests/cpp -maxdepth 2 -type f -perm -u+x -name "*test*" 2>/dev/null | head -n1)
       [[ -n $bin ]] || { echo "no C++ test binary under _build/dev/tests/cpp"; exit 3; }
-      echo "memcheck: $bin --gtest_filter=${KF_SANITIZER_FILTER:-*NormGpu*}"
+      echo "memcheck: $bin --gtest_filter=${KF_SANITIZER_FILTER:-$SAN_FILTER}"
       KF_REQUIRE_GPU=1 compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 50 \
-        "$bin" --gtest_filter="${KF_SANITIZER_FILTER:-*NormGpu*}" --gtest_brief=1'
+        "$bin" --gtest_filter="${KF_SANITIZER_FILTER:-$SAN_FILTER}" --gtest_brief=1'
   else
     ROWS+=("sanitizer|SKIP (tests not built)|0")
   fi

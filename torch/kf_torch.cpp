@@ -1,6 +1,6 @@
 // The PyTorch binding: the only file that includes torch headers. It registers the kernelforge::*
-// ops (schemas, CUDA impl = our kernels, CPU impl = the float64 C++ reference, Autograd = C++
-// autograd functions, so a call has no Python frame below the functional wrapper). Fake impls are
+// ops of every family (norm, activation) (schemas, CUDA impl = our kernels, CPU impl = the float64 C++ reference,
+// Autograd = C++ autograd functions, so a call has no Python frame below the functional wrapper). Fake impls are
 // registered in Python (python/kernelforge/_ops.py). Every check lives in the C++ core; this file
 // only converts tensors to views, allocates outputs with PyTorch's allocator and picks the stream.
 #include <ATen/ATen.h>
@@ -16,6 +16,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernelforge/activation.h"
 #include "kernelforge/norm.h"
 
 namespace kf = kernelforge;
@@ -307,6 +308,171 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> ada_norm_backward_impl(bool c
   return {dx, dsc, dsh, dw, db};
 }
 
+// ---- activation impls (cuda = kernels, else the reference) -----------------------------------
+kf::GeluApprox gelu_approx(const char* op, c10::string_view approximate) {
+  if (approximate == "none") return kf::GeluApprox::kNone;
+  if (approximate == "tanh") return kf::GeluApprox::kTanh;
+  TORCH_CHECK(false, op, ": approximate must be 'none' or 'tanh', got '", std::string(approximate), "'");
+}
+
+// y of the [..., 2I] ops: x's shape with the last dimension halved (an odd one is left for the core
+// to reject with its message; the empty placeholder is never written).
+Tensor empty_half(const Tensor& x) {
+  auto sizes = x.sizes().vec();
+  if (!sizes.empty()) sizes.back() = sizes.back() / 2;
+  return at::empty(sizes, x.options());
+}
+
+Tensor silu_and_mul_impl(bool cuda, const Tensor& x_in) {
+  if (cuda && needs_fallback("silu_and_mul", x_in)) return silu_and_mul_impl(false, x_in.cpu()).to(x_in.device());
+  const Tensor x = rows(x_in);
+  Tensor y = empty_half(x);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(kf::silu_and_mul(view(x), view(y), stream_of(x)));
+  } else {
+    check(kf::ref::silu_and_mul(view(x), view(y)));
+  }
+  return y;
+}
+
+Tensor swiglu_impl(bool cuda, const Tensor& g_in, const Tensor& u_in) {
+  if (cuda && needs_fallback("swiglu", g_in)) return swiglu_impl(false, g_in.cpu(), u_in.cpu()).to(g_in.device());
+  const Tensor g = rows(g_in), u = rows(u_in);
+  Tensor y = empty_like_rows(g);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(g.device());
+    check(kf::swiglu(view(g), view(u), view(y), stream_of(g)));
+  } else {
+    check(kf::ref::swiglu(view(g), view(u), view(y)));
+  }
+  return y;
+}
+
+Tensor gelu_and_mul_impl(bool cuda, const Tensor& x_in, c10::string_view approximate, bool gate_first) {
+  const kf::GeluApprox a = gelu_approx("gelu_and_mul", approximate);
+  if (cuda && needs_fallback("gelu_and_mul", x_in))
+    return gelu_and_mul_impl(false, x_in.cpu(), approximate, gate_first).to(x_in.device());
+  const Tensor x = rows(x_in);
+  Tensor y = empty_half(x);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(kf::gelu_and_mul(view(x), a, gate_first, view(y), stream_of(x)));
+  } else {
+    check(kf::ref::gelu_and_mul(view(x), a, gate_first, view(y)));
+  }
+  return y;
+}
+
+Tensor geglu_impl(bool cuda, const Tensor& h_in, const Tensor& g_in, c10::string_view approximate) {
+  const kf::GeluApprox a = gelu_approx("geglu", approximate);
+  if (cuda && needs_fallback("geglu", h_in))
+    return geglu_impl(false, h_in.cpu(), g_in.cpu(), approximate).to(h_in.device());
+  const Tensor h = rows(h_in), g = rows(g_in);
+  Tensor y = empty_like_rows(h);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(h.device());
+    check(kf::geglu(view(h), view(g), a, view(y), stream_of(h)));
+  } else {
+    check(kf::ref::geglu(view(h), view(g), a, view(y)));
+  }
+  return y;
+}
+
+Tensor gelu_impl(bool cuda, const Tensor& x_in, c10::string_view approximate) {
+  const kf::GeluApprox a = gelu_approx("gelu", approximate);
+  if (cuda && needs_fallback("gelu", x_in)) return gelu_impl(false, x_in.cpu(), approximate).to(x_in.device());
+  const Tensor x = rows(x_in);
+  Tensor y = empty_like_rows(x);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(kf::gelu(view(x), a, view(y), stream_of(x)));
+  } else {
+    check(kf::ref::gelu(view(x), a, view(y)));
+  }
+  return y;
+}
+
+Tensor silu_and_mul_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in) {
+  if (cuda && needs_fallback("silu_and_mul_backward", x_in))
+    return silu_and_mul_backward_impl(false, dy_in.cpu(), x_in.cpu()).to(x_in.device());
+  const Tensor x = rows(x_in), dy = rows(dy_in);
+  Tensor dx = empty_like_rows(x);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(kf::silu_and_mul_backward(view(dy), view(x), view(dx), stream_of(x)));
+  } else {
+    check(kf::ref::silu_and_mul_backward(view(dy), view(x), view(dx)));
+  }
+  return dx;
+}
+
+std::tuple<Tensor, Tensor> swiglu_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& g_in,
+                                                const Tensor& u_in) {
+  if (cuda && needs_fallback("swiglu_backward", g_in)) {
+    auto out = swiglu_backward_impl(false, dy_in.cpu(), g_in.cpu(), u_in.cpu());
+    return {std::get<0>(out).to(g_in.device()), std::get<1>(out).to(g_in.device())};
+  }
+  const Tensor g = rows(g_in), u = rows(u_in), dy = rows(dy_in);
+  Tensor dg = empty_like_rows(g), du = empty_like_rows(u);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(g.device());
+    check(kf::swiglu_backward(view(dy), view(g), view(u), view(dg), view(du), stream_of(g)));
+  } else {
+    check(kf::ref::swiglu_backward(view(dy), view(g), view(u), view(dg), view(du)));
+  }
+  return {dg, du};
+}
+
+Tensor gelu_and_mul_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in, c10::string_view approximate,
+                                  bool gate_first) {
+  const kf::GeluApprox a = gelu_approx("gelu_and_mul_backward", approximate);
+  if (cuda && needs_fallback("gelu_and_mul_backward", x_in))
+    return gelu_and_mul_backward_impl(false, dy_in.cpu(), x_in.cpu(), approximate, gate_first).to(x_in.device());
+  const Tensor x = rows(x_in), dy = rows(dy_in);
+  Tensor dx = empty_like_rows(x);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(kf::gelu_and_mul_backward(view(dy), view(x), a, gate_first, view(dx), stream_of(x)));
+  } else {
+    check(kf::ref::gelu_and_mul_backward(view(dy), view(x), a, gate_first, view(dx)));
+  }
+  return dx;
+}
+
+std::tuple<Tensor, Tensor> geglu_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& h_in, const Tensor& g_in,
+                                               c10::string_view approximate) {
+  const kf::GeluApprox a = gelu_approx("geglu_backward", approximate);
+  if (cuda && needs_fallback("geglu_backward", h_in)) {
+    auto out = geglu_backward_impl(false, dy_in.cpu(), h_in.cpu(), g_in.cpu(), approximate);
+    return {std::get<0>(out).to(h_in.device()), std::get<1>(out).to(h_in.device())};
+  }
+  const Tensor h = rows(h_in), g = rows(g_in), dy = rows(dy_in);
+  Tensor dh = empty_like_rows(h), dg = empty_like_rows(g);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(h.device());
+    check(kf::geglu_backward(view(dy), view(h), view(g), a, view(dh), view(dg), stream_of(h)));
+  } else {
+    check(kf::ref::geglu_backward(view(dy), view(h), view(g), a, view(dh), view(dg)));
+  }
+  return {dh, dg};
+}
+
+Tensor gelu_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in, c10::string_view approximate) {
+  const kf::GeluApprox a = gelu_approx("gelu_backward", approximate);
+  if (cuda && needs_fallback("gelu_backward", x_in))
+    return gelu_backward_impl(false, dy_in.cpu(), x_in.cpu(), approximate).to(x_in.device());
+  const Tensor x = rows(x_in), dy = rows(dy_in);
+  Tensor dx = empty_like_rows(x);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(kf::gelu_backward(view(dy), view(x), a, view(dx), stream_of(x)));
+  } else {
+    check(kf::ref::gelu_backward(view(dy), view(x), a, view(dx)));
+  }
+  return dx;
+}
+
 // ---- dispatcher handles (backward ops are called through the dispatcher so that torch.compile
 // and other tracers see them) -----------------------------------------------------------------
 template <typename Sig>
@@ -412,6 +578,97 @@ class AdaNormFn : public torch::autograd::Function<AdaNormFn> {
   }
 };
 
+// Activation autograd: the forward saves its inputs, the backward recomputes act(a) from them (no
+// extra activation tensor is kept), one fused kernel per direction.
+class SiluAndMulFn : public torch::autograd::Function<SiluAndMulFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&)>("kernelforge::silu_and_mul");
+    return op.call(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    static auto op = op_handle<Tensor(const Tensor&, const Tensor&)>("kernelforge::silu_and_mul_backward");
+    return {op.call(dense(grads[0]), saved[0])};
+  }
+};
+
+class SwigluFn : public torch::autograd::Function<SwigluFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& gate, const Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&, const Tensor&)>("kernelforge::swiglu");
+    return op.call(gate, up);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&)>(
+        "kernelforge::swiglu_backward");
+    auto [dg, du] = op.call(dense(grads[0]), saved[0], saved[1]);
+    return {dg, du};
+  }
+};
+
+class GeluAndMulFn : public torch::autograd::Function<GeluAndMulFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::string_view approximate, bool gate_first) {
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->saved_data["gate_first"] = gate_first;
+    ctx->save_for_backward({x});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&, c10::string_view, bool)>("kernelforge::gelu_and_mul");
+    return op.call(x, approximate, gate_first);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    static auto op =
+        op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view, bool)>("kernelforge::gelu_and_mul_backward");
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    return {op.call(dense(grads[0]), saved[0], approximate, ctx->saved_data["gate_first"].toBool()), Tensor(),
+            Tensor()};
+  }
+};
+
+class GegluFn : public torch::autograd::Function<GegluFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& hidden, const Tensor& gate, c10::string_view approximate) {
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->save_for_backward({hidden, gate});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view)>("kernelforge::geglu");
+    return op.call(hidden, gate, approximate);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    static auto op =
+        op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, c10::string_view)>(
+            "kernelforge::geglu_backward");
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    auto [dh, dg] = op.call(dense(grads[0]), saved[0], saved[1], approximate);
+    return {dh, dg, Tensor()};
+  }
+};
+
+class GeluFn : public torch::autograd::Function<GeluFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::string_view approximate) {
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->save_for_backward({x});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&, c10::string_view)>("kernelforge::gelu");
+    return op.call(x, approximate);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    static auto op = op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view)>("kernelforge::gelu_backward");
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    return {op.call(dense(grads[0]), saved[0], approximate), Tensor()};
+  }
+};
+
 // ---- registration -----------------------------------------------------------------------------
 template <bool kCuda>
 struct Impl {
@@ -444,6 +701,29 @@ struct Impl {
                                                                               double eps, int64_t kind) {
     return ada_norm_backward_impl(kCuda, dy, x, sc, sh, w, b, eps, kind);
   }
+  static Tensor silu_and_mul(const Tensor& x) { return silu_and_mul_impl(kCuda, x); }
+  static Tensor swiglu(const Tensor& g, const Tensor& u) { return swiglu_impl(kCuda, g, u); }
+  static Tensor gelu_and_mul(const Tensor& x, c10::string_view a, bool gate_first) {
+    return gelu_and_mul_impl(kCuda, x, a, gate_first);
+  }
+  static Tensor geglu(const Tensor& h, const Tensor& g, c10::string_view a) { return geglu_impl(kCuda, h, g, a); }
+  static Tensor gelu(const Tensor& x, c10::string_view a) { return gelu_impl(kCuda, x, a); }
+  static Tensor silu_and_mul_backward(const Tensor& dy, const Tensor& x) {
+    return silu_and_mul_backward_impl(kCuda, dy, x);
+  }
+  static std::tuple<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
+    return swiglu_backward_impl(kCuda, dy, g, u);
+  }
+  static Tensor gelu_and_mul_backward(const Tensor& dy, const Tensor& x, c10::string_view a, bool gate_first) {
+    return gelu_and_mul_backward_impl(kCuda, dy, x, a, gate_first);
+  }
+  static std::tuple<Tensor, Tensor> geglu_backward(const Tensor& dy, const Tensor& h, const Tensor& g,
+                                                   c10::string_view a) {
+    return geglu_backward_impl(kCuda, dy, h, g, a);
+  }
+  static Tensor gelu_backward(const Tensor& dy, const Tensor& x, c10::string_view a) {
+    return gelu_backward_impl(kCuda, dy, x, a);
+  }
 };
 
 Tensor rms_norm_autograd(const Tensor& x, const OptTensor& w, double eps) { return RmsNormFn::apply(x, w, eps); }
@@ -458,6 +738,13 @@ Tensor ada_norm_autograd(const Tensor& x, const Tensor& sc, const Tensor& sh, co
                          double eps, int64_t kind) {
   return AdaNormFn::apply(x, sc, sh, w, b, eps, kind);
 }
+Tensor silu_and_mul_autograd(const Tensor& x) { return SiluAndMulFn::apply(x); }
+Tensor swiglu_autograd(const Tensor& g, const Tensor& u) { return SwigluFn::apply(g, u); }
+Tensor gelu_and_mul_autograd(const Tensor& x, c10::string_view a, bool gate_first) {
+  return GeluAndMulFn::apply(x, a, gate_first);
+}
+Tensor geglu_autograd(const Tensor& h, const Tensor& g, c10::string_view a) { return GegluFn::apply(h, g, a); }
+Tensor gelu_autograd(const Tensor& x, c10::string_view a) { return GeluFn::apply(x, a); }
 
 template <bool kCuda>
 void register_impls(torch::Library& m) {
@@ -469,6 +756,16 @@ void register_impls(torch::Library& m) {
   m.impl("add_rms_norm_backward", &Impl<kCuda>::add_rms_norm_backward);
   m.impl("layer_norm_backward", &Impl<kCuda>::layer_norm_backward);
   m.impl("ada_norm_backward", &Impl<kCuda>::ada_norm_backward);
+  m.impl("silu_and_mul", &Impl<kCuda>::silu_and_mul);
+  m.impl("swiglu", &Impl<kCuda>::swiglu);
+  m.impl("gelu_and_mul", &Impl<kCuda>::gelu_and_mul);
+  m.impl("geglu", &Impl<kCuda>::geglu);
+  m.impl("gelu", &Impl<kCuda>::gelu);
+  m.impl("silu_and_mul_backward", &Impl<kCuda>::silu_and_mul_backward);
+  m.impl("swiglu_backward", &Impl<kCuda>::swiglu_backward);
+  m.impl("gelu_and_mul_backward", &Impl<kCuda>::gelu_and_mul_backward);
+  m.impl("geglu_backward", &Impl<kCuda>::geglu_backward);
+  m.impl("gelu_backward", &Impl<kCuda>::gelu_backward);
 }
 
 }  // namespace
@@ -489,6 +786,17 @@ TORCH_LIBRARY(kernelforge, m) {
       "ada_norm_backward(Tensor dy, Tensor x, Tensor scale, Tensor shift, Tensor? weight, Tensor? bias, float eps, "
       "int kind) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
       tags);
+  // activations (schemas: notes/interfaces.md); approximate is F.gelu's: 'none' (erf) or 'tanh'
+  m.def("silu_and_mul(Tensor x) -> Tensor", tags);
+  m.def("silu_and_mul_backward(Tensor dy, Tensor x) -> Tensor", tags);
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor", tags);
+  m.def("swiglu_backward(Tensor dy, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
+  m.def("gelu_and_mul(Tensor x, str approximate=\"tanh\", bool gate_first=True) -> Tensor", tags);
+  m.def("gelu_and_mul_backward(Tensor dy, Tensor x, str approximate, bool gate_first) -> Tensor", tags);
+  m.def("geglu(Tensor hidden, Tensor gate, str approximate=\"none\") -> Tensor", tags);
+  m.def("geglu_backward(Tensor dy, Tensor hidden, Tensor gate, str approximate) -> (Tensor, Tensor)", tags);
+  m.def("gelu(Tensor x, str approximate=\"none\") -> Tensor", tags);
+  m.def("gelu_backward(Tensor dy, Tensor x, str approximate) -> Tensor", tags);
 }
 
 TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) { register_impls<true>(m); }
@@ -498,4 +806,9 @@ TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
   m.impl("add_rms_norm", &add_rms_norm_autograd);
   m.impl("layer_norm", &layer_norm_autograd);
   m.impl("ada_norm", &ada_norm_autograd);
+  m.impl("silu_and_mul", &silu_and_mul_autograd);
+  m.impl("swiglu", &swiglu_autograd);
+  m.impl("gelu_and_mul", &gelu_and_mul_autograd);
+  m.impl("geglu", &geglu_autograd);
+  m.impl("gelu", &gelu_autograd);
 }

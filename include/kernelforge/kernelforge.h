@@ -1,6 +1,7 @@
 // kernelforge: fast CUDA kernels for transformer workloads. Umbrella header of the C++ API.
 #pragma once
 
+#include "kernelforge/activation.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"

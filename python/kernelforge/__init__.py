@@ -2,6 +2,7 @@
 
     import kernelforge as kf
     y = kf.rms_norm(x, weight, eps=1e-6)
+    h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
     report = kf.patch(model)      # route a transformers / diffusers model's norms to the kernels
     print(report)
 
@@ -11,6 +12,7 @@ on CPU the ops run the float64 C++ reference.
 
 from . import nn
 from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
+from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .patch import PatchReport, patch, unpatch
 
 __version__ = "0.1.0"
@@ -20,6 +22,11 @@ __all__ = [
     "add_rms_norm",
     "layer_norm",
     "ada_norm",
+    "silu_and_mul",
+    "swiglu",
+    "gelu_and_mul",
+    "geglu",
+    "gelu",
     "patch",
     "unpatch",
     "PatchReport",

@@ -1,13 +1,22 @@
-"""`kforge bench`: time the norm ops of kernelforge against the peers, in one run.
+"""`kforge bench`: time the ops of kernelforge against the peers, in one run.
 
 Every case is (op, mode, shape, dtype, provider). Providers:
 
-    kernelforge   kf.rms_norm / kf.add_rms_norm / kf.layer_norm / kf.ada_norm
+    kernelforge   kf.rms_norm / kf.add_rms_norm / kf.layer_norm / kf.ada_norm, and the activations
+                  kf.silu_and_mul / kf.swiglu / kf.gelu_and_mul / kf.geglu / kf.gelu
     eager         the code the model libraries run (HF LlamaRMSNorm.forward math, residual add + that,
-                  plain fp32 layer-norm math, the diffusers AdaLN pattern)
-    torch_native  a fused PyTorch op where one exists (F.rms_norm, F.layer_norm)
+                  plain fp32 layer-norm math, the diffusers AdaLN pattern; F.silu(gate) * up (HF
+                  LlamaMLP), vLLM's native silu_and_mul, the diffusers GEGLU forward)
+    torch_native  a fused PyTorch op where one exists (F.rms_norm, F.layer_norm, F.gelu)
     compile       torch.compile(eager, dynamic=False), warmed up
-    liger         Liger-Kernel's Triton kernels, when `liger_kernel` imports (none for ada_norm)
+    liger         Liger-Kernel's Triton kernels, when `liger_kernel` imports (none for ada_norm,
+                  gelu_and_mul and gelu)
+
+Ops: every norm op and the activations; `kforge bench` with no op list runs the norm ops and
+silu_and_mul and geglu (one per activation kernel family with a Liger peer, to keep
+scripts/gpu_run.sh inside its 10 minutes); name ops, or `--ops all|norm|activation`, for the rest.
+Shapes are ROWSxHIDDEN with HIDDEN = the output width (I for the gated ops, whose fused input is
+[ROWS, 2I]).
 
 Modes: fwd, fwdbwd (forward + backward: grads of x, weight, bias / residual / scale, shift), and for
 decode-sized rows (rows <= 64) fwd_graph (CUDA-graph replay of 100 calls, divided) and fwd_call
@@ -34,7 +43,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
+NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
+ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
+OPS = NORM_OPS + ACT_OPS
+# No op list: every norm op, plus one activation op per kernel family that has a Liger peer (silu
+# gated; gelu-tanh gated). All five activation ops add ~2 min to the GPU script, over its budget.
+DEFAULT_OPS = NORM_OPS + ("silu_and_mul", "geglu")
+OP_GROUPS = {"all": OPS, "norm": NORM_OPS, "activation": ACT_OPS}
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
 PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger")
 PEERS = PROVIDERS[1:]
@@ -54,7 +69,18 @@ OP_PROVIDERS = {
     "add_rms_norm": ("kernelforge", "eager", "compile", "liger"),
     "layer_norm": ("kernelforge", "eager", "torch_native", "compile", "liger"),
     "ada_norm": ("kernelforge", "eager", "compile"),
+    # activations: Liger has a fused gate-up SwiGLU, a two-tensor SwiGLU and a two-tensor tanh GeGLU
+    "silu_and_mul": ("kernelforge", "eager", "compile", "liger"),
+    "swiglu": ("kernelforge", "eager", "compile", "liger"),
+    "gelu_and_mul": ("kernelforge", "eager", "compile"),
+    "geglu": ("kernelforge", "eager", "compile", "liger"),
+    "gelu": ("kernelforge", "torch_native", "compile"),  # the eager model code is F.gelu itself
 }
+# The activation variant each bench op runs (approximate, gate_first): gelu_and_mul is diffusers'
+# GEGLU on the fused projection (exact GELU, gate second); geglu the tanh GeGLU (like-for-like
+# with Liger's, which only has tanh); gelu is F.gelu's default (exact).
+GELU_AND_MUL_ARGS = {"approximate": "none", "gate_first": False}
+GEGLU_APPROX = "tanh"
 
 # ---- traffic and arithmetic ------------------------------------------------------------------
 # Big terms, in units of M*N elements: every row tensor the op must read or write once.
@@ -67,6 +93,18 @@ ROW_TENSORS = {
     ("layer_norm", "fwdbwd"): 5,
     ("ada_norm", "fwd"): 2,
     ("ada_norm", "fwdbwd"): 5,
+    # activations, in units of M*I (I = the output width): gated fwd reads gate and up, writes y;
+    # bwd reads gate, up, dy and writes dgate, dup (fwd+bwd 3 + 5); gelu fwd 2, bwd 3 (x, dy, dx)
+    ("silu_and_mul", "fwd"): 3,
+    ("silu_and_mul", "fwdbwd"): 8,
+    ("swiglu", "fwd"): 3,
+    ("swiglu", "fwdbwd"): 8,
+    ("gelu_and_mul", "fwd"): 3,
+    ("gelu_and_mul", "fwdbwd"): 8,
+    ("geglu", "fwd"): 3,
+    ("geglu", "fwdbwd"): 8,
+    ("gelu", "fwd"): 2,
+    ("gelu", "fwdbwd"): 5,
 }
 # Small terms, in units of `param_rows * N` elements (param_rows = 1 for weight/bias, B for the
 # [B, 1, N] scale/shift): fwd reads the parameters, bwd reads what dx needs and writes the grads.
@@ -79,6 +117,7 @@ PARAM_TENSORS = {
     ("layer_norm", "fwdbwd"): 5,   # w, b (fwd) + w (bwd) + dw, db
     ("ada_norm", "fwd"): 2,        # scale, shift
     ("ada_norm", "fwdbwd"): 5,     # scale, shift (fwd) + scale (bwd) + dscale, dshift
+    **{(op, m): 0 for op in ACT_OPS for m in ("fwd", "fwdbwd")},  # no parameters
 }
 # Nominal floating-point operations per element of x (the formula's arithmetic, fp32).
 FLOPS_PER_ELT = {
@@ -90,6 +129,17 @@ FLOPS_PER_ELT = {
     ("layer_norm", "fwdbwd"): 17,
     ("ada_norm", "fwd"): 9,        # layer norm (5) + (1+scale), *, +shift
     ("ada_norm", "fwdbwd"): 21,
+    # activations, per output element (nominal; erf counted as ~14 ops of its polynomial)
+    ("silu_and_mul", "fwd"): 6,    # -a, exp, 1+, rcp, a*s, *up
+    ("silu_and_mul", "fwdbwd"): 17,  # + sigmoid (4), 1-s, fma, *s, g*up*s', g*silu
+    ("swiglu", "fwd"): 6,
+    ("swiglu", "fwdbwd"): 17,
+    ("gelu_and_mul", "fwd"): 18,   # erf, +1, *0.5, *a, *hidden
+    ("gelu_and_mul", "fwdbwd"): 42,
+    ("geglu", "fwd"): 10,          # a^2, fma, *a, sigmoid (4), *a, *hidden
+    ("geglu", "fwdbwd"): 26,
+    ("gelu", "fwd"): 17,
+    ("gelu", "fwdbwd"): 40,
 }
 
 
@@ -152,11 +202,43 @@ def eager_ada_norm(t):
     return (F.layer_norm(x, (x.shape[-1],), eps=EPS["ada_norm"]) * (1 + t["scale"]) + t["shift"],)
 
 
+def eager_silu_and_mul(t):
+    # vLLM SiluAndMul.forward_native
+    x = t["x"]
+    d = x.shape[-1] // 2
+    return (F.silu(x[..., :d]) * x[..., d:],)
+
+
+def eager_swiglu(t):
+    # transformers LlamaMLP: act_fn(gate_proj(x)) * up_proj(x)
+    return (F.silu(t["gate"]) * t["up"],)
+
+
+def eager_gelu_and_mul(t):
+    # diffusers GEGLU.forward after the projection: hidden_states, gate = x.chunk(2, dim=-1)
+    hidden, gate = t["x"].chunk(2, dim=-1)
+    return (hidden * F.gelu(gate, approximate=GELU_AND_MUL_ARGS["approximate"]),)
+
+
+def eager_geglu(t):
+    # diffusers GEGLU(approximate="tanh"): hidden_states * self.gelu(gate)
+    return (t["hidden"] * F.gelu(t["gate"], approximate=GEGLU_APPROX),)
+
+
+def eager_gelu(t):
+    return (F.gelu(t["x"]),)
+
+
 EAGER = {
     "rms_norm": eager_rms_norm,
     "add_rms_norm": eager_add_rms_norm,
     "layer_norm": eager_layer_norm,
     "ada_norm": eager_ada_norm,
+    "silu_and_mul": eager_silu_and_mul,
+    "swiglu": eager_swiglu,
+    "gelu_and_mul": eager_gelu_and_mul,
+    "geglu": eager_geglu,
+    "gelu": eager_gelu,
 }
 
 
@@ -170,7 +252,7 @@ def native_layer_norm(t):
     return (F.layer_norm(x, (x.shape[-1],), t["weight"], t["bias"], EPS["layer_norm"]),)
 
 
-NATIVE = {"rms_norm": native_rms_norm, "layer_norm": native_layer_norm}
+NATIVE = {"rms_norm": native_rms_norm, "layer_norm": native_layer_norm, "gelu": eager_gelu}
 
 
 def _kf():
@@ -181,17 +263,47 @@ def _kf():
 
 def kf_provider(op: str) -> Callable:
     kf = _kf()
-    eps = EPS[op]
+    eps = EPS.get(op)  # norm ops only
     if op == "rms_norm":
         return lambda t: (kf.rms_norm(t["x"], t["weight"], eps),)
     if op == "add_rms_norm":
         return lambda t: tuple(kf.add_rms_norm(t["x"], t["residual"], t["weight"], eps))
     if op == "layer_norm":
         return lambda t: (kf.layer_norm(t["x"], t["weight"], t["bias"], eps),)
-    return lambda t: (kf.ada_norm(t["x"], t["scale"], t["shift"], None, None, eps, kind="layer"),)
+    if op == "ada_norm":
+        return lambda t: (kf.ada_norm(t["x"], t["scale"], t["shift"], None, None, eps, kind="layer"),)
+    if op == "silu_and_mul":
+        return lambda t: (kf.silu_and_mul(t["x"]),)
+    if op == "swiglu":
+        return lambda t: (kf.swiglu(t["gate"], t["up"]),)
+    if op == "gelu_and_mul":
+        return lambda t: (kf.gelu_and_mul(t["x"], **GELU_AND_MUL_ARGS),)
+    if op == "geglu":
+        return lambda t: (kf.geglu(t["hidden"], t["gate"], approximate=GEGLU_APPROX),)
+    return lambda t: (kf.gelu(t["x"]),)
+
+
+def liger_activation(op: str) -> Callable | None:
+    """Liger's SwiGLU / GeGLU autograd functions (liger_kernel.ops). Their backward writes the
+    gradients into the saved gate/up buffers (Liger's design): the inputs of later timed calls then
+    hold gradient values, which changes no timing; each mode's correctness check runs first."""
+    try:
+        from liger_kernel.ops import geglu as lg  # noqa: PLC0415
+        from liger_kernel.ops import swiglu as ls  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return None
+    if op == "silu_and_mul" and hasattr(ls, "LigerFusedGateUpSiLUMulFunction"):
+        return lambda t: (ls.LigerFusedGateUpSiLUMulFunction.apply(t["x"]),)  # gate first, no copies
+    if op == "swiglu":
+        return lambda t: (ls.LigerSiLUMulFunction.apply(t["gate"], t["up"]),)
+    if op == "geglu":  # gelu_tanh(a) * b with a = gate, b = hidden
+        return lambda t: (lg.LigerGELUMulFunction.apply(t["gate"], t["hidden"]),)
+    return None
 
 
 def liger_provider(op: str) -> Callable | None:
+    if op in ACT_OPS:
+        return liger_activation(op)
     try:
         from liger_kernel.transformers import functional as lf  # noqa: PLC0415
     except Exception:  # noqa: BLE001  (not installed, or its import fails: no liger peer)
@@ -234,6 +346,11 @@ GRAD_INPUTS = {
     "add_rms_norm": ("x", "residual", "weight"),
     "layer_norm": ("x", "weight", "bias"),
     "ada_norm": ("x", "scale", "shift"),
+    "silu_and_mul": ("x",),
+    "swiglu": ("gate", "up"),
+    "gelu_and_mul": ("x",),
+    "geglu": ("hidden", "gate"),
+    "gelu": ("x",),
 }
 
 
@@ -246,6 +363,14 @@ def make_inputs(op: str, rows: int, hidden: int, dtype, device, seed: int = 0) -
         return (v * scale + offset).to(dtype)
 
     t: dict = {}
+    if op in ACT_OPS:  # hidden = I, the output width; the fused ops read [rows, 2I]
+        if op in ("silu_and_mul", "gelu_and_mul"):
+            t["x"] = rnd(rows, 2 * hidden)
+        else:
+            for name in GRAD_INPUTS[op]:
+                t[name] = rnd(rows, hidden)
+        t["dy"] = rnd(rows, hidden)
+        return t
     if op == "ada_norm":
         b = ada_batch(rows)
         t["x"] = rnd(b, rows // b, hidden)
@@ -541,19 +666,23 @@ def default_shapes(op: str) -> list[tuple[int, int]]:
 
 
 def plan_cases(args) -> list[tuple[str, int, int, str]]:
-    """Shape-major: every op at the first shape, then the next shape, ... so that a run cut short
-    by --max-seconds has covered all ops at the leading shapes (summary and plots regroup by op)."""
-    shapes: list = []
-    for op in args.ops:
-        for sh in (args.shapes or default_shapes(op)):
-            if sh not in shapes:
-                shapes.append(sh)
+    """Family by family (norm, then activation: a run cut short by --max-seconds loses activation
+    cases first and the norm plan is what it was before the activations existed), shape-major
+    within a family: every op at the first shape, then the next shape, ... so that a cut run has
+    covered all of a family's ops at the leading shapes (summary and plots regroup by op)."""
     cases = []
-    for rows, hidden in shapes:
-        for op in args.ops:
-            if (rows, hidden) in (args.shapes or default_shapes(op)):
-                for dt in args.dtype:
-                    cases.append((op, rows, hidden, dt))
+    for family in (NORM_OPS, ACT_OPS):
+        ops = [op for op in args.ops if op in family]
+        shapes: list = []
+        for op in ops:
+            for sh in (args.shapes or default_shapes(op)):
+                if sh not in shapes:
+                    shapes.append(sh)
+        for rows, hidden in shapes:
+            for op in ops:
+                if (rows, hidden) in (args.shapes or default_shapes(op)):
+                    for dt in args.dtype:
+                        cases.append((op, rows, hidden, dt))
     return cases
 
 
@@ -818,7 +947,10 @@ def plot_op(op: str, groups: list[list[Result]], info: RunInfo, path: str) -> No
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ops", nargs="*", metavar="OP",
-                   help=f"ops to time (default all): {' '.join(OPS)}")
+                   help=f"ops to time: {' '.join(OPS)}, or a group: {' '.join(OP_GROUPS)} (default: "
+                        f"{' '.join(DEFAULT_OPS)})")
+    p.add_argument("--ops", dest="ops_list", default=None,
+                   help="the same as a comma list, e.g. --ops activation or --ops rms_norm,swiglu")
     p.add_argument("--shapes", type=parse_shapes, default=None,
                    help="ROWSxHIDDEN list, e.g. 16384x4096,1x4096 (default: 16384x{2048,4096,8192}, "
                         "{1,64}x4096, and 4096x65536, 2048x131072 for rms_norm and layer_norm)")
@@ -839,11 +971,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
-    bad = [o for o in args.ops if o not in OPS]
+    named = list(args.ops) + [o.strip() for o in (getattr(args, "ops_list", None) or "").split(",") if o.strip()]
+    bad = [o for o in named if o not in OPS and o not in OP_GROUPS]
     if bad:
-        print(f"kforge bench: unknown op {', '.join(bad)}; choose from {' '.join(OPS)}", file=sys.stderr)
+        print(f"kforge bench: unknown op {', '.join(bad)}; choose from {' '.join(OPS)} or a group "
+              f"({' '.join(OP_GROUPS)})", file=sys.stderr)
         return 2
-    args.ops = list(dict.fromkeys(args.ops or OPS))
+    expanded = [o for n in named for o in OP_GROUPS.get(n, (n,))]
+    args.ops = list(dict.fromkeys(expanded or DEFAULT_OPS))
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())

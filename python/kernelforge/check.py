@@ -1,7 +1,9 @@
-"""`kforge check`: every norm op, forward and backward, on the current GPU against float64 oracles.
+"""`kforge check`: every op (norm and activation), forward and backward, on the current GPU against
+float64 oracles.
 
 For each op, dtype (bf16, fp16, fp32), shape (one row, N = 1, odd N, long rows, ...) and variant
-(with / without weight and bias; AdaLN layer and rms kinds, three scale shapes), on fresh random data:
+(with / without weight and bias; AdaLN layer and rms kinds, three scale shapes; GELU erf / tanh,
+gate first / second), on fresh random data:
 
   * the GPU result through the public API (kf.*, autograd for the gradients) is compared with
     (a) the op's own CPU implementation, the C++ float64 reference, run on the inputs upcast to
@@ -26,7 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
+NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
+ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
+OPS = NORM_OPS + ACT_OPS
+SPLIT_OPS = ("silu_and_mul", "gelu_and_mul")  # x [..., 2I] -> y [..., I]; shapes give I
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (max error relative to max|ref|, relative L2 error): bf16/fp16 allow a couple of roundings of
 # the result; fp32 only accumulation-order differences.
@@ -47,6 +52,11 @@ VARIANTS = {
         {"kind": "rms", "weight": False, "bias": False, "mod": "B1N"},
         {"kind": "rms", "weight": True, "bias": False, "mod": "BSN"},
     ),
+    "silu_and_mul": ({},),
+    "swiglu": ({},),
+    "gelu_and_mul": tuple({"approximate": a, "gate_first": g} for a in ("tanh", "none") for g in (True, False)),
+    "geglu": ({"approximate": "none"}, {"approximate": "tanh"}),
+    "gelu": ({"approximate": "none"}, {"approximate": "tanh"}),
 }
 
 
@@ -55,6 +65,10 @@ def variant_label(v: dict) -> str:
     parts += [k for k in ("weight", "bias") if v.get(k)]
     if "mod" in v:
         parts.append("scale[" + ",".join(v["mod"]) + "]")
+    if "approximate" in v:
+        parts.append(v["approximate"])
+    if "gate_first" in v:
+        parts.append("gate_first" if v["gate_first"] else "gate_second")
     return "+".join(parts) if parts else "plain"
 
 
@@ -66,6 +80,12 @@ def make_inputs(op: str, rows: int, n: int, v: dict, dtype, device) -> dict:
     def rnd(*shape, scale=1.0, offset=0.0):
         return (torch.randn(*shape, device=device) * scale + offset).to(dtype)
 
+    if op in ACT_OPS:  # n = the output width I; activation inputs N(0, 2^2) reach both tails
+        t = {name: rnd(rows, n, scale=2.0) for name in grad_names(op, {})}
+        if op in SPLIT_OPS:
+            t["x"] = rnd(rows, 2 * n, scale=2.0)
+        t["dy"] = rnd(rows, n)
+        return t
     t = {"weight": None, "bias": None}
     if op == "ada_norm":
         b = 2 if rows >= 2 and rows % 2 == 0 else 1
@@ -91,7 +111,11 @@ def make_inputs(op: str, rows: int, n: int, v: dict, dtype, device) -> dict:
 def grad_names(op: str, t: dict) -> list[str]:
     names = {"rms_norm": ["x", "weight"], "add_rms_norm": ["x", "residual", "weight"],
              "layer_norm": ["x", "weight", "bias"],
-             "ada_norm": ["x", "scale", "shift", "weight", "bias"]}[op]
+             "ada_norm": ["x", "scale", "shift", "weight", "bias"],
+             "silu_and_mul": ["x"], "swiglu": ["gate", "up"], "gelu_and_mul": ["x"],
+             "geglu": ["hidden", "gate"], "gelu": ["x"]}[op]
+    if op in ACT_OPS:
+        return names
     return [k for k in names if t.get(k) is not None]
 
 
@@ -110,6 +134,8 @@ def run_kf(kf, op: str, t: dict, v: dict) -> dict:
     names = grad_names(op, t)
     leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
     a = {**t, **leaves}
+    if op in ACT_OPS:
+        return _run_kf_act(kf, op, t, v, a, leaves, names)
     _poison([a["x"].shape] * 2 + [leaves[k].shape for k in names], a["x"].dtype, a["x"].device)
     eps = EPS[op]
     if op == "rms_norm":
@@ -141,6 +167,33 @@ def run_kf(kf, op: str, t: dict, v: dict) -> dict:
     return res
 
 
+def _act_call(kf, op, a, v):
+    if op == "silu_and_mul":
+        return kf.silu_and_mul(a["x"])
+    if op == "swiglu":
+        return kf.swiglu(a["gate"], a["up"])
+    if op == "gelu_and_mul":
+        return kf.gelu_and_mul(a["x"], approximate=v["approximate"], gate_first=v["gate_first"])
+    if op == "geglu":
+        return kf.geglu(a["hidden"], a["gate"], approximate=v["approximate"])
+    return kf.gelu(a["x"], approximate=v["approximate"])
+
+
+def _run_kf_act(kf, op, t, v, a, leaves, names):
+    dy = a["dy"]
+    _poison([dy.shape] + [leaves[k].shape for k in names], dy.dtype, dy.device)
+    y = _act_call(kf, op, a, v)
+    if y.shape != dy.shape or y.dtype != dy.dtype:
+        raise AssertionError(f"y has shape {tuple(y.shape)} {y.dtype}, expected {tuple(dy.shape)} {dy.dtype}")
+    grads = torch.autograd.grad([y], [leaves[k] for k in names], [dy])
+    res = {"y": y.detach()}
+    for k, g in zip(names, grads):
+        if g.shape != t[k].shape:
+            raise AssertionError(f"d{k} has shape {tuple(g.shape)}, expected {tuple(t[k].shape)}")
+        res["d" + k] = g
+    return res
+
+
 # ---- oracle (a): the op's CPU implementation (C++ float64 reference) on float64 inputs ----------
 
 def _f64(t: dict) -> dict:
@@ -148,9 +201,29 @@ def _f64(t: dict) -> dict:
             for k, v in t.items()}
 
 
+def _cpp_ref_act(op: str, a: dict, v: dict) -> dict:
+    ops = torch.ops.kernelforge
+    dy = a["dy"]
+    if op == "silu_and_mul":
+        return {"y": ops.silu_and_mul(a["x"]), "dx": ops.silu_and_mul_backward(dy, a["x"])}
+    if op == "swiglu":
+        dg, du = ops.swiglu_backward(dy, a["gate"], a["up"])
+        return {"y": ops.swiglu(a["gate"], a["up"]), "dgate": dg, "dup": du}
+    ap = v["approximate"]
+    if op == "gelu_and_mul":
+        gf = v["gate_first"]
+        return {"y": ops.gelu_and_mul(a["x"], ap, gf), "dx": ops.gelu_and_mul_backward(dy, a["x"], ap, gf)}
+    if op == "geglu":
+        dh, dg = ops.geglu_backward(dy, a["hidden"], a["gate"], ap)
+        return {"y": ops.geglu(a["hidden"], a["gate"], ap), "dhidden": dh, "dgate": dg}
+    return {"y": ops.gelu(a["x"], ap), "dx": ops.gelu_backward(dy, a["x"], ap)}
+
+
 def run_cpp_ref(op: str, t: dict, v: dict) -> dict:
     ops = torch.ops.kernelforge
     a = _f64(t)
+    if op in ACT_OPS:
+        return _cpp_ref_act(op, a, v)
     eps = EPS[op]
     if op == "rms_norm":
         y = ops.rms_norm(a["x"], a["weight"], eps)
@@ -191,11 +264,34 @@ def _layer64(x, w, b, eps):
     return y
 
 
+def _torch_act(op: str, a: dict, v: dict) -> torch.Tensor:
+    """The model libraries' formulas in float64 (F.silu / F.gelu; diffusers GEGLU chunk order)."""
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    if op == "silu_and_mul":
+        gate, up = a["x"].chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if op == "swiglu":
+        return F.silu(a["gate"]) * a["up"]
+    if op == "gelu_and_mul":
+        first, second = a["x"].chunk(2, dim=-1)
+        if v["gate_first"]:
+            return F.gelu(first, approximate=v["approximate"]) * second
+        return first * F.gelu(second, approximate=v["approximate"])
+    if op == "geglu":
+        return a["hidden"] * F.gelu(a["gate"], approximate=v["approximate"])
+    return F.gelu(a["x"], approximate=v["approximate"])
+
+
 def run_torch_ref(op: str, t: dict, v: dict) -> dict:
     a = _f64(t)
     names = grad_names(op, t)
     for k in names:
         a[k].requires_grad_(True)
+    if op in ACT_OPS:
+        y = _torch_act(op, a, v)
+        grads = torch.autograd.grad([y], [a[k] for k in names], [a["dy"]])
+        return {"y": y.detach(), **{"d" + k: g for k, g in zip(names, grads)}}
     eps = EPS[op]
     if op == "rms_norm":
         outs = {"y": _rms64(a["x"], a["weight"], eps)}
@@ -284,7 +380,8 @@ def check_case(kf, op, rows, n, v, dtype, device, tally: Tally) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("ops", nargs="*", metavar="OP", help=f"ops to check (default all): {' '.join(OPS)}")
+    p.add_argument("ops", nargs="*", metavar="OP",
+                   help=f"ops to check (default all): {' '.join(OPS)}; groups: norm, activation")
     p.add_argument("--dtype", default="bf16,fp16,fp32",
                    help="comma list of bf16, fp16, fp32 (default all three)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
@@ -293,6 +390,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    groups = {"norm": NORM_OPS, "activation": ACT_OPS, "all": OPS}
+    args.ops = [o for n in args.ops for o in groups.get(n, (n,))]
     bad = [o for o in args.ops if o not in OPS]
     dts = [d.strip() for d in args.dtype.split(",") if d.strip()]
     bad += [d for d in dts if d not in DTYPES]
