@@ -31,8 +31,11 @@ class MLP(torch.nn.Module):
         h = h + kf.gelu_and_mul(x, approximate="none", gate_first=False)
         h = h + kf.geglu(up, gate + 1.0)
         h = h + kf.gelu(gate, approximate="tanh") * 0.5
-        # mean, not sum: float32 sums of thousands of terms differ with the summation order
-        return h.float().sin().mean() + h * 3.0
+        # mean, not sum: float32 sums of thousands of terms differ with the summation order. The sine
+        # takes h / 100: y.backward(ones) sends numel * d mean(sin(h/100))/dh = cos(h/100) / 100 to
+        # every element of h, which moves by < 1 % when eager's bf16 rounding of h (ulp 1 at |h| ~ 200)
+        # differs from the compiled float32 value; sin(h) would make that gradient arbitrary.
+        return (h.float() * 0.01).sin().mean() + h * 3.0
 
 
 def _inputs(shape, dtype, device):
@@ -40,6 +43,17 @@ def _inputs(shape, dtype, device):
     gate = R.rand(shape, dtype, device, scale=2.0).requires_grad_()
     up = R.rand(shape, dtype, device).requires_grad_()
     return x, gate, up
+
+
+def _close_to_eager(actual, expected, dtype, msg):
+    """Compiled vs eager output of the whole module: inductor fuses the elementwise ops around ours
+    and keeps float32 between them, where eager rounds to bf16 after every op, so the two differ by a
+    few bf16 ulps of the largest values (1.0 at |h| ~ 200): the tolerance scales with max |expected|."""
+    assert actual.dtype == expected.dtype, f"{msg}: dtype {actual.dtype} != {expected.dtype}"
+    tol = R.TOL[dtype]
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    torch.testing.assert_close(a, e, rtol=tol, atol=tol * max(1.0, e.abs().max().item()), equal_nan=False,
+                               msg=lambda m: f"{msg}\n{m}")
 
 
 @pytest.mark.parametrize("device,dtype,backend", COMPILE_CASES)
@@ -59,7 +73,7 @@ def test_compile_fullgraph_no_recompile(kf, device, dtype, backend):
     args = _inputs(shape, dtype, device)
     y_c, g_c = run(compiled, args)
     y_e, g_e = run(mlp, args)
-    R.assert_close(y_c, y_e, dtype, msg="compiled vs eager")
+    _close_to_eager(y_c, y_e, dtype, "compiled vs eager")
     for a, e in zip(g_c, g_e):
         R.assert_close(a, e.double(), dtype, grad=True, msg="compiled grad vs eager")
 
@@ -68,7 +82,7 @@ def test_compile_fullgraph_no_recompile(kf, device, dtype, backend):
     with torch.compiler.set_stance("fail_on_recompile"):
         y_c2, g_c2 = run(compiled, args2)
     y_e2, g_e2 = run(mlp, args2)
-    R.assert_close(y_c2, y_e2, dtype, msg="compiled vs eager (second call)")
+    _close_to_eager(y_c2, y_e2, dtype, "compiled vs eager (second call)")
     for a, e in zip(g_c2, g_e2):
         R.assert_close(a, e.double(), dtype, grad=True, msg="compiled grad vs eager (second call)")
     assert not torch.equal(y_c, y_c2), "second call must see the new data"
