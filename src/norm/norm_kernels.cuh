@@ -78,6 +78,9 @@ constexpr int kBwdChunkSmem = 96 * 1024;
 #else
 #define KF_BWD_REG_ATTR __launch_bounds__(kBwdMaxTeam)
 #endif
+#ifndef KF_FWD_PARAMS_FIRST  // norm_fwd_row: AdaLN scale/shift loads of a row before its stores (sweeps)
+#define KF_FWD_PARAMS_FIRST 1
+#endif
 #ifndef KF_BWD_ADA_REREAD  // build-time switch for sweeps (scripts/gpu_sweep.sh KF_SWEEP_FLAGS)
 #define KF_BWD_ADA_REREAD 1
 #endif
@@ -629,6 +632,22 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
       const int64_t gl = Tr::kAda ? ada_group(rl, p) : 0;
       const T* __restrict__ scl = static_cast<const T*>(p.scale) + gl * p.scale_stride;
       const T* __restrict__ shl = static_cast<const T*>(p.shift) + gl * p.shift_stride;
+      // AdaLN scale/shift vectors: with KF_FWD_PARAMS_FIRST all of the row's are loaded before its
+      // first store, so that the block pays one L1/L2 round trip after the reduction instead of one
+      // per vector (the compiler does not move loads across the stores to y, which may alias).
+      // Weight and bias stay per vector (the same for every row: L1 hits; more registers would spill).
+      constexpr int kP = (KF_FWD_PARAMS_FIRST && Tr::kAda && !kEarly && kIters <= 2) ? kIters : 1;
+      V scp[kP], shp[kP];
+      if constexpr (kP > 1) {
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int col = (t + i * tpr) * kVec;
+          if (row_ok && col < n) {
+            scp[i] = load_vec<T, kVec>(scl + col);
+            shp[i] = load_vec<T, kVec>(shl + col);
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int col = (t + i * tpr) * kVec;
@@ -645,8 +664,13 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
             if (bg) bv = load_vec<T, kVec>(bg + col);
           }
           if constexpr (Tr::kAda) {
-            scv = load_vec<T, kVec>(scl + col);
-            shv = load_vec<T, kVec>(shl + col);
+            if constexpr (kP > 1) {
+              scv = scp[i];
+              shv = shp[i];
+            } else {
+              scv = load_vec<T, kVec>(scl + col);
+              shv = load_vec<T, kVec>(shl + col);
+            }
           }
         }
         launder(xv[i]);  // convert x again here rather than keep its float32 copy live (registers)
@@ -1606,6 +1630,7 @@ struct ColSums {
   const float* part[2];
   OutT* out[2];
   int64_t n, ld, R, out_rows;
+  int64_t out_ld;  // row stride of the outputs: ld (float partial-layout rows) or n (parameter gradients)
   const T* scale;
   int64_t scale_stride;
 };
@@ -1663,10 +1688,7 @@ __global__ void __launch_bounds__(kColTileX* kColTileY) reduce_columns(const Col
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           if (c0 + q >= a.n) break;
-          if constexpr (std::is_same<OutT, float>::value)
-            out[o * a.ld + c0 + q] = t4[q];  // float outputs are partial-layout rows (stride ld)
-          else
-            out[o * a.n + c0 + q] = from_float<T>(t4[q]);
+          out[o * a.out_ld + c0 + q] = from_float<OutT>(t4[q]);
         }
       }
       __syncthreads();
@@ -1969,8 +1991,8 @@ Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
 // out_s = column sums of the slabs part_s (s < 2; an absent output or slab is skipped), one launch.
 template <typename OutT, typename T>
 Status reduce_into(const float* part_a, OutT* out_a, const float* part_d, OutT* out_d, int64_t n, int64_t ld,
-                   int64_t rows_per_out, int64_t out_rows, const T* scale, int64_t scale_stride, bool pdl,
-                   cudaStream_t stream) {
+                   int64_t rows_per_out, int64_t out_rows, int64_t out_ld, const T* scale, int64_t scale_stride,
+                   bool pdl, cudaStream_t stream) {
   ColSums<OutT, T> a = {};
   int slabs = 0;
   if (part_a && out_a) {
@@ -1986,6 +2008,7 @@ Status reduce_into(const float* part_a, OutT* out_a, const float* part_d, OutT* 
   a.ld = ld;
   a.R = rows_per_out;
   a.out_rows = out_rows;
+  a.out_ld = out_ld;
   a.scale = scale;
   a.scale_stride = scale_stride;
   const dim3 grid(unsigned(ceil_div(ld / 4, kColTileX)), unsigned(std::min<int64_t>(out_rows, 65535)), unsigned(slabs));
@@ -2131,11 +2154,16 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   T* db = static_cast<T*>(p.dbias);
   if (!wk.grouped)  // dw = Σ A, db = Σ D over the blocks' partial rows
     return reduce_into<T, T>(wk.part_a, dw, wk.part_d, (Tr::kLayer || Tr::kAda) ? db : nullptr, p.n, wk.ld, nblocks, 1,
-                             no_scale, 0, pdl, stream);
+                             p.n, no_scale, 0, pdl, stream);
+  // Grouped AdaLN without weight and bias (DiT-style): dscale_g = A_g and dshift_g = D_g, so the
+  // per-group reduction writes them directly (one kernel instead of two).
+  if (staged && !p.weight && !p.bias)
+    return reduce_into<T, T>(p.dscale ? wk.part_a : nullptr, static_cast<T*>(p.dscale), p.dshift ? wk.part_d : nullptr,
+                             static_cast<T*>(p.dshift), p.n, wk.ld, wk.bpg, wk.groups, p.n, no_scale, 0, pdl, stream);
   // Grouped AdaLN: per-group sums (when several blocks shared a group), then the parameter grads.
   if (staged) {
-    if (!(s = reduce_into<float, T>(wk.part_a, ga, wk.part_d, gd, p.n, wk.ld, wk.bpg, wk.groups, no_scale, 0, pdl,
-                                    stream))
+    if (!(s = reduce_into<float, T>(wk.part_a, ga, wk.part_d, gd, p.n, wk.ld, wk.bpg, wk.groups, wk.ld, no_scale, 0,
+                                    pdl, stream))
              .ok())
       return s;
   }
@@ -2151,7 +2179,7 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     if (!s.ok()) return s;
   }
   const T* sc = static_cast<const T*>(p.scale);
-  return reduce_into<T, T>(ga, dw, gd, db, p.n, wk.ld, wk.groups, 1, sc, p.scale_stride, pdl, stream);
+  return reduce_into<T, T>(ga, dw, gd, db, p.n, wk.ld, wk.groups, 1, p.n, sc, p.scale_stride, pdl, stream);
 }
 
 template <typename T, NormOp kOp>
