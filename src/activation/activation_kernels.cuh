@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "activation/activation_problem.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 
 namespace kernelforge {
@@ -56,16 +57,6 @@ template <bool kBwd, int kBytes>
 constexpr int vecs_per_thread() {
   constexpr ActTuning t = kBwd ? kBwdTuning : kFwdTuning;
   return kBytes >= 16 ? t.vecs_16B : t.vecs_narrow;
-}
-
-// bf16 kernels are not built for sm_75 (no bf16 there; the host rejects such calls).
-template <typename T>
-__device__ __forceinline__ constexpr bool arch_supports() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  return !std::is_same<T, __nv_bfloat16>::value;
-#else
-  return true;
-#endif
 }
 
 // ---- the elementwise functions (float32) ---------------------------------------------------------
@@ -245,17 +236,10 @@ __global__ void __launch_bounds__(kThreads) act_bwd(const ActParams p) {
 }
 
 // ---- launch ------------------------------------------------------------------------------------
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int pow2_at_least(int64_t v, int cap) {  // smallest power of two >= v, at most cap
   int p = 1;
   while (p < v && p < cap) p <<= 1;
   return p;
-}
-
-inline Status check_launch(const char* what) {
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
-  return Status::Ok();
 }
 
 // Widest access (bytes) that every base pointer and row stride allows: 16, 4 (16-bit types) or

@@ -3,33 +3,16 @@
 #include <string>
 
 #include "activation/activation_problem.h"
+#include "common/validate_util.h"
 
 namespace kernelforge {
 
 namespace {
 
-std::string shape_str(const TensorView& t) {
-  std::string s = "[";
-  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
-  return s + "]";
-}
-
-std::string strides_str(const TensorView& t) {
-  std::string s = "[";
-  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.strides[d]);
-  return s + "]";
-}
-
-std::string device_str(const Device& d) {
-  return d.type == DeviceType::kCUDA ? "cuda:" + std::to_string(d.index) : std::string("cpu");
-}
-
-bool same_shape(const TensorView& a, const TensorView& b) {
-  if (a.ndim != b.ndim) return false;
-  for (int d = 0; d < a.ndim; ++d)
-    if (a.shape[d] != b.shape[d]) return false;
-  return true;
-}
+using validate_util::device_str;
+using validate_util::same_shape;
+using validate_util::shape_str;
+using validate_util::strides_str;
 
 // Argument names of each op, as in the public API: the primary input (the first argument, whose
 // dtype, device and shape the others must match), the second input, and their gradients.

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/device.h"
+#include "common/launch.cuh"
 #include "common/vec.cuh"
 #include "norm/norm_problem.h"
 
@@ -107,7 +108,6 @@ inline int pow2_ceil(int64_t v) {
   while (p < v) p <<= 1;
   return p;
 }
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- programmatic dependent launch (sm_90) ------------------------------------------------------
 // Every kernel is launched with the PDL attribute on sm_90 (Launch below): it may become resident
@@ -206,16 +206,6 @@ struct OpTraits {
   static constexpr bool kRes = kOp == NormOp::kAddRms;
   static constexpr bool kHfRms = kOp == NormOp::kRms || kOp == NormOp::kAddRms;  // T(T(xh) * w)
 };
-
-// bf16 kernels are not built for sm_75 (no bf16 there; the host rejects such calls).
-template <typename T>
-__device__ __forceinline__ constexpr bool arch_supports() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  return !std::is_same<T, __nv_bfloat16>::value;
-#else
-  return true;
-#endif
-}
 
 // Row statistics from the shifted sums, K = x[row, 0] for LayerNorm (0 for RMSNorm, mean = 0):
 //   S1 = Σ(x − K), S2 = Σ(x − K)²  ->  m1 = S1/n, mean = K + m1, var = S2/n − m1², rstd = 1/sqrt(var + eps)
@@ -1737,12 +1727,6 @@ bool can_vectorize(const NormParams& p) {
   if (p.scale && !aligned_to(p.scale, p.ada_groups > 1 ? p.scale_stride : 0, e, 16)) return false;
   if (p.shift && !aligned_to(p.shift, p.ada_groups > 1 ? p.shift_stride : 0, e, 16)) return false;
   return true;
-}
-
-inline Status check_launch(const char* what) {
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
-  return Status::Ok();
 }
 
 // Blocks of `kernel` resident per SM at `threads` threads and `smem` dynamic shared memory; the

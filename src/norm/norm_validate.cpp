@@ -2,34 +2,17 @@
 #include <climits>
 #include <string>
 
+#include "common/validate_util.h"
 #include "norm/norm_problem.h"
 
 namespace kernelforge {
 
 namespace {
 
-std::string shape_str(const TensorView& t) {
-  std::string s = "[";
-  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
-  return s + "]";
-}
-
-std::string strides_str(const TensorView& t) {
-  std::string s = "[";
-  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.strides[d]);
-  return s + "]";
-}
-
-std::string device_str(const Device& d) {
-  return d.type == DeviceType::kCUDA ? "cuda:" + std::to_string(d.index) : std::string("cpu");
-}
-
-bool same_shape(const TensorView& a, const TensorView& b) {
-  if (a.ndim != b.ndim) return false;
-  for (int d = 0; d < a.ndim; ++d)
-    if (a.shape[d] != b.shape[d]) return false;
-  return true;
-}
+using validate_util::device_str;
+using validate_util::same_shape;
+using validate_util::shape_str;
+using validate_util::strides_str;
 
 struct Checker {
   const NormCall& c;
