@@ -440,3 +440,5 @@ for _entry in (
 ):
     register_replacement(_entry)
 del _entry
+
+from . import _patch_activation  # noqa: E402,F401  (registers the activation entries)
