@@ -47,9 +47,12 @@ _REPLACED_HINT = "Call kernelforge.unpatch(model) and patch again after changing
 
 
 # ---- what a function computes: its syntax tree -------------------------------------------------------
-# Compared on the source's AST (not bytecode: the installed .pyc files may come from another patch
-# release of the interpreter, which compiles the same source differently). Ignored: names of the
-# parameters, annotations, decorators, docstring, comments and layout. Without source: no match.
+# Compared on the source's AST, not bytecode: the same source compiles differently in another
+# module (CPython 3.11 emits LOAD_ATTR instead of LOAD_METHOD for `mod.f()` when the enclosing module
+# imports `mod`, as diffusers' activations.py does with torch_npu), so a reference copy here would not
+# match. Ignored: names of the function and its parameters, annotations, decorators, docstring,
+# comments and layout. The references are source text (the _REF_* strings), the library's side is
+# read with inspect.getsource; a class without source is not patched.
 
 
 class _Rename(ast.NodeTransformer):
@@ -62,11 +65,10 @@ class _Rename(ast.NodeTransformer):
 
 
 @functools.lru_cache(maxsize=None)
-def _ast_key(fn) -> str | None:
+def _src_key(src: str) -> str | None:
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
-        node = ast.parse(src).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
+        node = ast.parse(textwrap.dedent(src).strip("\n")).body[0]
+    except (SyntaxError, IndexError):
         return None
     if not isinstance(node, ast.FunctionDef):
         return None
@@ -84,9 +86,18 @@ def _ast_key(fn) -> str | None:
     return ast.dump(a) + ast.dump(mod)
 
 
-def _same_as(fn, *refs) -> bool:
-    key = _ast_key(fn) if callable(fn) else None
-    return key is not None and any(key == _ast_key(r) for r in refs)
+@functools.lru_cache(maxsize=None)
+def _fn_key(fn) -> str | None:
+    try:
+        return _src_key(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+
+
+def _same_as(fn, *refs: str) -> bool:
+    """fn's source has the syntax tree of one of the reference sources."""
+    key = _fn_key(fn) if callable(fn) else None
+    return key is not None and any(key == _src_key(r) for r in refs)
 
 
 def _hooked(m: nn.Module) -> bool:
@@ -111,12 +122,16 @@ def _kernel_unsupported(*ts: torch.Tensor) -> str | None:
 # ---- activation modules: what exactly they compute -----------------------------------------------
 
 
-def _ref_hf_silu(self, input):
+_REF_HF_SILU = r'''
+def forward(self, input):
     return nn.functional.silu(input)
+'''
 
 
-def _ref_hf_act(self, input):
+_REF_HF_ACT = r'''
+def forward(self, input):
     return self.act(input)
+'''
 
 
 def _act_kind(act) -> "tuple[str, str] | str":
@@ -135,12 +150,12 @@ def _act_kind(act) -> "tuple[str, str] | str":
         return ("gelu", act.approximate)
     hf = sys.modules.get("transformers.activations")  # loaded whenever a transformers model exists
     if hf is not None:
-        if isinstance(act, hf.SiLUActivation) and _same_as(cls.forward, _ref_hf_silu):
+        if isinstance(act, hf.SiLUActivation) and _same_as(cls.forward, _REF_HF_SILU):
             return ("silu", "")
         fn = act.__dict__.get("act")
-        if isinstance(act, hf.GELUActivation) and _same_as(cls.forward, _ref_hf_act) and fn is F.gelu:
+        if isinstance(act, hf.GELUActivation) and _same_as(cls.forward, _REF_HF_ACT) and fn is F.gelu:
             return ("gelu", "none")
-        if (isinstance(act, hf.GELUTanh) and _same_as(cls.forward, _ref_hf_act) and isinstance(fn, functools.partial)
+        if (isinstance(act, hf.GELUTanh) and _same_as(cls.forward, _REF_HF_ACT) and isinstance(fn, functools.partial)
                 and fn.func is F.gelu and not fn.args and fn.keywords == {"approximate": "tanh"}):
             return ("gelu", "tanh")
     return f"activation {_qualname(cls)}: no kernelforge kernel computes exactly it"
@@ -171,20 +186,24 @@ def _act_changed(self, act) -> str | None:
 # ---- transformers gated MLPs ---------------------------------------------------------------------
 
 
-def _ref_hf_mlp_a(self, x):
+_REF_HF_MLP_A = r'''
+def forward(self, x):
     down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     return down_proj
+'''
 
 
-def _ref_hf_mlp_b(self, x):
+_REF_HF_MLP_B = r'''
+def forward(self, x):
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+'''
 
 
 def _hf_mlp_verdict(m: nn.Module) -> "tuple[str, str] | str | None":
     """None: not a gate/up/down MLP; a string: the reason it is skipped; else the activation kind."""
     if not all(isinstance(getattr(m, a, None), nn.Module) for a in ("gate_proj", "up_proj", "down_proj")):
         return None
-    if not _same_as(type(m).forward, _ref_hf_mlp_a, _ref_hf_mlp_b):
+    if not _same_as(type(m).forward, _REF_HF_MLP_A, _REF_HF_MLP_B):
         return "forward differs from LlamaMLP's down_proj(act_fn(gate_proj(x)) * up_proj(x))"
     return _act_kind(getattr(m, "act_fn", None))
 
@@ -234,28 +253,34 @@ def _hf_mlp_forward(kind: str):
 
 
 # ---- diffusers (diffusers.models.activations, 0.42) ----------------------------------------------
-# Reference copies of the diffusers 0.42.1 methods, compared by syntax tree: a class whose code
-# differs (another diffusers version, a subclass) is not patched. They never run.
+# Reference copies (source text) of the diffusers 0.42.1 methods, compared by syntax tree: a class
+# whose code differs (another diffusers version, a subclass) is not patched.
 
 
-def _ref_diff_gelu_gelu(self, gate: torch.Tensor) -> torch.Tensor:
-    if gate.device.type == "mps" and is_torch_version("<", "2.0.0"):  # noqa: F821
+_REF_DIFF_GELU_GELU = r'''
+def gelu(self, gate: torch.Tensor) -> torch.Tensor:
+    if gate.device.type == "mps" and is_torch_version("<", "2.0.0"):
         # fp16 gelu not supported on mps before torch 2.0
         return F.gelu(gate.to(dtype=torch.float32), approximate=self.approximate).to(dtype=gate.dtype)
     return F.gelu(gate, approximate=self.approximate)
+'''
 
 
-def _ref_diff_gelu_forward(self, hidden_states) -> torch.Tensor:
+_REF_DIFF_GELU_FORWARD = r'''
+def forward(self, hidden_states) -> torch.Tensor:
     hidden_states = self.proj(hidden_states)
     hidden_states = self.gelu(hidden_states)
     return hidden_states
+'''
 
 
-def _ref_diff_geglu_gelu(self, gate: torch.Tensor) -> torch.Tensor:
-    if gate.device.type == "mps" and is_torch_version("<", "2.0.0"):  # noqa: F821
+_REF_DIFF_GEGLU_GELU = r'''
+def gelu(self, gate: torch.Tensor) -> torch.Tensor:
+    if gate.device.type == "mps" and is_torch_version("<", "2.0.0"):
         # fp16 gelu not supported on mps before torch 2.0
         return F.gelu(gate.to(dtype=torch.float32)).to(dtype=gate.dtype)
     return F.gelu(gate)
+'''
 
 
 _SCALE_DEPRECATION = (
@@ -265,27 +290,33 @@ _SCALE_DEPRECATION = (
 )
 
 
-def _ref_diff_geglu_forward(self, hidden_states, *args, **kwargs) -> torch.Tensor:
+_REF_DIFF_GEGLU_FORWARD = r'''
+def forward(self, hidden_states, *args, **kwargs) -> torch.Tensor:
     if len(args) > 0 or kwargs.get("scale", None) is not None:
-        deprecation_message = "The `scale` argument is deprecated and will be ignored. Please remove it, as passing it will raise an error in the future. `scale` should directly be passed while calling the underlying pipeline component i.e., via `cross_attention_kwargs`."  # noqa: E501
-        deprecate("scale", "1.0.0", deprecation_message)  # noqa: F821
+        deprecation_message = "The `scale` argument is deprecated and will be ignored. Please remove it, as passing it will raise an error in the future. `scale` should directly be passed while calling the underlying pipeline component i.e., via `cross_attention_kwargs`."
+        deprecate("scale", "1.0.0", deprecation_message)
     hidden_states = self.proj(hidden_states)
-    if is_torch_npu_available():  # noqa: F821
-        return torch_npu.npu_geglu(hidden_states, dim=-1, approximate=1)[0]  # noqa: F821
+    if is_torch_npu_available():
+        return torch_npu.npu_geglu(hidden_states, dim=-1, approximate=1)[0]
     else:
         hidden_states, gate = hidden_states.chunk(2, dim=-1)
         return hidden_states * self.gelu(gate)
+'''
 
 
-def _ref_diff_swiglu_forward(self, hidden_states) -> torch.Tensor:
+_REF_DIFF_SWIGLU_FORWARD = r'''
+def forward(self, hidden_states) -> torch.Tensor:
     hidden_states = self.proj(hidden_states)
     hidden_states, gate = hidden_states.chunk(2, dim=-1)
     return hidden_states * self.activation(gate)
+'''
 
 
-def _ref_diff_linear_act_forward(self, hidden_states) -> torch.Tensor:
+_REF_DIFF_LINEAR_ACT_FORWARD = r'''
+def forward(self, hidden_states) -> torch.Tensor:
     hidden_states = self.proj(hidden_states)
     return self.activation(hidden_states)
+'''
 
 
 _ACTS = "diffusers.models.activations"
@@ -303,7 +334,7 @@ def _match_diffusers_gelu(m: nn.Module):
     cls = _diffusers_class(_ACTS, "GELU")
     if cls is None or not isinstance(m, cls):
         return None
-    why = _same_code(type(m), forward=_ref_diff_gelu_forward, gelu=_ref_diff_gelu_gelu)
+    why = _same_code(type(m), forward=_REF_DIFF_GELU_FORWARD, gelu=_REF_DIFF_GELU_GELU)
     if why is not None:
         return why
     if m.approximate not in ("none", "tanh"):
@@ -324,7 +355,7 @@ def _match_diffusers_geglu(m: nn.Module):
     cls = _diffusers_class(_ACTS, "GEGLU")
     if cls is None or not isinstance(m, cls):
         return None
-    why = _same_code(type(m), forward=_ref_diff_geglu_forward, gelu=_ref_diff_geglu_gelu)
+    why = _same_code(type(m), forward=_REF_DIFF_GEGLU_FORWARD, gelu=_REF_DIFF_GEGLU_GELU)
     if why is not None:
         return why
     npu = getattr(sys.modules[_ACTS], "is_torch_npu_available", None)
@@ -349,7 +380,7 @@ def _match_diffusers_swiglu(m: nn.Module):
     cls = _diffusers_class(_ACTS, "SwiGLU")
     if cls is None or not isinstance(m, cls):
         return None
-    why = _same_code(type(m), forward=_ref_diff_swiglu_forward)
+    why = _same_code(type(m), forward=_REF_DIFF_SWIGLU_FORWARD)
     if why is not None:
         return why
     act = _act_kind(getattr(m, "activation", None))
@@ -378,7 +409,7 @@ def _match_diffusers_linear_act(m: nn.Module):
     cls = _diffusers_class(_ACTS, "LinearActivation")
     if cls is None or not isinstance(m, cls):
         return None
-    why = _same_code(type(m), forward=_ref_diff_linear_act_forward)
+    why = _same_code(type(m), forward=_REF_DIFF_LINEAR_ACT_FORWARD)
     if why is not None:
         return why
     act = _act_kind(getattr(m, "activation", None))
