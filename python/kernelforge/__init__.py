@@ -3,7 +3,7 @@
     import kernelforge as kf
     y = kf.rms_norm(x, weight, eps=1e-6)
     h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
-    report = kf.patch(model)      # route a transformers / diffusers model's norms to the kernels
+    report = kf.patch(model)      # route a transformers / diffusers model's norms and MLP activations
     print(report)
 
 Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:

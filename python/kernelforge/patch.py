@@ -1,10 +1,13 @@
-"""patch(model): route the norm modules of a transformers / diffusers / plain torch model to kernelforge.
+"""patch(model): route the norm and activation modules of a transformers / diffusers / plain torch
+model to kernelforge.
 
 Only the *forward* of matching module instances is replaced (``module.forward = MethodType(...)``);
 parameters, buffers, state_dict keys and the class are untouched, and ``unpatch(model)`` puts the
 original forward back. Matching is table-driven: ``REPLACEMENTS`` is an ordered list of
 ``Replacement(matcher -> forward)`` entries; the first entry whose matcher claims a module decides
 (patch it, or skip it with a reason). New op families add entries with ``register_replacement``.
+Each entry belongs to a family ("norm", "activation"; ``patch(model, norms=..., activations=...)``
+chooses the families); the activation entries live in ``_patch_activation.py``.
 
 At run time a patched forward sends an input to the kernel only when the result is the one the
 original forward would give; otherwise (e.g. weight dtype != input dtype, where transformers would
@@ -40,13 +43,21 @@ class Replacement:
     ``match(module)`` returns None when the entry does not apply to the module, True to patch it,
     or a string: the reason the module is recognised but skipped. ``forward`` is the function
     installed as the module's forward (bound to the instance); ``op`` names the kernelforge op it
-    calls, for the report.
+    calls, for the report. ``family`` is "norm" or "activation" (switched by ``patch``'s flags of
+    the same names); entries of any other family are always applied. ``setup(module)``, when
+    given, runs when the module is patched; what it returns is kept as the patch state's ``extra``
+    (e.g. the activation submodule the patched forward verified).
     """
 
     name: str
     op: str
     match: Callable[[torch.nn.Module], "bool | str | None"]
     forward: Callable
+    family: str = "other"
+    setup: "Callable[[torch.nn.Module], object] | None" = None
+
+
+FAMILIES = ("norm", "activation")
 
 
 REPLACEMENTS: list[Replacement] = []
@@ -61,11 +72,27 @@ def register_replacement(entry: Replacement, *, before: str | None = None) -> No
     REPLACEMENTS.insert(idx, entry)
 
 
-def _unsupported_reason(m: torch.nn.Module) -> str | None:
-    """Consulted after the table: norm-looking classes no entry claimed are reported as skipped."""
+_UNSUPPORTED: list[tuple[str, Callable[[torch.nn.Module], "str | None"]]] = []  # (family, reason(module))
+
+
+def _unsupported_norm(m: torch.nn.Module) -> str | None:
+    """Norm-looking classes no entry claimed are reported as skipped."""
     name = type(m).__name__
     if name.endswith("RMSNorm") or name.endswith("LayerNorm"):
         return "no kernelforge replacement for this class"
+    return None
+
+
+_UNSUPPORTED.append(("norm", _unsupported_norm))
+
+
+def _unsupported_reason(m: torch.nn.Module, families: "set[str] | None" = None) -> str | None:
+    """Consulted after the table: modules of a selected family that no entry claimed."""
+    for family, reason in _UNSUPPORTED:
+        if families is None or family in families:
+            why = reason(m)
+            if why is not None:
+                return why
     return None
 
 
@@ -147,19 +174,30 @@ class _PatchState:
     entry: Replacement
     original: Callable  # the class forward, bound to the module (used by the runtime fallback)
     installed: Callable  # the bound forward we installed (unpatch checks nobody replaced it since)
+    extra: object = None  # what entry.setup returned
 
 
-def patch(model: torch.nn.Module) -> PatchReport:
-    """Replace the forward of every supported norm module in ``model``; returns what was done."""
+def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True) -> PatchReport:
+    """Replace the forward of every supported norm and activation module in ``model``; returns what
+    was done.
+
+    ``norms`` / ``activations`` choose the families (both by default). Norms: torch.nn.RMSNorm /
+    LayerNorm, diffusers RMSNorm, transformers Llama-style RMSNorm. Activations: transformers gated
+    MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or F.gelu-based GELU) and the
+    diffusers GELU / GEGLU / SwiGLU / LinearActivation(GELU) projections. Modules already patched
+    are skipped (patching twice is patching once).
+    """
+    families = {f for f, on in (("norm", norms), ("activation", activations)) if on}
+    table = [e for e in REPLACEMENTS if e.family in families or e.family not in FAMILIES]
     report = PatchReport()
     for path, module in model.named_modules():
         cls, qual = type(module).__name__, _qualname(type(module))
         if _STATE_ATTR in module.__dict__:
             report.skipped.append(SkippedModule(path, cls, "already patched by kernelforge", qual))
             continue
-        entry, verdict = next(((e, v) for e in REPLACEMENTS if (v := e.match(module)) is not None), (None, None))
+        entry, verdict = next(((e, v) for e in table if (v := e.match(module)) is not None), (None, None))
         if entry is None:
-            reason = _unsupported_reason(module)
+            reason = _unsupported_reason(module, families)
             if reason is not None:
                 report.skipped.append(SkippedModule(path, cls, reason, qual))
             continue
@@ -169,7 +207,8 @@ def patch(model: torch.nn.Module) -> PatchReport:
             report.skipped.append(SkippedModule(path, cls, str(verdict), qual))
             continue
         installed = types.MethodType(entry.forward, module)
-        module.__dict__[_STATE_ATTR] = _PatchState(entry, module.forward, installed)
+        extra = entry.setup(module) if entry.setup is not None else None
+        module.__dict__[_STATE_ATTR] = _PatchState(entry, module.forward, installed, extra)
         module.forward = installed
         report.patched.append(PatchedModule(path, cls, entry.op, qual))
     return report
@@ -202,8 +241,11 @@ def unpatch(model: torch.nn.Module) -> int:
 _warned: set[str] = set()
 
 
-def _fallback(module: torch.nn.Module, why: str, *args, **kwargs):
-    """Run the original forward for an input the kernel cannot take: warn once, or raise if strict."""
+_DTYPE_HINT = "Cast the model and its inputs to one dtype to use the kernel."
+
+
+def _warn_fallback(module: torch.nn.Module, why: str, hint: str = _DTYPE_HINT, stacklevel: int = 4) -> None:
+    """Announce that the original computation runs instead of the kernel: warn once, or raise if strict."""
     msg = (
         f"kernelforge: {type(module).__name__} called with {why}; the kernel cannot reproduce the "
         "original result, so the original forward runs instead"
@@ -212,7 +254,12 @@ def _fallback(module: torch.nn.Module, why: str, *args, **kwargs):
         raise RuntimeError(msg + " (KF_STRICT=1 makes this an error)")
     if msg not in _warned:
         _warned.add(msg)
-        warnings.warn(msg + ". Cast the model and its inputs to one dtype to use the kernel.", stacklevel=3)
+        warnings.warn(f"{msg}. {hint}", stacklevel=stacklevel)
+
+
+def _fallback(module: torch.nn.Module, why: str, *args, **kwargs):
+    """Run the original forward for an input the kernel cannot take: warn once, or raise if strict."""
+    _warn_fallback(module, why)
     return module.__dict__[_STATE_ATTR].original(*args, **kwargs)
 
 
@@ -382,11 +429,16 @@ def _torch_layer_norm_forward(self, input):
 
 
 for _entry in (
-    Replacement("torch.nn.RMSNorm", "kernelforge.rms_norm", _match_torch(torch.nn.RMSNorm), _torch_rms_norm_forward),
+    Replacement("torch.nn.RMSNorm", "kernelforge.rms_norm", _match_torch(torch.nn.RMSNorm), _torch_rms_norm_forward,
+                "norm"),
     Replacement("torch.nn.LayerNorm", "kernelforge.layer_norm", _match_torch(torch.nn.LayerNorm),
-                _torch_layer_norm_forward),
-    Replacement("diffusers RMSNorm", "kernelforge.rms_norm", _match_diffusers_rms_norm, _diffusers_rms_norm_forward),
-    Replacement("transformers LlamaRMSNorm", "kernelforge.rms_norm", _match_hf_rms_norm, _hf_rms_norm_forward),
+                _torch_layer_norm_forward, "norm"),
+    Replacement("diffusers RMSNorm", "kernelforge.rms_norm", _match_diffusers_rms_norm, _diffusers_rms_norm_forward,
+                "norm"),
+    Replacement("transformers LlamaRMSNorm", "kernelforge.rms_norm", _match_hf_rms_norm, _hf_rms_norm_forward,
+                "norm"),
 ):
     register_replacement(_entry)
 del _entry
+
+from . import _patch_activation  # noqa: E402,F401  (registers the activation entries)

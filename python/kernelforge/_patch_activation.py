@@ -1,0 +1,459 @@
+"""The activation entries of the patch table (family "activation"); see patch.py for the machinery.
+
+Patched, each only when its computation is exactly the module's (activation, order of the halves,
+approximate mode), which the matchers verify on the class's code, not on its name:
+
+- transformers gated MLPs (LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP, GemmaMLP and the ~120
+  classes written the same way): ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+  * act_fn SiLU (``hidden_act`` "silu" / "swish"): ``down_proj(swiglu(gate_proj(x), up_proj(x)))``
+  * act_fn F.gelu-based GELU ("gelu", "gelu_pytorch_tanh"):
+    ``down_proj(geglu(up_proj(x), gate_proj(x), approximate))`` (geglu(hidden, gate) is
+    ``hidden * gelu(gate)``, so up is the first argument)
+- diffusers ``GELU``: ``gelu(proj(x), approximate)``
+- diffusers ``GEGLU``: ``hidden, gate = proj(x).chunk(2, -1); hidden * gelu(gate)`` (exact GELU)
+  -> ``gelu_and_mul(proj(x), "none", gate_first=False)``
+- diffusers ``SwiGLU``: ``hidden, gate = proj(x).chunk(2, -1); hidden * silu(gate)``
+  -> ``swiglu(gate, hidden)``
+- diffusers ``LinearActivation`` with an ``nn.GELU``: ``gelu(proj(x), approximate)``
+
+The submodules (projections) are still called, in the original order, so their hooks, quantized
+linears and LoRA wrappers keep working; only the activation module (``act_fn`` / ``activation``) is
+no longer called: one with hooks is not patched, and one replaced or hooked after patching makes the
+forward compute the original way, with a warning (an error with KF_STRICT=1).
+
+Numerics: the kernels round once where eager code rounds act(gate) before the multiply; results
+differ by at most that rounding (see notes/activation.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import sys
+import textwrap
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import activation as _act
+from .patch import _STATE_ATTR, _UNSUPPORTED, Replacement, _diffusers_class, _qualname, _warn_fallback
+from .patch import register_replacement
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_DEVICES = ("cpu", "cuda")
+_REPLACED_HINT = "Call kernelforge.unpatch(model) and patch again after changing the activation."
+
+
+# ---- what a function computes: its syntax tree -------------------------------------------------------
+# Compared on the source's AST, not bytecode: the same source compiles differently in another
+# module (CPython 3.11 emits LOAD_ATTR instead of LOAD_METHOD for `mod.f()` when the enclosing module
+# imports `mod`, as diffusers' activations.py does with torch_npu), so a reference copy here would not
+# match. Ignored: names of the function and its parameters, annotations, decorators, docstring,
+# comments and layout. The references are source text (the _REF_* strings), the library's side is
+# read with inspect.getsource; a class without source is not patched.
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]):
+        self.names = names
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        node.id = self.names.get(node.id, node.id)
+        return node
+
+
+@functools.lru_cache(maxsize=None)
+def _src_key(src: str) -> str | None:
+    try:
+        node = ast.parse(textwrap.dedent(src).strip("\n")).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    a = node.args
+    params = [*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs,
+              *([a.kwarg] if a.kwarg else [])]
+    names = {}
+    for i, p in enumerate(params):
+        names[p.arg], p.arg, p.annotation = f"_p{i}", f"_p{i}", None
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    mod = _Rename(names).visit(ast.Module(body=body, type_ignores=[]))
+    return ast.dump(a) + ast.dump(mod)
+
+
+@functools.lru_cache(maxsize=None)
+def _fn_key(fn) -> str | None:
+    try:
+        return _src_key(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+
+
+def _same_as(fn, *refs: str) -> bool:
+    """fn's source has the syntax tree of one of the reference sources."""
+    key = _fn_key(fn) if callable(fn) else None
+    return key is not None and any(key == _src_key(r) for r in refs)
+
+
+def _hooked(m: nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
+
+
+def _kernel_unsupported(*ts: torch.Tensor) -> str | None:
+    """Why the op cannot take these tensors (which the original computation accepts), or None."""
+    t0 = ts[0]
+    for t in ts:
+        if t.dtype not in _DTYPES:
+            return f"dtype {t.dtype}"
+        if t.device.type not in _DEVICES:
+            return f"a tensor on {t.device}"
+        if t.dtype != t0.dtype:
+            return f"gate/up dtypes {t0.dtype} and {t.dtype}"
+        if t.shape != t0.shape:
+            return f"gate/up shapes {list(t0.shape)} and {list(t.shape)}"
+    return None
+
+
+# ---- activation modules: what exactly they compute -----------------------------------------------
+
+
+_REF_HF_SILU = r'''
+def forward(self, input):
+    return nn.functional.silu(input)
+'''
+
+
+_REF_HF_ACT = r'''
+def forward(self, input):
+    return self.act(input)
+'''
+
+
+def _act_kind(act) -> "tuple[str, str] | str":
+    """("silu", "") or ("gelu", approximate) when ``act`` computes exactly that (F.silu / F.gelu),
+    otherwise the reason it is not patched."""
+    if not isinstance(act, nn.Module):
+        return f"activation is {type(act).__name__}, not a module kernelforge knows"
+    cls = type(act)
+    if _hooked(act):
+        return "the activation module has hooks (a fused kernel would bypass them)"
+    if "forward" in act.__dict__:
+        return "the activation module's forward is overridden on the instance"
+    if isinstance(act, nn.SiLU) and cls.forward is nn.SiLU.forward:
+        return ("silu", "")
+    if isinstance(act, nn.GELU) and cls.forward is nn.GELU.forward and act.approximate in ("none", "tanh"):
+        return ("gelu", act.approximate)
+    hf = sys.modules.get("transformers.activations")  # loaded whenever a transformers model exists
+    if hf is not None:
+        if isinstance(act, hf.SiLUActivation) and _same_as(cls.forward, _REF_HF_SILU):
+            return ("silu", "")
+        fn = act.__dict__.get("act")
+        if isinstance(act, hf.GELUActivation) and _same_as(cls.forward, _REF_HF_ACT) and fn is F.gelu:
+            return ("gelu", "none")
+        if (isinstance(act, hf.GELUTanh) and _same_as(cls.forward, _REF_HF_ACT) and isinstance(fn, functools.partial)
+                and fn.func is F.gelu and not fn.args and fn.keywords == {"approximate": "tanh"}):
+            return ("gelu", "tanh")
+    return f"activation {_qualname(cls)}: no kernelforge kernel computes exactly it"
+
+
+def _act_setup(attr: str):
+    """setup: keep the verified activation module and its approximate mode for the runtime check."""
+
+    def setup(m: nn.Module):
+        act = getattr(m, attr)
+        return act, _act_kind(act)[1]
+
+    return setup
+
+
+def _act_changed(self, act) -> str | None:
+    """Runtime: why the activation submodule is no longer the one verified at patch time, or None."""
+    verified, approximate = self.__dict__[_STATE_ATTR].extra
+    if act is not verified:
+        return f"an activation module replaced after patching ({type(act).__name__})"
+    if _hooked(act) or "forward" in act.__dict__:
+        return "an activation module hooked or given an instance forward after patching"
+    if getattr(act, "approximate", approximate) != approximate:
+        return f"approximate changed after patching ({act.approximate!r})"
+    return None
+
+
+# ---- transformers gated MLPs ---------------------------------------------------------------------
+
+
+_REF_HF_MLP_A = r'''
+def forward(self, x):
+    down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    return down_proj
+'''
+
+
+_REF_HF_MLP_B = r'''
+def forward(self, x):
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+'''
+
+
+def _hf_mlp_verdict(m: nn.Module) -> "tuple[str, str] | str | None":
+    """None: not a gate/up/down MLP; a string: the reason it is skipped; else the activation kind."""
+    if not all(isinstance(getattr(m, a, None), nn.Module) for a in ("gate_proj", "up_proj", "down_proj")):
+        return None
+    if not _same_as(type(m).forward, _REF_HF_MLP_A, _REF_HF_MLP_B):
+        return "forward differs from LlamaMLP's down_proj(act_fn(gate_proj(x)) * up_proj(x))"
+    return _act_kind(getattr(m, "act_fn", None))
+
+
+def _match_hf_mlp(kind: str):
+    def match(m: nn.Module):
+        v = _hf_mlp_verdict(m)
+        if v is None or isinstance(v, str):
+            return v if kind == "silu" else None  # the first entry reports the skip
+        return True if v[0] == kind else None
+
+    return match
+
+
+def _one_input(self, args, kwargs):
+    """The single input of a one-argument forward, positional or by its name; None if the call
+    does not have that form (then the original forward runs and raises its own error)."""
+    if len(args) == 1 and not kwargs:
+        return args[0]
+    code = type(self).forward.__code__
+    if not args and len(kwargs) == 1 and code.co_argcount >= 2 and code.co_varnames[1] in kwargs:
+        return kwargs[code.co_varnames[1]]
+    return None
+
+
+def _hf_mlp_forward(kind: str):
+    def forward(self, *args, **kwargs):
+        x = _one_input(self, args, kwargs)
+        if x is None:
+            return self.__dict__[_STATE_ATTR].original(*args, **kwargs)
+        changed = _act_changed(self, self.act_fn)
+        if changed is not None:
+            _warn_fallback(self, changed, _REPLACED_HINT, 3)
+            return self.__dict__[_STATE_ATTR].original(x)
+        gate = self.gate_proj(x)
+        up = self.up_proj(x)
+        why = _kernel_unsupported(gate, up)
+        if why is not None:
+            _warn_fallback(self, why, stacklevel=3)
+            return self.down_proj(self.act_fn(gate) * up)
+        if kind == "silu":
+            return self.down_proj(_act.swiglu(gate, up))
+        approximate = self.__dict__[_STATE_ATTR].extra[1]
+        return self.down_proj(_act.geglu(up, gate, approximate))  # act_fn(gate) * up = up * gelu(gate)
+
+    return forward
+
+
+# ---- diffusers (diffusers.models.activations, 0.42) ----------------------------------------------
+# Reference copies (source text) of the diffusers 0.42.1 methods, compared by syntax tree: a class
+# whose code differs (another diffusers version, a subclass) is not patched.
+
+
+_REF_DIFF_GELU_GELU = r'''
+def gelu(self, gate: torch.Tensor) -> torch.Tensor:
+    if gate.device.type == "mps" and is_torch_version("<", "2.0.0"):
+        # fp16 gelu not supported on mps before torch 2.0
+        return F.gelu(gate.to(dtype=torch.float32), approximate=self.approximate).to(dtype=gate.dtype)
+    return F.gelu(gate, approximate=self.approximate)
+'''
+
+
+_REF_DIFF_GELU_FORWARD = r'''
+def forward(self, hidden_states) -> torch.Tensor:
+    hidden_states = self.proj(hidden_states)
+    hidden_states = self.gelu(hidden_states)
+    return hidden_states
+'''
+
+
+_REF_DIFF_GEGLU_GELU = r'''
+def gelu(self, gate: torch.Tensor) -> torch.Tensor:
+    if gate.device.type == "mps" and is_torch_version("<", "2.0.0"):
+        # fp16 gelu not supported on mps before torch 2.0
+        return F.gelu(gate.to(dtype=torch.float32)).to(dtype=gate.dtype)
+    return F.gelu(gate)
+'''
+
+
+_SCALE_DEPRECATION = (
+    "The `scale` argument is deprecated and will be ignored. Please remove it, as passing it will raise an error "
+    "in the future. `scale` should directly be passed while calling the underlying pipeline component i.e., via "
+    "`cross_attention_kwargs`."
+)
+
+
+_REF_DIFF_GEGLU_FORWARD = r'''
+def forward(self, hidden_states, *args, **kwargs) -> torch.Tensor:
+    if len(args) > 0 or kwargs.get("scale", None) is not None:
+        deprecation_message = "The `scale` argument is deprecated and will be ignored. Please remove it, as passing it will raise an error in the future. `scale` should directly be passed while calling the underlying pipeline component i.e., via `cross_attention_kwargs`."
+        deprecate("scale", "1.0.0", deprecation_message)
+    hidden_states = self.proj(hidden_states)
+    if is_torch_npu_available():
+        return torch_npu.npu_geglu(hidden_states, dim=-1, approximate=1)[0]
+    else:
+        hidden_states, gate = hidden_states.chunk(2, dim=-1)
+        return hidden_states * self.gelu(gate)
+'''
+
+
+_REF_DIFF_SWIGLU_FORWARD = r'''
+def forward(self, hidden_states) -> torch.Tensor:
+    hidden_states = self.proj(hidden_states)
+    hidden_states, gate = hidden_states.chunk(2, dim=-1)
+    return hidden_states * self.activation(gate)
+'''
+
+
+_REF_DIFF_LINEAR_ACT_FORWARD = r'''
+def forward(self, hidden_states) -> torch.Tensor:
+    hidden_states = self.proj(hidden_states)
+    return self.activation(hidden_states)
+'''
+
+
+_ACTS = "diffusers.models.activations"
+
+
+def _same_code(cls: type, **methods) -> str | None:
+    """None when every named method of cls has the reference's code, else the first that differs."""
+    for name, ref in methods.items():
+        if not _same_as(getattr(cls, name, None), ref):
+            return f"{name} differs from the diffusers 0.42 code kernelforge verified (subclass or other version)"
+    return None
+
+
+def _match_diffusers_gelu(m: nn.Module):
+    cls = _diffusers_class(_ACTS, "GELU")
+    if cls is None or not isinstance(m, cls):
+        return None
+    why = _same_code(type(m), forward=_REF_DIFF_GELU_FORWARD, gelu=_REF_DIFF_GELU_GELU)
+    if why is not None:
+        return why
+    if m.approximate not in ("none", "tanh"):
+        return f"approximate={m.approximate!r}"
+    return True
+
+
+def _diffusers_gelu_forward(self, hidden_states):
+    h = self.proj(hidden_states)
+    why = _kernel_unsupported(h)
+    if why is not None:
+        _warn_fallback(self, why, stacklevel=3)
+        return self.gelu(h)
+    return _act.gelu(h, self.approximate)
+
+
+def _match_diffusers_geglu(m: nn.Module):
+    cls = _diffusers_class(_ACTS, "GEGLU")
+    if cls is None or not isinstance(m, cls):
+        return None
+    why = _same_code(type(m), forward=_REF_DIFF_GEGLU_FORWARD, gelu=_REF_DIFF_GEGLU_GELU)
+    if why is not None:
+        return why
+    npu = getattr(sys.modules[_ACTS], "is_torch_npu_available", None)
+    if npu is None or npu():
+        return "torch_npu is available: GEGLU then calls npu_geglu (tanh approximation)"
+    return True
+
+
+def _diffusers_geglu_forward(self, hidden_states, *args, **kwargs):
+    if len(args) > 0 or kwargs.get("scale", None) is not None:
+        sys.modules[_ACTS].deprecate("scale", "1.0.0", _SCALE_DEPRECATION)
+    h = self.proj(hidden_states)
+    why = _kernel_unsupported(h)
+    if why is not None:
+        _warn_fallback(self, why, stacklevel=3)
+        hidden, gate = h.chunk(2, dim=-1)
+        return hidden * self.gelu(gate)
+    return _act.gelu_and_mul(h, "none", False)  # first half * gelu(second half)
+
+
+def _match_diffusers_swiglu(m: nn.Module):
+    cls = _diffusers_class(_ACTS, "SwiGLU")
+    if cls is None or not isinstance(m, cls):
+        return None
+    why = _same_code(type(m), forward=_REF_DIFF_SWIGLU_FORWARD)
+    if why is not None:
+        return why
+    act = _act_kind(getattr(m, "activation", None))
+    if isinstance(act, str):
+        return act
+    if act[0] != "silu":
+        return f"activation is {type(m.activation).__name__}, not SiLU"
+    return True
+
+
+def _diffusers_swiglu_forward(self, hidden_states):
+    changed = _act_changed(self, self.activation)
+    if changed is not None:
+        _warn_fallback(self, changed, _REPLACED_HINT, 3)
+        return self.__dict__[_STATE_ATTR].original(hidden_states)
+    h = self.proj(hidden_states)
+    hidden, gate = h.chunk(2, dim=-1)
+    why = _kernel_unsupported(h)
+    if why is not None:
+        _warn_fallback(self, why, stacklevel=3)
+        return hidden * self.activation(gate)
+    return _act.swiglu(gate, hidden)  # silu(gate) * hidden
+
+
+def _match_diffusers_linear_act(m: nn.Module):
+    cls = _diffusers_class(_ACTS, "LinearActivation")
+    if cls is None or not isinstance(m, cls):
+        return None
+    why = _same_code(type(m), forward=_REF_DIFF_LINEAR_ACT_FORWARD)
+    if why is not None:
+        return why
+    act = _act_kind(getattr(m, "activation", None))
+    if isinstance(act, str):
+        return act
+    if act[0] != "gelu":
+        return f"activation is {type(m.activation).__name__}: kernelforge has no ungated {act[0]} op"
+    return True
+
+
+def _diffusers_linear_act_forward(self, hidden_states):
+    changed = _act_changed(self, self.activation)
+    if changed is not None:
+        _warn_fallback(self, changed, _REPLACED_HINT, 3)
+        return self.__dict__[_STATE_ATTR].original(hidden_states)
+    h = self.proj(hidden_states)
+    why = _kernel_unsupported(h)
+    if why is not None:
+        _warn_fallback(self, why, stacklevel=3)
+        return self.activation(h)
+    return _act.gelu(h, self.__dict__[_STATE_ATTR].extra[1])
+
+
+def _unsupported_diffusers(m: nn.Module) -> str | None:
+    cls = _diffusers_class(_ACTS, "ApproximateGELU")
+    if cls is not None and isinstance(m, cls):
+        return "x * sigmoid(1.702 x) (sigmoid-approximated GELU): no kernelforge op computes it"
+    return None
+
+
+_UNSUPPORTED.append(("activation", _unsupported_diffusers))
+
+for _entry in (
+    Replacement("transformers gated MLP (SiLU)", "kernelforge.swiglu", _match_hf_mlp("silu"), _hf_mlp_forward("silu"),
+                "activation", _act_setup("act_fn")),
+    Replacement("transformers gated MLP (GELU)", "kernelforge.geglu", _match_hf_mlp("gelu"), _hf_mlp_forward("gelu"),
+                "activation", _act_setup("act_fn")),
+    Replacement("diffusers GELU", "kernelforge.gelu", _match_diffusers_gelu, _diffusers_gelu_forward, "activation"),
+    Replacement("diffusers GEGLU", "kernelforge.gelu_and_mul", _match_diffusers_geglu, _diffusers_geglu_forward,
+                "activation"),
+    Replacement("diffusers SwiGLU", "kernelforge.swiglu", _match_diffusers_swiglu, _diffusers_swiglu_forward,
+                "activation", _act_setup("activation")),
+    Replacement("diffusers LinearActivation", "kernelforge.gelu", _match_diffusers_linear_act,
+                _diffusers_linear_act_forward, "activation", _act_setup("activation")),
+):
+    register_replacement(_entry)
+del _entry
