@@ -67,30 +67,8 @@ struct Checker {
 
   // Leading dims collapse into one row stride; the last dim is contiguous.
   Status row_stride_of(const TensorView& t, const char* name, int64_t* row_stride) const {
-    const int nd = t.ndim;
-    const int64_t n = t.shape[nd - 1];
-    if (t.numel() == 0) {  // nothing is read or written: any strides are fine
-      *row_stride = n;
-      return Status::Ok();
-    }
-    if (n > 1 && t.strides[nd - 1] != 1)
-      return fail(std::string(name) + " must be contiguous in its last dimension (stride 1), got stride " +
-                  std::to_string(t.strides[nd - 1]));
-    int64_t stride = n;  // used when there is at most one row
-    int64_t expect = -1;
-    for (int d = nd - 2; d >= 0; --d) {
-      if (t.shape[d] == 1) continue;
-      if (expect < 0) {
-        stride = t.strides[d];
-      } else if (t.strides[d] != expect) {
-        return fail(std::string(name) + " must have leading dimensions that collapse into one row stride (shape " +
-                    shape_str(t) + ", strides " + strides_str(t) + "); make it contiguous first");
-      }
-      expect = t.strides[d] * t.shape[d];
-    }
-    if (stride < 0) return fail(std::string(name) + " must not have negative strides");
-    *row_stride = stride;
-    return Status::Ok();
+    const std::string why = validate_util::collapse_rows(t, row_stride);
+    return why.empty() ? Status::Ok() : fail(std::string(name) + why);
   }
 
   // A row tensor of shape `want` (described by `what` in the message). Outputs must not overlap

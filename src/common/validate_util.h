@@ -2,6 +2,7 @@
 // shapes, strides and devices the same way everywhere).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "kernelforge/tensor.h"
@@ -30,6 +31,37 @@ inline bool same_shape(const TensorView& a, const TensorView& b) {
   for (int d = 0; d < a.ndim; ++d)
     if (a.shape[d] != b.shape[d]) return false;
   return true;
+}
+
+// Row stride of a [..., N] view: its last dimension must be contiguous and its leading dimensions
+// must collapse into one stride (rows equally spaced). Sets *row_stride and returns "", or returns
+// why not, worded to follow the argument's name in an error message. Empty views take any strides.
+inline std::string collapse_rows(const TensorView& t, int64_t* row_stride) {
+  const int nd = t.ndim;
+  const int64_t n = t.shape[nd - 1];
+  if (t.numel() == 0) {  // nothing is read or written: any strides are fine
+    *row_stride = n;
+    return "";
+  }
+  if (n > 1 && t.strides[nd - 1] != 1)
+    return " must be contiguous in its last dimension (stride 1), got stride " + std::to_string(t.strides[nd - 1]);
+  // Walking inwards, each non-trivial dim's stride must equal the next non-trivial dim's stride
+  // times that dim's size.
+  int64_t stride = n;  // used when there is at most one row
+  int64_t expect = -1;
+  for (int d = nd - 2; d >= 0; --d) {
+    if (t.shape[d] == 1) continue;
+    if (expect < 0) {
+      stride = t.strides[d];
+    } else if (t.strides[d] != expect) {
+      return " must have leading dimensions that collapse into one row stride (shape " + shape_str(t) + ", strides " +
+             strides_str(t) + "); make it contiguous first";
+    }
+    expect = t.strides[d] * t.shape[d];
+  }
+  if (stride < 0) return " must not have negative strides";
+  *row_stride = stride;
+  return "";
 }
 
 }  // namespace validate_util
