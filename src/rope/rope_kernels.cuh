@@ -48,6 +48,7 @@ namespace rope_detail {
 constexpr int kThreads = 256;          // threads per block at most
 constexpr int kHeadsInFlight = 2;      // heads a thread loads before it computes
 constexpr int64_t kMaxGrid = 1 << 30;  // blocks; more tokens loop
+constexpr int kMaxBlockZ = 64;         // CUDA's limit for blockDim.z
 
 // kVec values of cos/sin (dtype CS) at p as float32. CS = float with kVec >= 4: 16-byte loads;
 // CS = T (16-bit) with kVec = 8: one 16-byte load.
@@ -244,7 +245,7 @@ inline Plan plan(const RopeParams& p, int vec) {
   const int max_ty = std::max(1, kThreads / tx);
   const int64_t per_thread = ceil_div(heads, max_ty);  // heads per thread, balanced
   const int ty = int(ceil_div(heads, per_thread));
-  const int tz = std::max(1, kThreads / (tx * ty));
+  const int tz = std::min(kMaxBlockZ, std::max(1, kThreads / (tx * ty)));  // tokens per block
   const int64_t tokens = p.batch * p.seq;
   const int64_t blocks = std::min<int64_t>(ceil_div(tokens, tz), kMaxGrid);
   return {dim3(unsigned(blocks)), dim3(unsigned(tx), unsigned(ty), unsigned(tz)), units_rot, units};

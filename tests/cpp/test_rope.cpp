@@ -51,6 +51,7 @@ const RopeCase kCases[] = {
     {"q_only", 2, 9, 6, 0, 128, 128, RopeLayout::kBSHD, Tables::kSR, {}, false, false},
     {"mqa", 1, 31, 16, 1, 96, 96, RopeLayout::kBSHD, Tables::kBSR, {}, false, false},
     {"tiny_r2", 2, 3, 2, 1, 8, 2, RopeLayout::kBSHD, Tables::kSR, {}, false, false},
+    {"tiny_d2_one_head", 3, 50, 1, 0, 2, 2, RopeLayout::kBSHD, Tables::kBSR, {}, false, false},  // 64 tokens per block
     {"many_heads_d256", 1, 5, 40, 8, 256, 256, RopeLayout::kBSHD, Tables::kSR, {}, false, false},
     {"inplace", 2, 9, 4, 2, 128, 128, RopeLayout::kBSHD, Tables::kSR, {}, true, false},
     {"inplace_partial", 2, 9, 4, 2, 96, 64, RopeLayout::kBHSD, Tables::kCache, {}, true, false},
