@@ -203,3 +203,36 @@ def test_errors(kf):
         kf.apply_rope(q.clone().requires_grad_(), None, cos, sin, inplace=True)
     with pytest.raises(RuntimeError, match="gradients with respect to cos and sin are not implemented"):
         kf.apply_rope(q, None, cos.clone().requires_grad_(), sin)
+
+
+def _strided(t: torch.Tensor, kind: str) -> torch.Tensor:
+    """The same values as t ([B, S, H, D]) stored as: padded heads (big[..., :D]), a base pointer one
+    element into a buffer (no 16-byte vectors), or the bhsd transpose of a contiguous bshd buffer."""
+    if kind == "padded":
+        big = torch.full((*t.shape[:-1], t.shape[-1] + 8), float("nan"), dtype=t.dtype, device=t.device)
+        big[..., : t.shape[-1]] = t
+        return big[..., : t.shape[-1]]
+    if kind == "unaligned":
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        v = flat[1:].view(t.shape)
+        v.copy_(t)
+        return v
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["padded", "unaligned"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_strided_views(kf, kind, interleaved, device, dtype):
+    B, S, Hq, Hk, D = 2, 7, 4, 2, 64
+    q = R.rand((B, S, Hq, D), dtype, device)
+    k = R.rand((B, S, Hk, D), dtype, device)
+    cos, sin = torch.randn(S, 48, device=device), torch.randn(S, 48, device=device)  # partial rotary
+    want = kf.apply_rope(q, k, cos, sin, interleaved=interleaved)
+    got = kf.apply_rope(_strided(q, kind), _strided(k, kind), cos, sin, interleaved=interleaved)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    qs, ks = _strided(q, kind), _strided(k, kind)
+    kf.apply_rope(qs, ks, cos, sin, interleaved=interleaved, inplace=True)
+    assert torch.equal(qs, want[0]) and torch.equal(ks, want[1])
