@@ -55,8 +55,8 @@ def apply_rope(
 
     q: [B, S, Hq, D] (layout="bshd") or [B, Hq, S, D] ("bhsd"); k: the same layout with Hk heads
     (GQA), or None. cos, sin: [S, R] or [B, S, R] (HF's ``LlamaRotaryEmbedding`` output works as it
-    is), or a cache [max_pos, R] indexed by ``position_ids`` [B, S] (int64). R = rotary_dim <= D,
-    even (default: cos.shape[-1]); columns R.. are passed through. cos/sin may be float32 with
+    is), or a cache [max_pos, R] indexed by ``position_ids`` [B, S] (int64). R = cos.shape[-1] <= D,
+    even; ``rotary_dim``, when given, must equal it (a check). Columns R.. are passed through. cos/sin may be float32 with
     16-bit q/k. ``inplace=True`` rotates q and k in place and returns them (no autograd).
     Gradients flow to q and k (not to cos/sin).
     """
