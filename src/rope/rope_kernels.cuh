@@ -45,10 +45,13 @@ namespace kernelforge {
 namespace rope_detail {
 
 // ---- tuning (first guesses from the napkin math above; to be measured, see notes/rope.md) ------
-constexpr int kThreads = 256;          // threads per block at most
-constexpr int kHeadsInFlight = 2;      // heads a thread loads before it computes
-constexpr int64_t kMaxGrid = 1 << 30;  // blocks; more tokens loop
-constexpr int kMaxBlockZ = 64;         // CUDA's limit for blockDim.z
+constexpr int kThreads = 256;    // threads per block at most
+#ifndef KF_ROPE_HEADS_IN_FLIGHT  // build-time switch for sweeps (-DKF_ROPE_HEADS_IN_FLIGHT=4 via KF_CMAKE_ARGS)
+#define KF_ROPE_HEADS_IN_FLIGHT 2
+#endif
+constexpr int kHeadsInFlight = KF_ROPE_HEADS_IN_FLIGHT;  // heads a thread loads before it computes
+constexpr int64_t kMaxGrid = 1 << 30;                    // blocks; more tokens loop
+constexpr int kMaxBlockZ = 64;                           // CUDA's limit for blockDim.z
 
 // kVec values of cos/sin (dtype CS) at p as float32. CS = float with kVec >= 4: 16-byte loads;
 // CS = T (16-bit) with kVec = 8: one 16-byte load.

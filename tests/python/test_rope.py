@@ -236,3 +236,16 @@ def test_strided_views(kf, kind, interleaved, device, dtype):
     qs, ks = _strided(q, kind), _strided(k, kind)
     kf.apply_rope(qs, ks, cos, sin, interleaved=interleaved, inplace=True)
     assert torch.equal(qs, want[0]) and torch.equal(ks, want[1])
+
+
+@pytest.mark.cuda
+def test_cuda_position_out_of_range_is_nan(kf):
+    """The kernel cannot report bad positions: it reads nothing outside the cache and writes NaN into
+    that token's rotated columns; passthrough columns are still copied."""
+    q = torch.randn(1, 3, 2, 16, device="cuda")
+    cos, sin = torch.randn(4, 8, device="cuda"), torch.randn(4, 8, device="cuda")
+    pos = torch.tensor([[1, 4, -1]], device="cuda")
+    out, _ = kf.apply_rope(q, None, cos, sin, position_ids=pos)
+    assert out[0, 0].isfinite().all()
+    assert out[0, 1:, :, :8].isnan().all()
+    assert torch.equal(out[0, 1:, :, 8:], q[0, 1:, :, 8:])
