@@ -1,5 +1,5 @@
 // The PyTorch binding: the only file that includes torch headers. It registers the kernelforge::*
-// ops of every family (norm, activation) (schemas, CUDA impl = our kernels, CPU impl = the float64 C++ reference,
+// ops of every family (norm, activation, rope) (schemas, CUDA impl = our kernels, CPU impl = the float64 C++ reference,
 // Autograd = C++ autograd functions, so a call has no Python frame below the functional wrapper). Fake impls are
 // registered in Python (python/kernelforge/_ops.py). Every check lives in the C++ core; this file
 // only converts tensors to views, allocates outputs with PyTorch's allocator and picks the stream.
@@ -18,6 +18,7 @@
 
 #include "kernelforge/activation.h"
 #include "kernelforge/norm.h"
+#include "kernelforge/rope.h"
 
 namespace kf = kernelforge;
 using at::Tensor;
@@ -669,6 +670,119 @@ class GeluFn : public torch::autograd::Function<GeluFn> {
   }
 };
 
+// ---- RoPE (include/kernelforge/rope.h; schemas in notes/interfaces.md) ------------------------
+// layout: 0 = bshd, 1 = bhsd; rotary_dim 0 = cos.size(-1). k is optional: the second output is then an
+// empty [0] tensor. cos/sin get no gradient (the autograd function refuses ones that require it).
+kf::RopeOptions rope_options(bool interleaved, int64_t layout, int64_t rotary_dim) {
+  TORCH_CHECK(layout == 0 || layout == 1, "apply_rope: layout must be 0 (bshd) or 1 (bhsd), got ", layout);
+  kf::RopeOptions o;
+  o.layout = layout == 0 ? kf::RopeLayout::kBSHD : kf::RopeLayout::kBHSD;
+  o.interleaved = interleaved;
+  o.rotary_dim = rotary_dim;
+  return o;
+}
+
+bool defined(const OptTensor& t) { return t.has_value() && t->defined(); }
+
+void rope_run(bool cuda, bool backward, const Tensor& q, const OptTensor& k, const Tensor& cos, const Tensor& sin,
+              const OptTensor& pos, const kf::RopeOptions& o, const Tensor& q_out, const OptTensor& k_out) {
+  const OptView kv(k), kov(k_out), pv(pos);
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(q.device());
+    check(backward ? kf::apply_rope_backward(view(q), kv.get(), view(cos), view(sin), pv.get(), o, view(q_out),
+                                             kov.get(), stream_of(q))
+                   : kf::apply_rope(view(q), kv.get(), view(cos), view(sin), pv.get(), o, view(q_out), kov.get(),
+                                    stream_of(q)));
+  } else {
+    check(backward ? kf::ref::apply_rope_backward(view(q), kv.get(), view(cos), view(sin), pv.get(), o, view(q_out),
+                                                  kov.get())
+                   : kf::ref::apply_rope(view(q), kv.get(), view(cos), view(sin), pv.get(), o, view(q_out), kov.get()));
+  }
+}
+
+std::tuple<Tensor, Tensor> apply_rope_impl(bool cuda, bool backward, const Tensor& q, const OptTensor& k,
+                                           const Tensor& cos, const Tensor& sin, const OptTensor& pos, bool interleaved,
+                                           int64_t layout, int64_t rotary_dim) {
+  const kf::RopeOptions o = rope_options(interleaved, layout, rotary_dim);
+  if (cuda && needs_fallback(backward ? "apply_rope_backward" : "apply_rope", q)) {
+    auto out = apply_rope_impl(false, backward, q.cpu(), to_cpu(k), cos.cpu(), sin.cpu(), to_cpu(pos), interleaved,
+                               layout, rotary_dim);
+    return {std::get<0>(out).to(q.device()), std::get<1>(out).to(q.device())};
+  }
+  Tensor q_out = at::empty(q.sizes(), q.options());
+  const OptTensor k_out = defined(k) ? OptTensor(at::empty(k->sizes(), k->options())) : std::nullopt;
+  rope_run(cuda, backward, q, k, cos, sin, pos, o, q_out, k_out);
+  return {q_out, defined(k_out) ? *k_out : at::empty({0}, q.options())};
+}
+
+void apply_rope_inplace_impl(bool cuda, const Tensor& q, const OptTensor& k, const Tensor& cos, const Tensor& sin,
+                             const OptTensor& pos, bool interleaved, int64_t layout, int64_t rotary_dim) {
+  const kf::RopeOptions o = rope_options(interleaved, layout, rotary_dim);
+  if (cuda && needs_fallback("apply_rope_inplace", q)) {
+    auto out = apply_rope_impl(false, false, q.cpu(), to_cpu(k), cos.cpu(), sin.cpu(), to_cpu(pos), interleaved, layout,
+                               rotary_dim);
+    q.copy_(std::get<0>(out));
+    if (defined(k)) k->copy_(std::get<1>(out));
+    return;
+  }
+  rope_run(cuda, false, q, k, cos, sin, pos, o, q, k);
+}
+
+class RopeFn : public torch::autograd::Function<RopeFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const OptTensor& k, const Tensor& cos,
+                               const Tensor& sin, const OptTensor& pos, bool interleaved, int64_t layout,
+                               int64_t rotary_dim) {
+    TORCH_CHECK(!cos.requires_grad() && !sin.requires_grad(),
+                "apply_rope: gradients with respect to cos and sin are not implemented; pass them detached");
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["layout"] = layout;
+    ctx->saved_data["rotary_dim"] = rotary_dim;
+    ctx->saved_data["has_k"] = defined(k);
+    ctx->save_for_backward({cos, sin, pos.value_or(Tensor())});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op =
+        op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
+                                             const OptTensor&, bool, int64_t, int64_t)>("kernelforge::apply_rope");
+    auto [qo, ko] = op.call(q, k, cos, sin, pos, interleaved, layout, rotary_dim);
+    if (!defined(k)) ctx->mark_non_differentiable({ko});
+    return {qo, ko};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const OptTensor pos = saved[2].defined() ? OptTensor(saved[2]) : std::nullopt;
+    const bool has_k = ctx->saved_data["has_k"].toBool();
+    // an unused output has no gradient: zeros of its shape (the outputs are contiguous)
+    const Tensor dq_out = grads[0].defined() ? dense(grads[0]) : Tensor();
+    const Tensor dk_out = has_k && grads[1].defined() ? dense(grads[1]) : Tensor();
+    if (!dq_out.defined() && !dk_out.defined()) return variable_list(8);
+    static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const OptTensor&, const Tensor&, const Tensor&,
+                                                          const OptTensor&, bool, int64_t, int64_t)>(
+        "kernelforge::apply_rope_backward");
+    const bool interleaved = ctx->saved_data["interleaved"].toBool();
+    const int64_t layout = ctx->saved_data["layout"].toInt(), rotary_dim = ctx->saved_data["rotary_dim"].toInt();
+    variable_list out(8);
+    if (dq_out.defined() && (dk_out.defined() || !has_k)) {
+      auto [dq, dk] = op.call(dq_out, has_k ? OptTensor(dk_out) : std::nullopt, saved[0], saved[1], pos, interleaved,
+                              layout, rotary_dim);
+      out[0] = dq;
+      if (has_k) out[1] = dk;
+    } else if (dq_out.defined()) {  // k given but its output unused
+      out[0] = std::get<0>(op.call(dq_out, std::nullopt, saved[0], saved[1], pos, interleaved, layout, rotary_dim));
+    } else {  // only k's output used: run k as the "q" of the call
+      out[1] = std::get<0>(op.call(dk_out, std::nullopt, saved[0], saved[1], pos, interleaved, layout, rotary_dim));
+    }
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor> apply_rope_autograd(const Tensor& q, const OptTensor& k, const Tensor& cos,
+                                               const Tensor& sin, const OptTensor& pos, bool interleaved,
+                                               int64_t layout, int64_t rotary_dim) {
+  auto out = RopeFn::apply(q, k, cos, sin, pos, interleaved, layout, rotary_dim);
+  return {out[0], out[1]};
+}
+
 // ---- registration -----------------------------------------------------------------------------
 template <bool kCuda>
 struct Impl {
@@ -766,6 +880,18 @@ void register_impls(torch::Library& m) {
   m.impl("gelu_and_mul_backward", &Impl<kCuda>::gelu_and_mul_backward);
   m.impl("geglu_backward", &Impl<kCuda>::geglu_backward);
   m.impl("gelu_backward", &Impl<kCuda>::gelu_backward);
+  m.impl("apply_rope", [](const Tensor& q, const OptTensor& k, const Tensor& cos, const Tensor& sin,
+                          const OptTensor& pos, bool interleaved, int64_t layout, int64_t rotary_dim) {
+    return apply_rope_impl(kCuda, false, q, k, cos, sin, pos, interleaved, layout, rotary_dim);
+  });
+  m.impl("apply_rope_backward", [](const Tensor& dq_out, const OptTensor& dk_out, const Tensor& cos, const Tensor& sin,
+                                   const OptTensor& pos, bool interleaved, int64_t layout, int64_t rotary_dim) {
+    return apply_rope_impl(kCuda, true, dq_out, dk_out, cos, sin, pos, interleaved, layout, rotary_dim);
+  });
+  m.impl("apply_rope_inplace", [](const Tensor& q, const OptTensor& k, const Tensor& cos, const Tensor& sin,
+                                  const OptTensor& pos, bool interleaved, int64_t layout, int64_t rotary_dim) {
+    apply_rope_inplace_impl(kCuda, q, k, cos, sin, pos, interleaved, layout, rotary_dim);
+  });
 }
 
 }  // namespace
@@ -797,6 +923,20 @@ TORCH_LIBRARY(kernelforge, m) {
   m.def("geglu_backward(Tensor dy, Tensor hidden, Tensor gate, str approximate) -> (Tensor, Tensor)", tags);
   m.def("gelu(Tensor x, str approximate=\"none\") -> Tensor", tags);
   m.def("gelu_backward(Tensor dy, Tensor x, str approximate) -> Tensor", tags);
+  // rope: layout 0 = bshd, 1 = bhsd; rotary_dim 0 = cos.size(-1); returns (q_out, k_out), k_out empty [0]
+  // without k; apply_rope_inplace rotates q and k in place (no autograd)
+  m.def(
+      "apply_rope(Tensor q, Tensor? k, Tensor cos, Tensor sin, Tensor? position_ids, bool interleaved, int layout, "
+      "int rotary_dim) -> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "apply_rope_backward(Tensor dq_out, Tensor? dk_out, Tensor cos, Tensor sin, Tensor? position_ids, "
+      "bool interleaved, int layout, int rotary_dim) -> (Tensor, Tensor)",
+      tags);
+  m.def(
+      "apply_rope_inplace(Tensor(a!) q, Tensor(b!)? k, Tensor cos, Tensor sin, Tensor? position_ids, "
+      "bool interleaved, int layout, int rotary_dim) -> ()",
+      tags);
 }
 
 TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) { register_impls<true>(m); }
@@ -811,4 +951,5 @@ TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
   m.impl("gelu_and_mul", &gelu_and_mul_autograd);
   m.impl("geglu", &geglu_autograd);
   m.impl("gelu", &gelu_autograd);
+  m.impl("apply_rope", &apply_rope_autograd);
 }

@@ -3,6 +3,7 @@
 
 #include "kernelforge/activation.h"
 #include "kernelforge/norm.h"
+#include "kernelforge/rope.h"
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
 

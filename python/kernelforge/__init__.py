@@ -3,6 +3,7 @@
     import kernelforge as kf
     y = kf.rms_norm(x, weight, eps=1e-6)
     h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
+    q, k = kf.apply_rope(q, k, cos, sin)  # HF Llama rotate-half RoPE on q and k in one call
     report = kf.patch(model)      # route a transformers / diffusers model's norms and MLP activations
     print(report)
 
@@ -14,6 +15,7 @@ from . import nn
 from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .patch import PatchReport, patch, unpatch
+from .rope import apply_rope
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "gelu_and_mul",
     "geglu",
     "gelu",
+    "apply_rope",
     "patch",
     "unpatch",
     "PatchReport",
