@@ -1,14 +1,17 @@
 // Helpers shared by the kernel families' launchers and kernels: integer ceiling division, the guard
-// for bf16 code on sm_75, and launch-error reporting.
+// for bf16 code on sm_75, launch-error reporting and the KF_TUNE override of tuning tables.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
+#include "common/device.h"
 #include "kernelforge/status.h"
 
 namespace kernelforge {
@@ -32,5 +35,86 @@ inline Status check_launch(const char* what) {
   if (err != cudaSuccess) return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
   return Status::Ok();
 }
+
+// Developer override of a family's tuning tables for sweeps: KF_TUNE="fwd_team=128,rope_hpt=4".
+// Read once per process; unknown keys are ignored. Production runs leave KF_TUNE unset.
+inline int tune(const char* key, int def) {
+  static const std::string env = [] {
+    const char* e = std::getenv("KF_TUNE");
+    return std::string(e ? e : "");
+  }();
+  if (env.empty()) return def;
+  const std::string k = std::string(key) + "=";
+  size_t pos = 0;
+  while ((pos = env.find(k, pos)) != std::string::npos) {
+    if (pos == 0 || env[pos - 1] == ',') return std::atoi(env.c_str() + pos + k.size());
+    pos += k.size();
+  }
+  return def;
+}
+
+// ---- programmatic dependent launch (sm_90) ------------------------------------------------------
+// Every kernel is launched with the PDL attribute on sm_90 (Launch below): it may become resident
+// while the previous kernel of the stream is still draining, which hides the launch latency (~1-2 µs
+// per kernel boundary: the backward's column reductions, consecutive calls in a CUDA graph).
+// pdl_wait() blocks until the previous kernel has completed and its writes are visible, so every
+// kernel calls it before its first global memory access; without the attribute it returns at once.
+// pdl_trigger() lets the next kernel launch before this one exits; only kernels whose whole grid is
+// resident at once call it early (otherwise the next kernel's waiting blocks would take the slots of
+// this kernel's later blocks); the others trigger implicitly as their blocks exit.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launch configuration for cudaLaunchKernelEx: grid, block, shared memory and stream, clusters of
+// `cluster` CTAs along x when cluster > 1, and the programmatic-dependent-launch attribute when `pdl`.
+struct Launch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[2];
+  Launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl, int cluster = 1) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    if (cluster > 1) {
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = unsigned(cluster);
+      a.val.clusterDim.y = 1;
+      a.val.clusterDim.z = 1;
+    }
+    if (pdl) {
+      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
+  }
+  template <typename... Params, typename... Args>
+  cudaError_t operator()(void (*kernel)(Params...), Args&&... args) {
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  }
+  Launch(const Launch&) = delete;  // cfg.attrs points into this object
+  Launch& operator=(const Launch&) = delete;
+};
+
+// cudaLaunchKernelEx's error, or a failed launch reported by cudaGetLastError.
+inline Status launched(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
+  }
+  return check_launch(what);
+}
+
+// Programmatic dependent launch for every kernel on sm_90 (see pdl_wait); KF_TUNE pdl=0 turns it off.
+inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90 && tune("pdl", 1) != 0; }
 
 }  // namespace kernelforge
