@@ -86,47 +86,10 @@ constexpr int kBwdChunkSmem = 96 * 1024;
 #define KF_BWD_ADA_REREAD 1
 #endif
 
-// Developer override of the tables above for tuning sweeps: KF_TUNE="fwd_team=128,cluster_team=256".
-// Read once per process; unknown keys are ignored. Production runs leave KF_TUNE unset.
-inline int tune(const char* key, int def) {
-  static const std::string env = [] {
-    const char* e = std::getenv("KF_TUNE");
-    return std::string(e ? e : "");
-  }();
-  if (env.empty()) return def;
-  const std::string k = std::string(key) + "=";
-  size_t pos = 0;
-  while ((pos = env.find(k, pos)) != std::string::npos) {
-    if (pos == 0 || env[pos - 1] == ',') return std::atoi(env.c_str() + pos + k.size());
-    pos += k.size();
-  }
-  return def;
-}
-
 inline int pow2_ceil(int64_t v) {
   int p = 1;
   while (p < v) p <<= 1;
   return p;
-}
-
-// ---- programmatic dependent launch (sm_90) ------------------------------------------------------
-// Every kernel is launched with the PDL attribute on sm_90 (Launch below): it may become resident
-// while the previous kernel of the stream is still draining, which hides the launch latency (~1-2 µs
-// per kernel boundary: the backward's column reductions, consecutive calls in a CUDA graph).
-// pdl_wait() blocks until the previous kernel has completed and its writes are visible, so every
-// kernel calls it before its first global memory access; without the attribute it returns at once.
-// pdl_trigger() lets the next kernel launch before this one exits; only kernels whose whole grid is
-// resident at once call it early (otherwise the next kernel's waiting blocks would take the slots of
-// this kernel's later blocks); the others trigger implicitly as their blocks exit.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 // ---- reductions ---------------------------------------------------------------------------
@@ -507,16 +470,30 @@ constexpr int kSmThreads = 2048;
 #endif
 template <int kRegs>
 constexpr int kFwdRowMinBlocks = std::min(65536 / (kFwdRowMaxBlock * kRegs), kSmThreads / kFwdRowMaxBlock);
+// Registers per thread by op (rows) and 16-byte x slots per thread 1 / 2 / 4 (columns); 8+ slots: 128.
+// add_rms_norm at 4 slots holds x and residual in flight (32 registers): ptxas spilled 16 B at 64;
+// at 72 (3 blocks of 256 threads per SM instead of 4) it does not, and 16384x8192 went 372 -> 362 us.
+// LayerNorm-kind AdaLN at 2 slots spills 20 B at 48 (its scale/shift vectors); 64 registers (4
+// blocks instead of 5) and the per-vector loads without the spill were both slower (notes/norm.md).
+#ifndef KF_FWD_REGS_ADD4  // sweeps
+#define KF_FWD_REGS_ADD4 72
+#endif
+#ifndef KF_FWD_REGS_ADA2
+#define KF_FWD_REGS_ADA2 48
+#endif
+constexpr int kFwdRowRegTable[5][3] = {
+    {32, 40, 64},                // rms
+    {40, 48, KF_FWD_REGS_ADD4},  // add_rms
+    {40, 48, 64},                // layer
+    {40, 48, 64},                // ada, rms kind
+    {40, KF_FWD_REGS_ADA2, 64},  // ada, layer kind
+};
 template <NormOp kOp, int kSlots>
-constexpr int kFwdRowRegs = kSlots <= 0           ? 128
-                            : kOp == NormOp::kRms ? (kSlots <= 1   ? 32
-                                                     : kSlots <= 2 ? 40
-                                                     : kSlots <= 4 ? 64
-                                                                   : 128)
-                                                  : (kSlots <= 1   ? 40
-                                                     : kSlots <= 2 ? 48
-                                                     : kSlots <= 4 ? 64
-                                                                   : 128);
+constexpr int kFwdRowRegs = kSlots <= 0   ? 128
+                            : kSlots <= 1 ? kFwdRowRegTable[int(kOp)][0]
+                            : kSlots <= 2 ? kFwdRowRegTable[int(kOp)][1]
+                            : kSlots <= 4 ? kFwdRowRegTable[int(kOp)][2]
+                                          : 128;
 
 // kEarly (a grid of at most one block per SM, e.g. decode rows): occupancy does not matter, latency
 // does, so weight, bias and AdaLN scale/shift are loaded together with x, before the reductions
@@ -1775,49 +1752,6 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
-// Programmatic dependent launch for every kernel on sm_90 (see pdl_wait); KF_TUNE pdl=0 turns it off.
-inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90 && tune("pdl", 1) != 0; }
-
-// Launch configuration for cudaLaunchKernelEx: grid, block, shared memory and stream, clusters of
-// `cluster` CTAs along x when cluster > 1, and the programmatic-dependent-launch attribute when `pdl`.
-struct Launch {
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[2];
-  Launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl, int cluster = 1) {
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    if (cluster > 1) {
-      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = unsigned(cluster);
-      a.val.clusterDim.y = 1;
-      a.val.clusterDim.z = 1;
-    }
-    if (pdl) {
-      cudaLaunchAttribute& a = attr[cfg.numAttrs++];
-      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      a.val.programmaticStreamSerializationAllowed = 1;
-    }
-  }
-  template <typename... Params, typename... Args>
-  cudaError_t operator()(void (*kernel)(Params...), Args&&... args) {
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  }
-  Launch(const Launch&) = delete;  // cfg.attrs points into this object
-  Launch& operator=(const Launch&) = delete;
-};
-
-// cudaLaunchKernelEx's error, or a failed launch reported by cudaGetLastError.
-inline Status launched(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
-  }
-  return check_launch(what);
-}
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
