@@ -709,8 +709,12 @@ std::tuple<Tensor, Tensor> apply_rope_impl(bool cuda, bool backward, const Tenso
                                layout, rotary_dim);
     return {std::get<0>(out).to(q.device()), std::get<1>(out).to(q.device())};
   }
-  Tensor q_out = at::empty(q.sizes(), q.options());
-  const OptTensor k_out = defined(k) ? OptTensor(at::empty(k->sizes(), k->options())) : std::nullopt;
+  // Outputs keep their input's strides when it is dense (at::empty_like): HF hands over q as a
+  // [B, H, S, D] view of [B, S, H, D] memory, and its own q * cos + ... keeps that layout too, so the
+  // writes stay contiguous per token and the gradients match the leaf's strides (AccumulateGrad
+  // would otherwise copy them). The fake impls (rope.py) follow the same rule.
+  Tensor q_out = at::empty_like(q);
+  const OptTensor k_out = defined(k) ? OptTensor(at::empty_like(*k)) : std::nullopt;
   rope_run(cuda, backward, q, k, cos, sin, pos, o, q_out, k_out);
   return {q_out, defined(k_out) ? *k_out : at::empty({0}, q.options())};
 }

@@ -21,7 +21,7 @@ _LAYOUTS = {"bshd": 0, "bhsd": 1}
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
-    return t.new_empty(t.shape)  # contiguous even when t is a strided view
+    return torch.empty_like(t)  # the C++ impl's rule: t's strides when t is dense, else contiguous
 
 
 @torch.library.register_fake("kernelforge::apply_rope")

@@ -25,6 +25,8 @@ Status run(const RopeCall& c, cudaStream_t stream) {
     return Status::NotSupported(std::string(c.name) +
                                 ": bfloat16 needs a GPU of compute capability 8.0 or newer, this one is sm_" +
                                 std::to_string(info->capability) + "; use float16 or float32");
+  p.capability = info->capability;
+  p.sm_count = info->sm_count;
   const bool cs_float = cs_dtype == DType::kFloat32;
   switch (dtype) {
     case DType::kFloat32:

@@ -47,11 +47,17 @@ namespace rope_detail {
 // ---- tuning (first guesses from the napkin math above; to be measured, see notes/rope.md) ------
 constexpr int kThreads = 256;    // threads per block at most
 #ifndef KF_ROPE_HEADS_IN_FLIGHT  // build-time switch for sweeps (-DKF_ROPE_HEADS_IN_FLIGHT=4 via KF_CMAKE_ARGS)
-#define KF_ROPE_HEADS_IN_FLIGHT 2
+#define KF_ROPE_HEADS_IN_FLIGHT 4
 #endif
 constexpr int kHeadsInFlight = KF_ROPE_HEADS_IN_FLIGHT;  // heads a thread loads before it computes
 constexpr int64_t kMaxGrid = 1 << 30;                    // blocks; more tokens loop
 constexpr int kMaxBlockZ = 64;                           // CUDA's limit for blockDim.z
+// plan(): heads per thread (KF_TUNE rope_hpt), in rounds of kHeadsInFlight. Measured (H100, bf16,
+// 40 heads of 128, 16384 tokens, notes/rope.md): 1 (160-thread blocks of one token) 2610 GB/s, 4
+// 2763, 8 with 4 in flight 2762 (interleaved 2741): more bytes per thread and several tokens per
+// block. Under kFewTokens tokens (decode) a thread takes as few heads as fit, for latency.
+constexpr int kMinHeadsPerThread = 8;
+constexpr int64_t kFewTokens = 1024;
 
 // kVec values of cos/sin (dtype CS) at p as float32. CS = float with kVec >= 4: 16-byte loads;
 // CS = T (16-bit) with kVec = 8: one 16-byte load.
@@ -102,6 +108,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p, cons
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();  // before the first global access (common/launch.cuh)
+    if (p.trigger) pdl_trigger();
     constexpr bool kPacked = kInterleaved && kVec > 1;  // the pairs lie inside one vector
     using V = Vec<T, kVec>;
     const int heads = p.t[0].heads + p.t[1].heads;
@@ -246,10 +254,12 @@ inline Plan plan(const RopeParams& p, int vec) {
   const int heads = p.t[0].heads + p.t[1].heads;
   const int tx = std::min(units, kThreads);
   const int max_ty = std::max(1, kThreads / tx);
-  const int64_t per_thread = ceil_div(heads, max_ty);  // heads per thread, balanced
-  const int ty = int(ceil_div(heads, per_thread));
-  const int tz = std::min(kMaxBlockZ, std::max(1, kThreads / (tx * ty)));  // tokens per block
+  // heads per thread, balanced: at least what fits the block, at least kMinHeadsPerThread
   const int64_t tokens = p.batch * p.seq;
+  const int hpt = tokens < kFewTokens ? 1 : tune("rope_hpt", kMinHeadsPerThread);
+  const int64_t per_thread = std::max<int64_t>(ceil_div(heads, max_ty), hpt);
+  const int ty = int(ceil_div(heads, per_thread));
+  const int tz = std::min({kMaxBlockZ, tune("rope_tz", kMaxBlockZ), std::max(1, kThreads / (tx * ty))});  // tokens
   const int64_t blocks = std::min<int64_t>(ceil_div(tokens, tz), kMaxGrid);
   return {dim3(unsigned(blocks)), dim3(unsigned(tx), unsigned(ty), unsigned(tz)), units_rot, units};
 }
@@ -257,8 +267,14 @@ inline Plan plan(const RopeParams& p, int vec) {
 template <typename T, typename CS, bool kInterleaved, int kVec>
 Status launch(const RopeParams& p, cudaStream_t stream) {
   const Plan g = plan(p, kVec);
-  rope_kernel<T, CS, kInterleaved, kVec><<<g.grid, g.block, 0, stream>>>(p, g.units_rot, g.units);
-  return check_launch(p.backward ? "apply_rope_backward" : "apply_rope");
+  DeviceInfo dev;
+  dev.capability = p.capability;
+  const bool pdl = use_pdl(dev);
+  RopeParams q = p;  // a grid of at most one block per SM is resident at once: let the next kernel in
+  q.trigger = pdl && int64_t(g.grid.x) <= p.sm_count;
+  Launch l(g.grid, g.block, 0, stream, pdl);
+  return launched(l(rope_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units),
+                  p.backward ? "apply_rope_backward" : "apply_rope");
 }
 
 template <typename T, typename CS>

@@ -41,6 +41,11 @@ struct RopeParams {
   int32_t rot_dim = 0;   // R (even, <= D)
   bool interleaved = false;
   bool backward = false;
+  // launch: the device's compute capability and SM count (set after validation), and whether the
+  // kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid resident)
+  int capability = 0;
+  int sm_count = 0;
+  bool trigger = false;
 };
 
 struct RopeCall {

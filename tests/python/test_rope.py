@@ -238,6 +238,25 @@ def test_strided_views(kf, kind, interleaved, device, dtype):
     assert torch.equal(qs, want[0]) and torch.equal(ks, want[1])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_output_layout(kf, device):
+    """Outputs (and input gradients) keep a dense input's strides, as HF's own elementwise RoPE does:
+    q as the [B, H, S, D] view of [B, S, H, D] memory stays that; a padded view gives a contiguous
+    output. The fake impl follows the same rule (opcheck compares the strides)."""
+    B, S, Hq, Hk, D = 2, 5, 4, 2, 32
+    q = R.rand((B, S, Hq, D), torch.float32, device).transpose(1, 2).requires_grad_()
+    k = R.rand((B, S, Hk, D), torch.float32, device).transpose(1, 2).requires_grad_()
+    cos, sin = torch.randn(B, S, D, device=device), torch.randn(B, S, D, device=device)
+    q_out, k_out = kf.apply_rope(q, k, cos, sin, layout="bhsd")
+    assert q_out.stride() == q.stride() and k_out.stride() == k.stride()
+    torch.autograd.backward([q_out, k_out], [torch.randn_like(q_out), torch.randn_like(k_out)])
+    assert q.grad.stride() == q.stride() and k.grad.stride() == k.stride()
+    padded = _strided(R.rand((B, S, Hq, D), torch.float32, device), "padded")
+    out, _ = kf.apply_rope(padded, None, cos, sin)
+    assert out.is_contiguous()
+    torch.library.opcheck(torch.ops.kernelforge.apply_rope, (q.detach(), k.detach(), cos, sin, None, False, 1, 0))
+
+
 @pytest.mark.cuda
 def test_cuda_position_out_of_range_is_nan(kf):
     """The kernel cannot report bad positions: it reads nothing outside the cache and writes NaN into
