@@ -10,7 +10,7 @@ namespace kernelforge {
 
 namespace {
 
-Status check_device(const ActCall& c, const TensorView& x, DType dtype) {
+Status check_device(const ActCall& c, const TensorView& x, DType dtype, ActParams* p) {
   int dev = 0;
   const DeviceInfo* info = nullptr;
   Status s = current_device_info(&dev, &info);
@@ -23,6 +23,8 @@ Status check_device(const ActCall& c, const TensorView& x, DType dtype) {
                                 ": bfloat16 needs a GPU of compute capability 8.0 or newer, "
                                 "this one is sm_" +
                                 std::to_string(info->capability) + "; use float16 or float32");
+  p->capability = info->capability;
+  p->sm_count = info->sm_count;
   return Status::Ok();
 }
 
@@ -38,7 +40,7 @@ Status run(const ActCall& c, cudaStream_t stream) {
   DType dtype;
   Status s = validate_activation(c, &p, &dtype);
   if (!s.ok()) return s;
-  if (!(s = check_device(c, primary(c), dtype)).ok()) return s;
+  if (!(s = check_device(c, primary(c), dtype, &p)).ok()) return s;
   if (p.rows == 0) return Status::Ok();  // nothing to compute: no launch
   const ActFn fn = act_fn(c.op, c.approx);
   const bool gated = act_is_gated(c.op);

@@ -125,6 +125,8 @@ __global__ void __launch_bounds__(kThreads) act_fwd(const ActParams p) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();  // before the first global access (common/launch.cuh)
+    if (p.trigger) pdl_trigger();
     using V = Vec<T, kVec>;
     const int64_t n = p.n;
     const int64_t col0 = (int64_t(blockIdx.x) * blockDim.x * kVecs + threadIdx.x) * kVec;
@@ -173,6 +175,8 @@ __global__ void __launch_bounds__(kThreads) act_bwd(const ActParams p) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
+    pdl_wait();  // before the first global access (common/launch.cuh)
+    if (p.trigger) pdl_trigger();
     using V = Vec<T, kVec>;
     const int64_t n = p.n;
     const int64_t col0 = (int64_t(blockIdx.x) * blockDim.x * kVecs + threadIdx.x) * kVec;
@@ -280,12 +284,16 @@ template <typename T, ActFn kFn, bool kGated, bool kBwd, int kVec>
 Status launch(const ActParams& p, cudaStream_t stream) {
   constexpr int kVecs = vecs_per_thread<kBwd, kVec* int(sizeof(T))>();
   const Grid g = plan(p.rows, p.n, kVec, kVecs);
+  DeviceInfo dev;
+  dev.capability = p.capability;
+  const bool pdl = use_pdl(dev);
+  ActParams q = p;  // a grid of at most one block per SM is resident at once: let the next kernel in
+  q.trigger = pdl && int64_t(g.grid.x) * g.grid.y <= p.sm_count;
+  Launch l(g.grid, g.block, 0, stream, pdl);
   if constexpr (kBwd) {
-    act_bwd<T, kFn, kGated, kVec, kVecs><<<g.grid, g.block, 0, stream>>>(p);
-    return check_launch("activation backward");
+    return launched(l(act_bwd<T, kFn, kGated, kVec, kVecs>, q), "activation backward");
   } else {
-    act_fwd<T, kFn, kGated, kVec, kVecs><<<g.grid, g.block, 0, stream>>>(p);
-    return check_launch("activation forward");
+    return launched(l(act_fwd<T, kFn, kGated, kVec, kVecs>, q), "activation forward");
   }
 }
 

@@ -33,6 +33,11 @@ struct ActParams {
   int64_t rows = 0;
   int64_t n = 0;  // columns of y (I for the gated ops)
   int64_t a_stride = 0, b_stride = 0, y_stride = 0, dy_stride = 0, da_stride = 0, db_stride = 0;
+  // launch: the device's compute capability and SM count (set after validation), and whether the
+  // kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid resident)
+  int capability = 0;
+  int sm_count = 0;
+  bool trigger = false;
 };
 
 struct ActCall {
