@@ -452,6 +452,16 @@ GRAD_INPUTS = {
 }
 
 
+def hf_rope_tables(position_ids: torch.Tensor, d: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, S, D] in `dtype` for position_ids [B, S], as transformers' LlamaRotaryEmbedding
+    computes them (rope_theta 10000, no scaling): angles in float32, emb = cat(freqs, freqs) (the
+    rotate-half pairing's duplicated halves), cos/sin in float32, then cast to q's dtype."""
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, device=position_ids.device, dtype=torch.float32) / d)
+    freqs = position_ids.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def make_inputs(op: str, dims: tuple, dtype, device, seed: int = 0) -> dict:
     """Fresh random inputs (never zeros) for one case, plus dy (apply_rope: dq_out, dk_out) for the
     backward."""
@@ -468,15 +478,10 @@ def make_inputs(op: str, dims: tuple, dtype, device, seed: int = 0) -> dict:
         # [B, S, H, D] memory; the gradients from attention are laid out the same way.
         for name, heads in (("q", hq), ("k", hk), ("dq_out", hq), ("dk_out", hk)):
             t[name] = rnd(b, s, heads, d).transpose(1, 2)
-        # cos/sin [B, S, D] in q's dtype, as LlamaRotaryEmbedding returns them (rope_theta 10000,
-        # emb = cat(freqs, freqs), cos/sin in float32, then .to(dtype)); each sequence of the batch
-        # starts at a random position < 4096 (a decode step is not at position 0, where sin = 0).
+        # each sequence of the batch starts at a random position < 4096 (a decode step is then not
+        # at position 0, where sin = 0 and the rotation is the identity)
         start = torch.randint(0, 4096, (b, 1), generator=g, device=device)
-        pos = (start + torch.arange(s, device=device)).float()
-        inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
-        freqs = pos[..., None] * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        t["cos"], t["sin"] = emb.cos().to(dtype), emb.sin().to(dtype)
+        t["cos"], t["sin"] = hf_rope_tables(start + torch.arange(s, device=device), d, dtype)
         return t
     rows, hidden = dims
     if op in ACT_OPS:  # hidden = I, the output width; the fused ops read [rows, 2I]
