@@ -2,25 +2,30 @@
 
 Every case is (op, mode, shape, dtype, provider). Providers:
 
-    kernelforge   kf.rms_norm / kf.add_rms_norm / kf.layer_norm / kf.ada_norm, and the activations
-                  kf.silu_and_mul / kf.swiglu / kf.gelu_and_mul / kf.geglu / kf.gelu
+    kernelforge   kf.rms_norm / kf.add_rms_norm / kf.layer_norm / kf.ada_norm, the activations
+                  kf.silu_and_mul / kf.swiglu / kf.gelu_and_mul / kf.geglu / kf.gelu, and
+                  kf.apply_rope(q, k, cos, sin, layout="bhsd")
     eager         the code the model libraries run (HF LlamaRMSNorm.forward math, residual add + that,
                   plain fp32 layer-norm math, the diffusers AdaLN pattern; F.silu(gate) * up (HF
-                  LlamaMLP), vLLM's native silu_and_mul, the diffusers GEGLU forward)
+                  LlamaMLP), vLLM's native silu_and_mul, the diffusers GEGLU forward; transformers'
+                  Llama apply_rotary_pos_emb)
     torch_native  a fused PyTorch op where one exists (F.rms_norm, F.layer_norm, F.gelu)
     compile       torch.compile(eager, dynamic=False), warmed up
     liger         Liger-Kernel's Triton kernels, when `liger_kernel` imports (none for ada_norm,
                   gelu_and_mul and gelu)
 
-Ops: every norm op and the activations; `kforge bench` with no op list runs the norm ops and
-silu_and_mul and geglu (one per activation kernel family with a Liger peer, to keep
-scripts/gpu_run.sh inside its 10 minutes); name ops, or `--ops all|norm|activation`, for the rest.
-Shapes are ROWSxHIDDEN with HIDDEN = the output width (I for the gated ops, whose fused input is
-[ROWS, 2I]).
+Ops: every norm op, the activations and apply_rope; `kforge bench` with no op list runs the norm
+ops, silu_and_mul and geglu (one per activation kernel family with a Liger peer, to keep
+scripts/gpu_run.sh inside its 10 minutes) and apply_rope; name ops, or `--ops
+all|norm|activation|rope`, for the rest. Shapes are ROWSxHIDDEN with HIDDEN = the output width (I
+for the gated ops, whose fused input is [ROWS, 2I]); apply_rope's are written like the anchors,
+b{batch}s{seq}h{q heads}/{kv heads}d{head dim}, e.g. b4s4096h32/8d128: q and k as HF Llama attention
+hands them over ([B, H, S, D] views of [B, S, H, D] memory), cos/sin [B, S, D] in q's dtype.
 
-Modes: fwd, fwdbwd (forward + backward: grads of x, weight, bias / residual / scale, shift), and for
-decode-sized rows (rows <= 64) fwd_graph (CUDA-graph replay of 100 calls, divided) and fwd_call
-(wall clock around ~1000 eager calls + one sync, divided: the host path included).
+Modes: fwd, fwdbwd (forward + backward: grads of x, weight, bias / residual / scale, shift; of q and
+k), and for decode-sized rows (rows <= 64; apply_rope: batch * seq tokens <= 64) fwd_graph
+(CUDA-graph replay of 100 calls, divided) and fwd_call (wall clock around ~1000 eager calls + one
+sync, divided: the host path included).
 
 Bytes are the minimum traffic (see notes/bench.md); GB/s is also given as a percentage of the
 device-to-device copy bandwidth measured in the same run. One CSV for the run, one PNG per op, a
@@ -33,23 +38,26 @@ import argparse
 import csv
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
 ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
-OPS = NORM_OPS + ACT_OPS
+ROPE_OPS = ("apply_rope",)
+OPS = NORM_OPS + ACT_OPS + ROPE_OPS
 # No op list: every norm op, plus one activation op per kernel family that has a Liger peer (silu
-# gated; gelu-tanh gated). All five activation ops add ~2 min to the GPU script, over its budget.
-DEFAULT_OPS = NORM_OPS + ("silu_and_mul", "geglu")
-OP_GROUPS = {"all": OPS, "norm": NORM_OPS, "activation": ACT_OPS}
+# gated; gelu-tanh gated), then apply_rope. All five activation ops add ~2 min to the GPU script,
+# over its budget.
+DEFAULT_OPS = NORM_OPS + ("silu_and_mul", "geglu") + ROPE_OPS
+OP_GROUPS = {"all": OPS, "norm": NORM_OPS, "activation": ACT_OPS, "rope": ROPE_OPS}
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
 PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger")
 PEERS = PROVIDERS[1:]
@@ -59,6 +67,27 @@ DECODE_MAX_ROWS = 64  # rows at or under this also get fwd_graph and fwd_call
 DEFAULT_SHAPES = ((16384, 2048), (16384, 4096), (16384, 8192), (1, 4096), (64, 4096))
 LONG_ROW_SHAPES = ((4096, 65536), (2048, 131072))
 LONG_ROW_OPS = ("rms_norm", "layer_norm")
+
+
+class RopeShape(NamedTuple):
+    """An apply_rope shape, written like the anchors: b{batch}s{seq}h{q heads}/{kv heads}d{head dim}.
+    q [B, Hq, S, D] and k [B, Hk, S, D] (views of [B, S, H, D] memory), cos/sin [B, S, D]."""
+
+    b: int
+    s: int
+    hq: int
+    hk: int
+    d: int
+
+    def __str__(self) -> str:
+        return f"b{self.b}s{self.s}h{self.hq}/{self.hk}d{self.d}"
+
+
+# The issue's acceptance shapes (the anchors' rope_fwd rows: Llama-3-8B heads, 16k tokens), then two
+# decode steps (1 and 64 tokens: fwd_graph and fwd_call too, like the decode-sized norm rows).
+ROPE_SHAPES = (RopeShape(4, 4096, 32, 8, 128), RopeShape(1, 16384, 32, 8, 128),
+               RopeShape(1, 1, 32, 8, 128), RopeShape(64, 1, 32, 8, 128))
+ROPE_SHAPE_RE = re.compile(r"b(\d+)s(\d+)h(\d+)/(\d+)d(\d+)")
 
 EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6, "layer_norm": 1e-5, "ada_norm": 1e-6}
 
@@ -75,6 +104,8 @@ OP_PROVIDERS = {
     "gelu_and_mul": ("kernelforge", "eager", "compile"),
     "geglu": ("kernelforge", "eager", "compile", "liger"),
     "gelu": ("kernelforge", "torch_native", "compile"),  # the eager model code is F.gelu itself
+    # RoPE: no fused PyTorch op; Liger has the HF rotate-half RoPE (liger_rotary_pos_emb)
+    "apply_rope": ("kernelforge", "eager", "compile", "liger"),
 }
 # The activation variant each bench op runs (approximate, gate_first): gelu_and_mul is diffusers'
 # GEGLU on the fused projection (exact GELU, gate second); geglu the tanh GeGLU (like-for-like
@@ -105,9 +136,15 @@ ROW_TENSORS = {
     ("geglu", "fwdbwd"): 8,
     ("gelu", "fwd"): 2,
     ("gelu", "fwdbwd"): 5,
+    # apply_rope, in units of |q| + |k| = B*S*(Hq + Hk)*D: fwd reads q, k and writes q_out, k_out;
+    # bwd reads dq_out, dk_out and writes dq, dk (the rotation is linear: it needs no q or k)
+    ("apply_rope", "fwd"): 2,
+    ("apply_rope", "fwdbwd"): 4,
 }
 # Small terms, in units of `param_rows * N` elements (param_rows = 1 for weight/bias, B for the
 # [B, 1, N] scale/shift): fwd reads the parameters, bwd reads what dx needs and writes the grads.
+# apply_rope: in units of B*S*D (one of cos/sin [B, S, D]). The anchors' rope_fwd rows count q and k
+# only: for the same time our GB/s is (Hq + Hk + 1) / (Hq + Hk) of theirs (1.025x at 32/8 heads).
 PARAM_TENSORS = {
     ("rms_norm", "fwd"): 1,        # w
     ("rms_norm", "fwdbwd"): 3,     # w (fwd) + w (bwd) + dw
@@ -118,8 +155,11 @@ PARAM_TENSORS = {
     ("ada_norm", "fwd"): 2,        # scale, shift
     ("ada_norm", "fwdbwd"): 5,     # scale, shift (fwd) + scale (bwd) + dscale, dshift
     **{(op, m): 0 for op in ACT_OPS for m in ("fwd", "fwdbwd")},  # no parameters
+    ("apply_rope", "fwd"): 2,      # cos, sin
+    ("apply_rope", "fwdbwd"): 4,   # cos, sin (fwd) + cos, sin (bwd)
 }
-# Nominal floating-point operations per element of x (the formula's arithmetic, fp32).
+# Nominal floating-point operations per element of x (the formula's arithmetic, fp32); apply_rope
+# per element of q and k.
 FLOPS_PER_ELT = {
     ("rms_norm", "fwd"): 4,        # x*x, sum, *rstd, *w
     ("rms_norm", "fwdbwd"): 11,    # + dy*w, *xhat, sum, fma, *rstd, dw fma
@@ -140,6 +180,8 @@ FLOPS_PER_ELT = {
     ("geglu", "fwdbwd"): 26,
     ("gelu", "fwd"): 17,
     ("gelu", "fwdbwd"): 40,
+    ("apply_rope", "fwd"): 3,      # x*cos + rot(x)*sin: 2 mul, 1 add (rot is a sign and a swap)
+    ("apply_rope", "fwdbwd"): 6,   # + the transposed rotation of the gradient
 }
 
 
@@ -152,19 +194,40 @@ def ada_batch(rows: int) -> int:
     return 4 if rows >= 4 and rows % 4 == 0 else 1
 
 
-def traffic_bytes(op: str, mode: str, rows: int, hidden: int, elt: int) -> int:
-    m = base_mode(mode)
+def shape_label(dims: tuple) -> str:
+    """How a case's shape is written: ROWSxHIDDEN, or a RopeShape's b..s..h../..d.. form."""
+    return str(dims) if isinstance(dims, RopeShape) else f"{dims[0]}x{dims[1]}"
+
+
+def case_rows(dims: tuple) -> int:
+    """Rows of a case (apply_rope: tokens, B*S); the decode-sized modes go up to DECODE_MAX_ROWS."""
+    return dims.b * dims.s if isinstance(dims, RopeShape) else dims[0]
+
+
+def tensor_elements(op: str, dims: tuple) -> tuple[int, int]:
+    """(elements of the ROW_TENSORS unit, elements of the PARAM_TENSORS unit): rows*hidden and
+    param_rows*hidden; apply_rope |q| + |k| = B*S*(Hq + Hk)*D and one of cos/sin, B*S*D."""
+    if op in ROPE_OPS:
+        b, s, hq, hk, d = dims
+        return b * s * (hq + hk) * d, b * s * d
+    rows, hidden = dims
     param_rows = ada_batch(rows) if op == "ada_norm" else 1
-    return (ROW_TENSORS[(op, m)] * rows * hidden + PARAM_TENSORS[(op, m)] * param_rows * hidden) * elt
+    return rows * hidden, param_rows * hidden
 
 
-def flop_count(op: str, mode: str, rows: int, hidden: int) -> int:
-    return FLOPS_PER_ELT[(op, base_mode(mode))] * rows * hidden
+def traffic_bytes(op: str, mode: str, dims: tuple, elt: int) -> int:
+    m = base_mode(mode)
+    big, small = tensor_elements(op, dims)
+    return (ROW_TENSORS[(op, m)] * big + PARAM_TENSORS[(op, m)] * small) * elt
+
+
+def flop_count(op: str, mode: str, dims: tuple) -> int:
+    return FLOPS_PER_ELT[(op, base_mode(mode))] * tensor_elements(op, dims)[0]
 
 
 # ---- the providers ---------------------------------------------------------------------------
 # Each provider is fn(t: dict of tensors) -> tuple of outputs; outputs[0] is y (what backward
-# starts from); add_rms_norm also returns s = x + residual.
+# starts from); add_rms_norm also returns s = x + residual; apply_rope returns (q_out, k_out).
 
 def _eager_rms(x, w, eps):
     # transformers LlamaRMSNorm.forward, verbatim math
@@ -252,6 +315,22 @@ def native_layer_norm(t):
     return (F.layer_norm(x, (x.shape[-1],), t["weight"], t["bias"], EPS["layer_norm"]),)
 
 
+def hf_apply_rope() -> Callable:
+    """transformers' Llama apply_rotary_pos_emb, as LlamaAttention.forward calls it (unsqueeze_dim=1:
+    q, k [B, H, S, D], cos/sin [B, S, D]). Imported when the provider is made: transformers is no
+    dependency of the bench; without it this peer (and compile) fails, the run goes on."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
+
+    def eager_apply_rope(t):
+        return apply_rotary_pos_emb(t["q"], t["k"], t["cos"], t["sin"])
+
+    return eager_apply_rope
+
+
+def eager_provider(op: str) -> Callable:
+    return hf_apply_rope() if op in ROPE_OPS else EAGER[op]
+
+
 NATIVE = {"rms_norm": native_rms_norm, "layer_norm": native_layer_norm, "gelu": eager_gelu}
 
 
@@ -280,6 +359,8 @@ def kf_provider(op: str) -> Callable:
         return lambda t: (kf.gelu_and_mul(t["x"], **GELU_AND_MUL_ARGS),)
     if op == "geglu":
         return lambda t: (kf.geglu(t["hidden"], t["gate"], approximate=GEGLU_APPROX),)
+    if op == "apply_rope":  # HF's strided [B, H, S, D] views as they are (any strides, last one 1)
+        return lambda t: kf.apply_rope(t["q"], t["k"], t["cos"], t["sin"], layout="bhsd")
     return lambda t: (kf.gelu(t["x"]),)
 
 
@@ -301,9 +382,25 @@ def liger_activation(op: str) -> Callable | None:
     return None
 
 
+def liger_rope() -> Callable | None:
+    """Liger's liger_rotary_pos_emb (what its HF Llama patch installs; its dispatcher picks the Triton
+    kernel, or on sm_90+ with cutlass.cute importable a CuTe DSL one). The Triton kernel works in
+    place on HF's [B, H, S, D] views of [B, S, H, D] memory: its transpose back is contiguous, so its
+    .contiguous() copies nothing and the kernel overwrites q and k (in the backward, dq_out and
+    dk_out, laid out the same way). Later timed calls then run on rotated values, which changes no
+    timing; each mode's correctness check runs first, and Liger runs last of the providers."""
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return None
+    return lambda t: liger_rotary_pos_emb(t["q"], t["k"], t["cos"], t["sin"])
+
+
 def liger_provider(op: str) -> Callable | None:
     if op in ACT_OPS:
         return liger_activation(op)
+    if op in ROPE_OPS:
+        return liger_rope()
     try:
         from liger_kernel.transformers import functional as lf  # noqa: PLC0415
     except Exception:  # noqa: BLE001  (not installed, or its import fails: no liger peer)
@@ -329,11 +426,11 @@ def make_provider(name: str, op: str) -> Callable | None:
     if name == "kernelforge":
         return kf_provider(op)
     if name == "eager":
-        return EAGER[op]
+        return eager_provider(op)
     if name == "torch_native":
         return NATIVE.get(op)
     if name == "compile":
-        return torch.compile(EAGER[op], dynamic=False)
+        return torch.compile(eager_provider(op), dynamic=False)
     if name == "liger":
         return liger_provider(op)
     raise ValueError(f"unknown provider {name!r}")
@@ -351,11 +448,23 @@ GRAD_INPUTS = {
     "gelu_and_mul": ("x",),
     "geglu": ("hidden", "gate"),
     "gelu": ("x",),
+    "apply_rope": ("q", "k"),
 }
 
 
-def make_inputs(op: str, rows: int, hidden: int, dtype, device, seed: int = 0) -> dict:
-    """Fresh random inputs (never zeros) for one case, plus dy for the backward."""
+def hf_rope_tables(position_ids: torch.Tensor, d: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, S, D] in `dtype` for position_ids [B, S], as transformers' LlamaRotaryEmbedding
+    computes them (rope_theta 10000, no scaling): angles in float32, emb = cat(freqs, freqs) (the
+    rotate-half pairing's duplicated halves), cos/sin in float32, then cast to q's dtype."""
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2, device=position_ids.device, dtype=torch.float32) / d)
+    freqs = position_ids.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def make_inputs(op: str, dims: tuple, dtype, device, seed: int = 0) -> dict:
+    """Fresh random inputs (never zeros) for one case, plus dy (apply_rope: dq_out, dk_out) for the
+    backward."""
     g = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape, scale=1.0, offset=0.0):
@@ -363,6 +472,18 @@ def make_inputs(op: str, rows: int, hidden: int, dtype, device, seed: int = 0) -
         return (v * scale + offset).to(dtype)
 
     t: dict = {}
+    if op in ROPE_OPS:
+        b, s, hq, hk, d = dims
+        # HF Llama attention: q_proj(x).view(B, S, H, D).transpose(1, 2), a [B, H, S, D] view of
+        # [B, S, H, D] memory; the gradients from attention are laid out the same way.
+        for name, heads in (("q", hq), ("k", hk), ("dq_out", hq), ("dk_out", hk)):
+            t[name] = rnd(b, s, heads, d).transpose(1, 2)
+        # each sequence of the batch starts at a random position < 4096 (a decode step is then not
+        # at position 0, where sin = 0 and the rotation is the identity)
+        start = torch.randint(0, 4096, (b, 1), generator=g, device=device)
+        t["cos"], t["sin"] = hf_rope_tables(start + torch.arange(s, device=device), d, dtype)
+        return t
+    rows, hidden = dims
     if op in ACT_OPS:  # hidden = I, the output width; the fused ops read [rows, 2I]
         if op in ("silu_and_mul", "gelu_and_mul"):
             t["x"] = rnd(rows, 2 * hidden)
@@ -569,7 +690,10 @@ def run_once(fn, t, op, mode):
         for n in names:
             t[n].grad = None
         outs = fn(t)
-        outs[0].backward(t["dy"])
+        if op in ROPE_OPS:
+            torch.autograd.backward(outs, (t["dq_out"], t["dk_out"]))
+        else:
+            outs[0].backward(t["dy"])
         res = [o.detach().clone() for o in outs] + [t[n].grad.clone() for n in names]
         for n in names:
             t[n].grad = None
@@ -579,7 +703,7 @@ def run_once(fn, t, op, mode):
 
 
 def result_names(op, mode):
-    outs = ["y", "s"] if op == "add_rms_norm" else ["y"]
+    outs = {"add_rms_norm": ["y", "s"], "apply_rope": ["q_out", "k_out"]}.get(op, ["y"])
     return outs + ([f"d{n}" for n in GRAD_INPUTS[op]] if mode == "fwdbwd" else [])
 
 
@@ -594,8 +718,7 @@ CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "
 class Result:
     op: str
     mode: str
-    rows: int
-    hidden: int
+    dims: tuple  # (rows, hidden), or a RopeShape for apply_rope
     dtype: str
     provider: str
     ms: float
@@ -603,7 +726,7 @@ class Result:
 
     @property
     def shape(self) -> str:
-        return f"{self.rows}x{self.hidden}"
+        return shape_label(self.dims)
 
 
 @dataclass
@@ -635,15 +758,25 @@ def git_commit() -> str:
         return ""
 
 
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    shapes = []
+def parse_shapes(text: str) -> list[tuple]:
+    """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} items a RopeShape."""
+    shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
         if not item:
             continue
+        m = ROPE_SHAPE_RE.fullmatch(item)
+        if m:
+            rs = RopeShape(*(int(v) for v in m.groups()))
+            if min(rs) == 0 or rs.d % 2:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0 and the head dim "
+                                                 "even (RoPE rotates pairs of columns)")
+            shapes.append(rs)
+            continue
         parts = item.split("x")
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise argparse.ArgumentTypeError(f"shape {item!r} is not ROWSxHIDDEN, e.g. 16384x4096")
+            raise argparse.ArgumentTypeError(f"shape {item!r} is not ROWSxHIDDEN, e.g. 16384x4096, nor "
+                                             "b{B}s{S}h{Hq}/{Hk}d{D} (apply_rope), e.g. b4s4096h32/8d128")
         shapes.append((int(parts[0]), int(parts[1])))
     if not shapes:
         raise argparse.ArgumentTypeError("--shapes is empty")
@@ -661,28 +794,39 @@ def _csv_list(allowed, what):
     return parse
 
 
-def default_shapes(op: str) -> list[tuple[int, int]]:
+def default_shapes(op: str) -> list[tuple]:
+    if op in ROPE_OPS:
+        return list(ROPE_SHAPES)
     return list(DEFAULT_SHAPES) + (list(LONG_ROW_SHAPES) if op in LONG_ROW_OPS else [])
 
 
-def plan_cases(args) -> list[tuple[str, int, int, str]]:
-    """Family by family (norm, then activation: a run cut short by --max-seconds loses activation
-    cases first and the norm plan is what it was before the activations existed), shape-major
-    within a family: every op at the first shape, then the next shape, ... so that a cut run has
-    covered all of a family's ops at the leading shapes (summary and plots regroup by op)."""
+def op_shapes(op: str, shapes: list | None) -> list[tuple]:
+    """The op's shapes: those of its kind in --shapes (RopeShapes for apply_rope, ROWSxHIDDEN for
+    the others), or its defaults when --shapes is not given."""
+    if shapes is None:
+        return default_shapes(op)
+    return [sh for sh in shapes if isinstance(sh, RopeShape) == (op in ROPE_OPS)]
+
+
+def plan_cases(args) -> list[tuple[str, tuple, str]]:
+    """Family by family (norm, then activation, then rope: a run cut short by --max-seconds loses
+    rope cases first, then activation cases, and the norm plan is what it was before the other
+    families existed), shape-major within a family: every op at the first shape, then the next
+    shape, ... so that a cut run has covered all of a family's ops at the leading shapes (summary
+    and plots regroup by op)."""
     cases = []
-    for family in (NORM_OPS, ACT_OPS):
+    for family in (NORM_OPS, ACT_OPS, ROPE_OPS):
         ops = [op for op in args.ops if op in family]
         shapes: list = []
         for op in ops:
-            for sh in (args.shapes or default_shapes(op)):
+            for sh in op_shapes(op, args.shapes):
                 if sh not in shapes:
                     shapes.append(sh)
-        for rows, hidden in shapes:
+        for dims in shapes:
             for op in ops:
-                if (rows, hidden) in (args.shapes or default_shapes(op)):
+                if dims in op_shapes(op, args.shapes):
                     for dt in args.dtype:
-                        cases.append((op, rows, hidden, dt))
+                        cases.append((op, dims, dt))
     return cases
 
 
@@ -701,9 +845,9 @@ def fmt_ms(ms: float) -> str:
 
 def derived(res: Result, elt: int, copy_gbps: float, best_peer_ms: float, copy_at: dict | None = None) -> dict:
     ok = math.isfinite(res.ms) and res.ms > 0
-    nbytes = traffic_bytes(res.op, res.mode, res.rows, res.hidden, elt)
+    nbytes = traffic_bytes(res.op, res.mode, res.dims, elt)
     gbps = nbytes / (res.ms * 1e-3) / 1e9 if ok else float("nan")
-    tflops = flop_count(res.op, res.mode, res.rows, res.hidden) / (res.ms * 1e-3) / 1e12 if ok else float("nan")
+    tflops = flop_count(res.op, res.mode, res.dims) / (res.ms * 1e-3) / 1e12 if ok else float("nan")
     pct = 100.0 * gbps / copy_gbps if ok and math.isfinite(copy_gbps) else float("nan")
     speed = best_peer_ms / res.ms if ok and math.isfinite(best_peer_ms) else float("nan")
     size_copy = (copy_at or {}).get(nbytes, float("nan")) if res.mode in ("fwd", "fwdbwd") else float("nan")
@@ -749,13 +893,13 @@ class CsvSink:
         self.f.close()
 
 
-def run_case(op, rows, hidden, dt, args, timer, info, providers, log) -> list[list[Result]]:
+def run_case(op, dims, dt, args, timer, info, providers, log) -> list[list[Result]]:
     """All modes and providers of one (op, shape, dtype); returns one list of results per mode."""
     dtype = DTYPES[dt]
     device = timer.device
     elt = torch.empty((), dtype=dtype).element_size()
     torch._dynamo.reset()  # fresh compile caches: every shape compiles for itself (dynamic=False)
-    t = make_inputs(op, rows, hidden, dtype, device)
+    t = make_inputs(op, dims, dtype, device)
     fns: dict = {}
     for name in providers:
         try:
@@ -765,7 +909,7 @@ def run_case(op, rows, hidden, dt, args, timer, info, providers, log) -> list[li
         if fn is not None:
             fns[name] = fn
     groups = []
-    for mode in modes_for(rows, args.modes):
+    for mode in modes_for(case_rows(dims), args.modes):
         bmode = base_mode(mode)
         for n in GRAD_INPUTS[op]:
             t[n].requires_grad_(bmode == "fwdbwd")
@@ -795,7 +939,7 @@ def run_case(op, rows, hidden, dt, args, timer, info, providers, log) -> list[li
                 note = f"FAILED: {type(e).__name__}: {msg[:160]}"
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-            res = Result(op, mode, rows, hidden, dt, name, ms, note)
+            res = Result(op, mode, dims, dt, name, ms, note)
             group.append(res)
             if note:
                 info.problems.append(((op, res.shape, dt, name, note), mode))
@@ -813,14 +957,21 @@ def run_case(op, rows, hidden, dt, args, timer, info, providers, log) -> list[li
 def time_one(fn, t, op, mode, timer: Timer) -> float:
     if mode == "fwdbwd":
         names = GRAD_INPUTS[op]
-        dy = t["dy"]
 
         def pre():
             for n in names:
                 t[n].grad = None
 
-        def step():
-            fn(t)[0].backward(dy)
+        if op in ROPE_OPS:  # both outputs carry a gradient
+            grads = (t["dq_out"], t["dk_out"])
+
+            def step():
+                torch.autograd.backward(fn(t), grads)
+        else:
+            dy = t["dy"]
+
+            def step():
+                fn(t)[0].backward(dy)
 
         return timer.median_ms(step, pre)
     with torch.no_grad():
@@ -854,7 +1005,7 @@ def merge_problems(problems: list) -> list[str]:
 
 
 def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
-    head = (f"{'op':<13} {'mode':<9} {'shape':<12} {'dtype':<5} {'kf us':>9} {'kf GB/s':>8} "
+    head = (f"{'op':<13} {'mode':<9} {'shape':<17} {'dtype':<5} {'kf us':>9} {'kf GB/s':>8} "
             f"{'%copy':>6} {'best peer':<13} {'peer us':>9} {'peer GB/s':>9} {'speedup':>8} "
             f"{'copy@size':>9} {'%':>5}")
     lines = [head, "-" * len(head)]
@@ -869,13 +1020,13 @@ def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
         nan = float("nan")
         kfd = (derived(kf, elt, info.copy_gbps, peer_ms, info.copy_at) if kf else
                {"gbps": nan, "pct": nan, "speedup": nan, "size_copy": nan, "pct_size": nan})
-        peer_gbps = (traffic_bytes(r0.op, r0.mode, r0.rows, r0.hidden, elt) / (peer_ms * 1e-3) / 1e9
+        peer_gbps = (traffic_bytes(r0.op, r0.mode, r0.dims, elt) / (peer_ms * 1e-3) / 1e9
                      if math.isfinite(peer_ms) else float("nan"))
 
         def f(v, d):
             return f"{v:.{d}f}" if math.isfinite(v) else "-"
 
-        lines.append(f"{r0.op:<13} {r0.mode:<9} {r0.shape:<12} {r0.dtype:<5} {f(kf_ms * 1e3, 2):>9} "
+        lines.append(f"{r0.op:<13} {r0.mode:<9} {r0.shape:<17} {r0.dtype:<5} {f(kf_ms * 1e3, 2):>9} "
                      f"{f(kfd['gbps'], 0):>8} {f(kfd['pct'], 1):>6} {peer_name or '-':<13} "
                      f"{f(peer_ms * 1e3, 2):>9} {f(peer_gbps, 0):>9} "
                      f"{(f(kfd['speedup'], 2) + 'x') if math.isfinite(kfd['speedup']) else '-':>8} "
@@ -953,7 +1104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the same as a comma list, e.g. --ops activation or --ops rms_norm,swiglu")
     p.add_argument("--shapes", type=parse_shapes, default=None,
                    help="ROWSxHIDDEN list, e.g. 16384x4096,1x4096 (default: 16384x{2048,4096,8192}, "
-                        "{1,64}x4096, and 4096x65536, 2048x131072 for rms_norm and layer_norm)")
+                        "{1,64}x4096, and 4096x65536, 2048x131072 for rms_norm and layer_norm); "
+                        "apply_rope takes b{B}s{S}h{Hq}/{Hk}d{D} items (default: b4s4096h32/8d128, "
+                        "b1s16384h32/8d128, b1s1h32/8d128, b64s1h32/8d128); each op runs the items "
+                        "of its kind")
     p.add_argument("--dtype", type=_csv_list(tuple(DTYPES), "dtype"), default=["bf16"],
                    help="bf16 | fp16 | fp32 (comma list allowed; default bf16)")
     p.add_argument("--providers", type=_csv_list(PROVIDERS, "provider"), default=list(PROVIDERS),
@@ -961,7 +1115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reference for the peers' check and the speedup)")
     p.add_argument("--modes", type=_csv_list(MODES, "mode"), default=list(MODES),
                    help=f"comma list of {','.join(MODES)} (fwd_graph, fwd_call only for rows <= "
-                        f"{DECODE_MAX_ROWS})")
+                        f"{DECODE_MAX_ROWS}; apply_rope: batch * seq tokens)")
     p.add_argument("--out", default="bench_out", help="output folder (default bench_out)")
     p.add_argument("--quick", action="store_true", help="few repetitions (smoke tests)")
     p.add_argument("--max-seconds", type=float, default=0.0,
@@ -1018,8 +1172,12 @@ def main(args: argparse.Namespace) -> int:
     csv_path = os.path.join(args.out, "bench.csv")
     sink = CsvSink(csv_path, info)
     cases = plan_cases(args)
-    n_meas = sum(len(modes_for(r, args.modes)) * len([p for p in providers if p in OP_PROVIDERS[op]])
-                 for op, r, _, _ in cases)
+    unplanned = [op for op in args.ops if not any(c[0] == op for c in cases)]
+    if unplanned:
+        print(f"note: --shapes has no shape for {', '.join(unplanned)} (ROWSxHIDDEN for the norm and "
+              "activation ops, b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope): not run", flush=True)
+    n_meas = sum(len(modes_for(case_rows(dims), args.modes))
+                 * len([p for p in providers if p in OP_PROVIDERS[op]]) for op, dims, _ in cases)
     print(f"kforge bench on {gpu} | torch {info.torch_version} | commit {info.commit or '-'} | "
           f"D2D copy {info.copy_gbps:.0f} GB/s | {len(cases)} cases, {n_meas} measurements | "
           f"providers {','.join(providers)}", flush=True)
@@ -1030,12 +1188,12 @@ def main(args: argparse.Namespace) -> int:
         d = derived(res, elt, info.copy_gbps, float("nan"))
         gb = f"{d['gbps']:8.1f} GB/s {d['pct']:5.1f}%" if math.isfinite(d["gbps"]) else f"{'-':>8} GB/s {'-':>5} "
         us = f"{res.ms * 1e3:10.2f} us" if math.isfinite(res.ms) else f"{'nan':>10} us"
-        print(f"[{counter[0]:>4}/{n_meas}] {res.op:<12} {res.mode:<9} {res.shape:<12} {res.dtype:<4} "
+        print(f"[{counter[0]:>4}/{n_meas}] {res.op:<12} {res.mode:<9} {res.shape:<17} {res.dtype:<4} "
               f"{res.provider:<12} {us} {gb} {res.note}", flush=True)
 
     all_groups: list[list[Result]] = []
     skipped = 0
-    for op, rows, hidden, dt in cases:
+    for op, dims, dt in cases:
         if args.max_seconds and time.monotonic() - t_start > args.max_seconds:
             skipped += 1
             continue
@@ -1043,18 +1201,18 @@ def main(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             elt = torch.empty((), dtype=DTYPES[dt]).element_size()
             for m in ("fwd", "fwdbwd"):
-                nbytes = traffic_bytes(op, m, rows, hidden, elt)
-                if m in args.modes and rows > DECODE_MAX_ROWS and nbytes not in info.copy_at:
+                nbytes = traffic_bytes(op, m, dims, elt)
+                if m in args.modes and case_rows(dims) > DECODE_MAX_ROWS and nbytes not in info.copy_at:
                     try:
                         info.copy_at[nbytes] = measure_copy_at(nbytes, timer)
                     except torch.OutOfMemoryError:
                         torch.cuda.empty_cache()
         try:
-            groups = run_case(op, rows, hidden, dt, args, timer, info, ops_providers, log)
+            groups = run_case(op, dims, dt, args, timer, info, ops_providers, log)
         except Exception as e:  # noqa: BLE001  (e.g. inputs out of memory: skip the case, go on)
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            info.problems.append(f"{op} {rows}x{hidden} {dt}: case skipped: {type(e).__name__}: {msg[:200]}")
-            print(f"!! {op} {rows}x{hidden} {dt}: case skipped: {type(e).__name__}: {msg[:200]}", flush=True)
+            info.problems.append(f"{op} {shape_label(dims)} {dt}: case skipped: {type(e).__name__}: {msg[:200]}")
+            print(f"!! {op} {shape_label(dims)} {dt}: case skipped: {type(e).__name__}: {msg[:200]}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue

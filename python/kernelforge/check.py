@@ -1,9 +1,12 @@
-"""`kforge check`: every op (norm and activation), forward and backward, on the current GPU against
-float64 oracles.
+"""`kforge check`: every op (norm, activation and RoPE), forward and backward, on the current GPU
+against float64 oracles.
 
-For each op, dtype (bf16, fp16, fp32), shape (one row, N = 1, odd N, long rows, ...) and variant
-(with / without weight and bias; AdaLN layer and rms kinds, three scale shapes; GELU erf / tanh,
-gate first / second), on fresh random data:
+For each op, dtype (bf16, fp16, fp32), shape (one row, N = 1, odd N, long rows, ...; RoPE: GQA, MQA,
+decode, partial rotary, odd head_dim, many heads) and variant (with / without weight and bias; AdaLN
+layer and rms kinds, three scale shapes; GELU erf / tanh, gate first / second; RoPE rotate-half /
+interleaved, bshd / bhsd (contiguous or HF attention's view of [B, S, H, D] memory), cos/sin
+[B, S, R] in q's dtype, [S, R] float32 or a float32 cache read through position_ids), on fresh
+random data:
 
   * the GPU result through the public API (kf.*, autograd for the gradients) is compared with
     (a) the op's own CPU implementation, the C++ float64 reference, run on the inputs upcast to
@@ -11,7 +14,8 @@ gate first / second), on fresh random data:
     (b) an independent float64 PyTorch formula (autograd for its gradients),
   * NaN/Inf never passes; the allocator is pre-filled with NaN blocks of the outputs' sizes before
     each GPU call (best effort: an output element the kernel forgets then shows up as NaN),
-  * the GPU forward and backward are run twice and must be bit-identical (fixed reduction order).
+  * the GPU forward and backward are run twice and must be bit-identical (fixed reduction order);
+  * apply_rope also runs in place (inplace=True) on copies of q and k, checked like its outputs.
 
 Error = max|got - ref| / max(max|ref|, 1), plus the relative L2 error (same floor of 1); PASS needs both under the
 dtype's tolerance against both oracles. Prints one PASS/FAIL line per op and dtype; exit status 1
@@ -30,7 +34,8 @@ import torch
 
 NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
 ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
-OPS = NORM_OPS + ACT_OPS
+ROPE_OPS = ("apply_rope",)
+OPS = NORM_OPS + ACT_OPS + ROPE_OPS
 SPLIT_OPS = ("silu_and_mul", "gelu_and_mul")  # x [..., 2I] -> y [..., I]; shapes give I
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (max error relative to max|ref|, relative L2 error): bf16/fp16 allow a couple of roundings of
@@ -40,6 +45,12 @@ TOL = {torch.float32: (1e-4, 3e-5), torch.float16: (4e-3, 2e-3), torch.bfloat16:
 # batch, and long rows that do not fit one pass of registers
 SHAPES = ((1, 4096), (3, 1), (7, 1000), (19, 4097), (128, 2048), (2, 65536), (1, 131072))
 EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6, "layer_norm": 1e-5, "ada_norm": 1e-6}
+# apply_rope (B, S, Hq, Hk, D, R): Llama GQA heads, a decode step, MQA with a quarter of the head
+# rotated, Phi-like partial rotary (D = 80), a head_dim that is no multiple of the 16-byte vector (67,
+# R = 66: the one-element path), 40 + 8 heads of 256 (several rounds of heads per thread), more tokens
+ROPE_SHAPES = ((2, 33, 8, 2, 128, 128), (1, 1, 32, 8, 128, 128), (3, 7, 4, 1, 128, 32),
+               (1, 13, 5, 5, 80, 32), (1, 7, 2, 1, 67, 66), (1, 5, 40, 8, 256, 256),
+               (2, 64, 16, 4, 128, 128))
 
 # variants: which optional tensors are present (and, for ada_norm, the kind and scale shape)
 VARIANTS = {
@@ -57,6 +68,18 @@ VARIANTS = {
     "gelu_and_mul": tuple({"approximate": a, "gate_first": g} for a in ("tanh", "none") for g in (True, False)),
     "geglu": ({"approximate": "none"}, {"approximate": "tanh"}),
     "gelu": ({"approximate": "none"}, {"approximate": "tanh"}),
+    # pairing; layout (bhsd: HF attention's q_proj(x).view(B, S, H, D).transpose(1, 2), a view of
+    # [B, S, H, D] memory, or a contiguous [B, H, S, D]); cos/sin tables: [B, S, R] in q's dtype
+    # (HF), [S, R] float32 (diffusers), or a float32 cache [P, R] read through position_ids [B, S]
+    "apply_rope": (
+        {"interleaved": False, "layout": "bshd", "view": False, "tables": "BSR"},
+        {"interleaved": False, "layout": "bhsd", "view": True, "tables": "BSR"},
+        {"interleaved": False, "layout": "bhsd", "view": False, "tables": "SR32"},
+        {"interleaved": False, "layout": "bshd", "view": False, "tables": "cache"},
+        {"interleaved": True, "layout": "bshd", "view": False, "tables": "SR32"},
+        {"interleaved": True, "layout": "bhsd", "view": True, "tables": "BSR"},
+        {"interleaved": True, "layout": "bhsd", "view": False, "tables": "cache"},
+    ),
 }
 
 
@@ -69,16 +92,32 @@ def variant_label(v: dict) -> str:
         parts.append(v["approximate"])
     if "gate_first" in v:
         parts.append("gate_first" if v["gate_first"] else "gate_second")
+    if "interleaved" in v:
+        parts.append("interleaved" if v["interleaved"] else "rotate_half")
+        parts.append(v["layout"] + ("_view" if v["view"] else ""))
+        parts.append({"BSR": "cos[B,S,R]", "SR32": "cos[S,R]f32", "cache": "cache+position_ids"}[v["tables"]])
     return "+".join(parts) if parts else "plain"
+
+
+def shape_label(op: str, shape: tuple) -> str:
+    """ROWSxN; apply_rope b{B}s{S}h{Hq}/{Hk}d{D} as in the bench, plus r{R} for partial rotary."""
+    if op in ROPE_OPS:
+        B, S, Hq, Hk, D, R = shape
+        return f"b{B}s{S}h{Hq}/{Hk}d{D}" + (f"r{R}" if R != D else "")
+    return f"{shape[0]}x{shape[1]}"
 
 
 # ---- inputs ----------------------------------------------------------------------------------
 
-def make_inputs(op: str, rows: int, n: int, v: dict, dtype, device) -> dict:
+def make_inputs(op: str, shape: tuple, v: dict, dtype, device) -> dict:
     """Fresh random inputs in `dtype` (never zeros), on `device`."""
 
     def rnd(*shape, scale=1.0, offset=0.0):
         return (torch.randn(*shape, device=device) * scale + offset).to(dtype)
+
+    if op in ROPE_OPS:
+        return _rope_inputs(shape, v, dtype, device, rnd)
+    rows, n = shape
 
     if op in ACT_OPS:  # n = the output width I; activation inputs N(0, 2^2) reach both tails
         t = {name: rnd(rows, n, scale=2.0) for name in grad_names(op, {})}
@@ -108,13 +147,39 @@ def make_inputs(op: str, rows: int, n: int, v: dict, dtype, device) -> dict:
     return t
 
 
+def _rope_inputs(shape: tuple, v: dict, dtype, device, rnd) -> dict:
+    B, S, Hq, Hk, D, R = shape
+
+    def heads(H):
+        if v["layout"] == "bshd":
+            return rnd(B, S, H, D)
+        return rnd(B, S, H, D).transpose(1, 2) if v["view"] else rnd(B, H, S, D)
+
+    def table(*shape, dt):
+        # uniform in [-1, 1] per column, not a real cos/sin table: the two members of a pair read
+        # different values, so a kernel that mixes up a pair's cos/sin indices fails (the op's
+        # formula is per column, as the libraries' is)
+        return (torch.rand(*shape, device=device) * 2 - 1).to(dt)
+
+    t = {"q": heads(Hq), "k": heads(Hk), "dq_out": heads(Hq), "dk_out": heads(Hk), "position_ids": None}
+    if v["tables"] == "BSR":
+        t["cos"], t["sin"] = table(B, S, R, dt=dtype), table(B, S, R, dt=dtype)
+    elif v["tables"] == "SR32":
+        t["cos"], t["sin"] = table(S, R, dt=torch.float32), table(S, R, dt=torch.float32)
+    else:
+        P = S + 5  # cache rows; positions in any order, repeats allowed
+        t["cos"], t["sin"] = table(P, R, dt=torch.float32), table(P, R, dt=torch.float32)
+        t["position_ids"] = torch.randint(0, P, (B, S), device=device)
+    return t
+
+
 def grad_names(op: str, t: dict) -> list[str]:
     names = {"rms_norm": ["x", "weight"], "add_rms_norm": ["x", "residual", "weight"],
              "layer_norm": ["x", "weight", "bias"],
              "ada_norm": ["x", "scale", "shift", "weight", "bias"],
              "silu_and_mul": ["x"], "swiglu": ["gate", "up"], "gelu_and_mul": ["x"],
-             "geglu": ["hidden", "gate"], "gelu": ["x"]}[op]
-    if op in ACT_OPS:
+             "geglu": ["hidden", "gate"], "gelu": ["x"], "apply_rope": ["q", "k"]}[op]
+    if op in ACT_OPS or op in ROPE_OPS:
         return names
     return [k for k in names if t.get(k) is not None]
 
@@ -136,6 +201,8 @@ def run_kf(kf, op: str, t: dict, v: dict) -> dict:
     a = {**t, **leaves}
     if op in ACT_OPS:
         return _run_kf_act(kf, op, t, v, a, leaves, names)
+    if op in ROPE_OPS:
+        return _run_kf_rope(kf, t, v, leaves)
     _poison([a["x"].shape] * 2 + [leaves[k].shape for k in names], a["x"].dtype, a["x"].device)
     eps = EPS[op]
     if op == "rms_norm":
@@ -194,10 +261,38 @@ def _run_kf_act(kf, op, t, v, a, leaves, names):
     return res
 
 
+def _rope_kwargs(t, v):
+    # rotary_dim given explicitly (it must equal cos.shape[-1]): partial rotary when R < D
+    return {"interleaved": v["interleaved"], "layout": v["layout"], "position_ids": t["position_ids"],
+            "rotary_dim": t["cos"].shape[-1]}
+
+
+def _run_kf_rope(kf, t, v, leaves):
+    q, k = leaves["q"], leaves["k"]
+    _poison([q.shape, k.shape] * 2, q.dtype, q.device)
+    q_out, k_out = kf.apply_rope(q, k, t["cos"], t["sin"], **_rope_kwargs(t, v))
+    for name, o, want in (("q_out", q_out, q), ("k_out", k_out, k)):
+        if o.shape != want.shape or o.dtype != want.dtype:
+            raise AssertionError(f"{name} has shape {tuple(o.shape)} {o.dtype}, expected "
+                                 f"{tuple(want.shape)} {want.dtype}")
+    dq, dk = torch.autograd.grad([q_out, k_out], [q, k], [t["dq_out"], t["dk_out"]])
+    for name, g, want in (("dq", dq, q), ("dk", dk, k)):
+        if g.shape != want.shape:
+            raise AssertionError(f"{name} has shape {tuple(g.shape)}, expected {tuple(want.shape)}")
+    # the in-place op on copies of q and k (same strides): its own kernel path (passthrough columns
+    # are not rewritten)
+    q_in, k_in = t["q"].clone(), t["k"].clone()
+    kf.apply_rope(q_in, k_in, t["cos"], t["sin"], inplace=True, **_rope_kwargs(t, v))
+    return {"q_out": q_out.detach(), "k_out": k_out.detach(), "dq": dq, "dk": dk,
+            "q_inplace": q_in, "k_inplace": k_in}
+
+
 # ---- oracle (a): the op's CPU implementation (C++ float64 reference) on float64 inputs ----------
 
 def _f64(t: dict) -> dict:
-    return {k: (v.detach().to("cpu", torch.float64) if isinstance(v, torch.Tensor) else v)
+    """Floating tensors as float64 on the CPU; integer ones (position_ids) keep their dtype."""
+    return {k: (v.detach().to("cpu", torch.float64 if v.is_floating_point() else v.dtype)
+                if isinstance(v, torch.Tensor) else v)
             for k, v in t.items()}
 
 
@@ -219,11 +314,21 @@ def _cpp_ref_act(op: str, a: dict, v: dict) -> dict:
     return {"y": ops.gelu(a["x"], ap), "dx": ops.gelu_backward(dy, a["x"], ap)}
 
 
+def _cpp_ref_rope(a: dict, v: dict) -> dict:
+    ops = torch.ops.kernelforge
+    args = (a["cos"], a["sin"], a["position_ids"], v["interleaved"], {"bshd": 0, "bhsd": 1}[v["layout"]], 0)
+    q_out, k_out = ops.apply_rope(a["q"], a["k"], *args)
+    dq, dk = ops.apply_rope_backward(a["dq_out"], a["dk_out"], *args)
+    return {"q_out": q_out, "k_out": k_out, "dq": dq, "dk": dk, "q_inplace": q_out, "k_inplace": k_out}
+
+
 def run_cpp_ref(op: str, t: dict, v: dict) -> dict:
     ops = torch.ops.kernelforge
     a = _f64(t)
     if op in ACT_OPS:
         return _cpp_ref_act(op, a, v)
+    if op in ROPE_OPS:
+        return _cpp_ref_rope(a, v)
     eps = EPS[op]
     if op == "rms_norm":
         y = ops.rms_norm(a["x"], a["weight"], eps)
@@ -283,6 +388,23 @@ def _torch_act(op: str, a: dict, v: dict) -> torch.Tensor:
     return F.gelu(a["x"], approximate=v["approximate"])
 
 
+def _rope64(x, cos, sin, interleaved: bool, layout: str):
+    """out[j] = x[j] cos[j] + rot(x)[j] sin[j] for j < R, columns R.. unchanged; rot: HF's rotate_half
+    on x[..., :R] (cat(-x2, x1)), or the interleaved pairs (2i, 2i+1) -> (-x_{2i+1}, x_{2i}) of
+    GPT-J / diffusers. cos/sin [B, S, R] or [S, R]; broadcast over the heads."""
+    R = cos.shape[-1]
+    xr = x[..., :R]
+    if interleaved:
+        rot = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        rot = torch.cat((-xr[..., R // 2:], xr[..., :R // 2]), dim=-1)
+    if layout == "bshd":  # [.., S, 1, R] against [B, S, H, R]
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    elif cos.dim() == 3:  # [B, 1, S, R] against [B, H, S, R] ([S, R] broadcasts as it is)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat((xr * cos + rot * sin, x[..., R:]), dim=-1)
+
+
 def run_torch_ref(op: str, t: dict, v: dict) -> dict:
     a = _f64(t)
     names = grad_names(op, t)
@@ -292,6 +414,15 @@ def run_torch_ref(op: str, t: dict, v: dict) -> dict:
         y = _torch_act(op, a, v)
         grads = torch.autograd.grad([y], [a[k] for k in names], [a["dy"]])
         return {"y": y.detach(), **{"d" + k: g for k, g in zip(names, grads)}}
+    if op in ROPE_OPS:
+        cos, sin = a["cos"], a["sin"]
+        if a["position_ids"] is not None:  # the cache rows of each token: [B, S, R]
+            cos, sin = cos[a["position_ids"]], sin[a["position_ids"]]
+        q_out = _rope64(a["q"], cos, sin, v["interleaved"], v["layout"])
+        k_out = _rope64(a["k"], cos, sin, v["interleaved"], v["layout"])
+        dq, dk = torch.autograd.grad([q_out, k_out], [a["q"], a["k"]], [a["dq_out"], a["dk_out"]])
+        return {"q_out": q_out.detach(), "k_out": k_out.detach(), "dq": dq, "dk": dk,
+                "q_inplace": q_out.detach(), "k_inplace": k_out.detach()}
     eps = EPS[op]
     if op == "rms_norm":
         outs = {"y": _rms64(a["x"], a["weight"], eps)}
@@ -344,12 +475,12 @@ class Tally:
     failures: list = field(default_factory=list)
 
 
-def check_case(kf, op, rows, n, v, dtype, device, tally: Tally) -> None:
-    label = f"{rows}x{n} {variant_label(v)}"
+def check_case(kf, op, shape, v, dtype, device, tally: Tally) -> None:
+    label = f"{shape_label(op, shape)} {variant_label(v)}"
     tol_max, tol_l2 = TOL[dtype]
     tally.cases += 1
     try:
-        t = make_inputs(op, rows, n, v, dtype, device)
+        t = make_inputs(op, shape, v, dtype, device)
         got = run_kf(kf, op, t, v)
         again = run_kf(kf, op, t, v)
         if device.type == "cuda":
@@ -381,7 +512,7 @@ def check_case(kf, op, rows, n, v, dtype, device, tally: Tally) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ops", nargs="*", metavar="OP",
-                   help=f"ops to check (default all): {' '.join(OPS)}; groups: norm, activation")
+                   help=f"ops to check (default all): {' '.join(OPS)}; groups: norm, activation, rope")
     p.add_argument("--dtype", default="bf16,fp16,fp32",
                    help="comma list of bf16, fp16, fp32 (default all three)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
@@ -390,7 +521,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    groups = {"norm": NORM_OPS, "activation": ACT_OPS, "all": OPS}
+    groups = {"norm": NORM_OPS, "activation": ACT_OPS, "rope": ROPE_OPS, "all": OPS}
     args.ops = [o for n in args.ops for o in groups.get(n, (n,))]
     bad = [o for o in args.ops if o not in OPS]
     dts = [d.strip() for d in args.dtype.split(",") if d.strip()]
@@ -427,9 +558,9 @@ def main(args: argparse.Namespace) -> int:
         for dt in dts:
             dtype = DTYPES[dt]
             tally = Tally()
-            for rows, n in SHAPES:
+            for shape in (ROPE_SHAPES if op in ROPE_OPS else SHAPES):
                 for v in VARIANTS[op]:
-                    check_case(kf, op, rows, n, v, dtype, device, tally)
+                    check_case(kf, op, shape, v, dtype, device, tally)
             status = "FAIL" if tally.failures else "PASS"
             any_fail |= bool(tally.failures)
             worst = tally.worst_bwd if tally.bwd_err >= tally.fwd_err else tally.worst_fwd
