@@ -15,7 +15,7 @@ from . import nn
 from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .patch import PatchReport, patch, unpatch
-from .rope import apply_rope
+from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,8 @@ __all__ = [
     "geglu",
     "gelu",
     "apply_rope",
+    "apply_rope_bsc",
+    "ltx_video_rope",
     "patch",
     "unpatch",
     "PatchReport",
