@@ -4,7 +4,7 @@
     y = kf.rms_norm(x, weight, eps=1e-6)
     h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
     q, k = kf.apply_rope(q, k, cos, sin)  # HF Llama rotate-half RoPE on q and k in one call
-    report = kf.patch(model)      # route a transformers / diffusers model's norms and MLP activations
+    report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs and RoPE
     print(report)
 
 Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:
@@ -15,7 +15,7 @@ from . import nn
 from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .patch import PatchReport, patch, unpatch
-from .rope import apply_rope
+from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,8 @@ __all__ = [
     "geglu",
     "gelu",
     "apply_rope",
+    "apply_rope_bsc",
+    "ltx_video_rope",
     "patch",
     "unpatch",
     "PatchReport",

@@ -1,13 +1,15 @@
-"""patch(model): route the norm and activation modules of a transformers / diffusers / plain torch
-model to kernelforge.
+"""patch(model): route the norm and activation modules and the rotary embeddings of a transformers /
+diffusers / plain torch model to kernelforge.
 
 Only the *forward* of matching module instances is replaced (``module.forward = MethodType(...)``);
 parameters, buffers, state_dict keys and the class are untouched, and ``unpatch(model)`` puts the
 original forward back. Matching is table-driven: ``REPLACEMENTS`` is an ordered list of
 ``Replacement(matcher -> forward)`` entries; the first entry whose matcher claims a module decides
 (patch it, or skip it with a reason). New op families add entries with ``register_replacement``.
-Each entry belongs to a family ("norm", "activation"; ``patch(model, norms=..., activations=...)``
-chooses the families); the activation entries live in ``_patch_activation.py``.
+Each entry belongs to a family ("norm", "activation", "rope"; ``patch(model, norms=...,
+activations=..., rope=...)`` chooses the families); the activation entries live in
+``_patch_activation.py``, the rope entries (attention modules whose rotary function is replaced for
+that instance) in ``_patch_rope.py``.
 
 At run time a patched forward sends an input to the kernel only when the result is the one the
 original forward would give; otherwise (e.g. weight dtype != input dtype, where transformers would
@@ -43,8 +45,8 @@ class Replacement:
     ``match(module)`` returns None when the entry does not apply to the module, True to patch it,
     or a string: the reason the module is recognised but skipped. ``forward`` is the function
     installed as the module's forward (bound to the instance); ``op`` names the kernelforge op it
-    calls, for the report. ``family`` is "norm" or "activation" (switched by ``patch``'s flags of
-    the same names); entries of any other family are always applied. ``setup(module)``, when
+    calls, for the report. ``family`` is "norm", "activation" or "rope" (switched by ``patch``'s
+    flags norms / activations / rope); entries of any other family are always applied. ``setup(module)``, when
     given, runs when the module is patched; what it returns is kept as the patch state's ``extra``
     (e.g. the activation submodule the patched forward verified).
     """
@@ -57,7 +59,7 @@ class Replacement:
     setup: "Callable[[torch.nn.Module], object] | None" = None
 
 
-FAMILIES = ("norm", "activation")
+FAMILIES = ("norm", "activation", "rope")
 
 
 REPLACEMENTS: list[Replacement] = []
@@ -177,17 +179,20 @@ class _PatchState:
     extra: object = None  # what entry.setup returned
 
 
-def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True) -> PatchReport:
-    """Replace the forward of every supported norm and activation module in ``model``; returns what
-    was done.
+def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True, rope: bool = True) -> PatchReport:
+    """Replace the forward of every supported norm, activation and attention module in ``model``;
+    returns what was done.
 
-    ``norms`` / ``activations`` choose the families (both by default). Norms: torch.nn.RMSNorm /
-    LayerNorm, diffusers RMSNorm, transformers Llama-style RMSNorm. Activations: transformers gated
-    MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or F.gelu-based GELU) and the
-    diffusers GELU / GEGLU / SwiGLU / LinearActivation(GELU) projections. Modules already patched
-    are skipped (patching twice is patching once).
+    ``norms`` / ``activations`` / ``rope`` choose the families (all by default). Norms:
+    torch.nn.RMSNorm / LayerNorm, diffusers RMSNorm, transformers Llama-style RMSNorm. Activations:
+    transformers gated MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or
+    F.gelu-based GELU) and the diffusers GELU / GEGLU / SwiGLU / LinearActivation(GELU) projections.
+    RoPE: attention modules whose forward calls transformers' Llama-style ``apply_rotary_pos_emb``
+    (Llama, Mistral, Qwen2/3, ...) or diffusers' LTX-Video ``apply_rotary_emb``; the module-level
+    functions themselves are left alone (only that instance's forward calls kernelforge instead).
+    Modules already patched are skipped (patching twice is patching once).
     """
-    families = {f for f, on in (("norm", norms), ("activation", activations)) if on}
+    families = {f for f, on in (("norm", norms), ("activation", activations), ("rope", rope)) if on}
     table = [e for e in REPLACEMENTS if e.family in families or e.family not in FAMILIES]
     report = PatchReport()
     for path, module in model.named_modules():
@@ -246,9 +251,15 @@ _DTYPE_HINT = "Cast the model and its inputs to one dtype to use the kernel."
 
 def _warn_fallback(module: torch.nn.Module, why: str, hint: str = _DTYPE_HINT, stacklevel: int = 4) -> None:
     """Announce that the original computation runs instead of the kernel: warn once, or raise if strict."""
+    _announce_fallback(type(module).__name__, why, "forward", hint, stacklevel + 1)
+
+
+def _announce_fallback(subject: str, why: str, original: str, hint: str, stacklevel: int) -> None:
+    """The message of _warn_fallback for any subject (a module class, or a function a patched forward
+    calls): "<subject> called with <why>; ... the original <original> runs instead"."""
     msg = (
-        f"kernelforge: {type(module).__name__} called with {why}; the kernel cannot reproduce the "
-        "original result, so the original forward runs instead"
+        f"kernelforge: {subject} called with {why}; the kernel cannot reproduce the "
+        f"original result, so the original {original} runs instead"
     )
     if os.environ.get("KF_STRICT") == "1":
         raise RuntimeError(msg + " (KF_STRICT=1 makes this an error)")
@@ -442,3 +453,4 @@ for _entry in (
 del _entry
 
 from . import _patch_activation  # noqa: E402,F401  (registers the activation entries)
+from . import _patch_rope  # noqa: E402,F401  (registers the rope entries)

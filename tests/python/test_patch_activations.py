@@ -93,11 +93,13 @@ MLP_OP = {"llama": "kernelforge.swiglu", "qwen2": "kernelforge.swiglu", "qwen3":
 @pytest.mark.parametrize("device,dtype", MODEL_CASES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "gemma"])
 def test_transformers_model(kf, arch, device, dtype, families):
-    """Logits and every parameter gradient agree patched vs unpatched; the report lists every MLP."""
+    """Logits and every parameter gradient agree patched vs unpatched; the report lists every MLP (and, by
+    default, the norms and the attention modules: rope)."""
     model = _hf_model(arch, device, dtype)
     mlps = [f"model.layers.{i}.mlp" for i in range(2)]
-    kwargs = {} if families == "default" else {"norms": False}
-    expected = mlps + (_hf_norm_paths(arch) if families == "default" else [])
+    attns = [f"model.layers.{i}.self_attn" for i in range(2)]
+    kwargs = {} if families == "default" else {"norms": False, "rope": False}
+    expected = mlps + (_hf_norm_paths(arch) + attns if families == "default" else [])
     report = check_model(kf, model, _hf_inputs(device), _hf_forward, expected, dtype, patch_kwargs=kwargs)
     by_path = {p.path: p for p in report.patched}
     for path in mlps:
@@ -113,7 +115,8 @@ def test_transformers_gelu_exact_mlp(kf, device, dtype):
     """hidden_act="gelu" (erf GELU) maps to geglu(up, gate, "none")."""
     model = _hf_model("llama", device, dtype, hidden_act="gelu")
     mlps = [f"model.layers.{i}.mlp" for i in range(2)]
-    report = check_model(kf, model, _hf_inputs(device), _hf_forward, mlps, dtype, patch_kwargs={"norms": False})
+    report = check_model(kf, model, _hf_inputs(device), _hf_forward, mlps, dtype,
+                         patch_kwargs={"norms": False, "rope": False})
     assert {p.op for p in report.patched} == {"kernelforge.geglu"}
     P = importlib.import_module("kernelforge.patch")
     model2 = _hf_model("llama", device, dtype, hidden_act="gelu")
@@ -372,7 +375,8 @@ def test_diffusers_ltx_video(kf, device, dtype):
     for i in range(2):
         norms += [f"transformer_blocks.{i}.norm1", f"transformer_blocks.{i}.norm2"]
         norms += [f"transformer_blocks.{i}.attn{a}.norm_{qk}" for a in (1, 2) for qk in ("q", "k")]
-    report = check_model(kf, model, inputs, forward, norms + ffs, dtype, patch_kwargs={})
+    attns = [f"transformer_blocks.{i}.attn{a}" for i in range(2) for a in (1, 2)]  # rope (default family)
+    report = check_model(kf, model, inputs, forward, norms + ffs + attns, dtype, patch_kwargs={})
     assert {p.op for p in report.patched if p.path in ffs} == {"kernelforge.gelu"}
     _assert_unpatched(model)
 
@@ -439,14 +443,16 @@ def test_patch_unpatch_patch(kf):
 
 
 def test_families_compose(kf):
-    """patch(norms only) then patch(): the second call adds the MLPs, skips what is already patched."""
+    """patch(norms only) then patch(): the second call adds the MLPs and the attention modules (rope),
+    skips what is already patched."""
     model = _hf_model("llama", "cpu", torch.float32)
-    norms = kf.patch(model, activations=False)
+    norms = kf.patch(model, activations=False, rope=False)
     assert norms.patched and all(p.op == "kernelforge.rms_norm" for p in norms.patched)
     acts = kf.patch(model)
-    assert sorted(acts.patched_paths) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert sorted(acts.patched_paths) == ["model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.mlp",
+                                          "model.layers.1.self_attn"]
     assert sorted(s.path for s in acts.skipped) == sorted(norms.patched_paths)
-    assert kf.patch(model, norms=False, activations=False).patched == []
+    assert kf.patch(model, norms=False, activations=False, rope=False).patched == []
     assert kf.unpatch(model) == len(norms.patched) + len(acts.patched)
     _assert_unpatched(model)
 

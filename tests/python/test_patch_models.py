@@ -1,7 +1,8 @@
 """patch() on tiny random transformers (Llama, Qwen2, Qwen3) and diffusers (LTX-Video) models:
 patched and unpatched outputs and gradients agree, the report lists the expected modules, and
-unpatch restores the original forwards. These are the norm tests (``patch(model, activations=False)``);
-test_patch_activations.py covers the activation family and the default (both families)."""
+unpatch restores the original forwards. These are the norm tests (``patch(model, activations=False,
+rope=False)``); test_patch_activations.py covers the activation family and the default (all families),
+test_patch_rope.py the rope family."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def _run(model, inputs, forward):
     return out.detach(), grads
 
 
-NORMS_ONLY = {"activations": False}
+NORMS_ONLY = {"activations": False, "rope": False}
 
 
 def check_model(kf, model, inputs, forward, expected_patched, dtype, patch_kwargs=NORMS_ONLY):
