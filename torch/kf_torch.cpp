@@ -488,6 +488,15 @@ Tensor grad_or_empty(bool want, const Tensor& g) { return want && g.numel() > 0 
 
 // Autograd may hand an expanded gradient (e.g. of y.sum(): stride 0); the kernels need a
 // contiguous last dimension.
+// The backward ops have no autograd of their own: under create_graph=True (double backward, e.g. a
+// gradient penalty) their outputs would carry no graph and the second derivatives would silently be
+// zero. The engine runs backward with grad mode on exactly then, so that case is an error.
+void no_double_backward(const char* op) {
+  TORCH_CHECK(!at::GradMode::is_enabled(), op,
+              ": double backward (create_graph=True) is not implemented; compute second derivatives "
+              "with the PyTorch reference instead (kernelforge.unpatch, or the eager module)");
+}
+
 Tensor dense(const Tensor& g) { return g.dim() > 0 && g.size(-1) > 1 && g.stride(-1) != 1 ? g.contiguous() : g; }
 
 class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
@@ -500,6 +509,7 @@ class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     return op.call(x, weight, eps);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("rms_norm");
     auto saved = ctx->get_saved_variables();
     const OptTensor w = saved[1].defined() ? OptTensor(saved[1]) : std::nullopt;
     static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const OptTensor&, double)>(
@@ -522,6 +532,7 @@ class AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     return {y, s};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("add_rms_norm");
     auto saved = ctx->get_saved_variables();
     const OptTensor w = saved[1].defined() ? OptTensor(saved[1]) : std::nullopt;
     static auto op =
@@ -544,6 +555,7 @@ class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     return op.call(x, weight, bias, eps);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("layer_norm");
     auto saved = ctx->get_saved_variables();
     const OptTensor w = saved[1].defined() ? OptTensor(saved[1]) : std::nullopt;
     const OptTensor b = saved[2].defined() ? OptTensor(saved[2]) : std::nullopt;
@@ -567,6 +579,7 @@ class AdaNormFn : public torch::autograd::Function<AdaNormFn> {
     return op.call(x, scale, shift, weight, bias, eps, kind);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("ada_norm");
     auto saved = ctx->get_saved_variables();
     const OptTensor w = saved[3].defined() ? OptTensor(saved[3]) : std::nullopt;
     const OptTensor b = saved[4].defined() ? OptTensor(saved[4]) : std::nullopt;
@@ -590,6 +603,7 @@ class SiluAndMulFn : public torch::autograd::Function<SiluAndMulFn> {
     return op.call(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("silu_and_mul");
     auto saved = ctx->get_saved_variables();
     static auto op = op_handle<Tensor(const Tensor&, const Tensor&)>("kernelforge::silu_and_mul_backward");
     return {op.call(dense(grads[0]), saved[0])};
@@ -605,6 +619,7 @@ class SwigluFn : public torch::autograd::Function<SwigluFn> {
     return op.call(gate, up);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("swiglu");
     auto saved = ctx->get_saved_variables();
     static auto op = op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&)>(
         "kernelforge::swiglu_backward");
@@ -624,6 +639,7 @@ class GeluAndMulFn : public torch::autograd::Function<GeluAndMulFn> {
     return op.call(x, approximate, gate_first);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("gelu_and_mul");
     auto saved = ctx->get_saved_variables();
     static auto op =
         op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view, bool)>("kernelforge::gelu_and_mul_backward");
@@ -643,6 +659,7 @@ class GegluFn : public torch::autograd::Function<GegluFn> {
     return op.call(hidden, gate, approximate);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("geglu");
     auto saved = ctx->get_saved_variables();
     static auto op =
         op_handle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, c10::string_view)>(
@@ -663,6 +680,7 @@ class GeluFn : public torch::autograd::Function<GeluFn> {
     return op.call(x, approximate);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("gelu");
     auto saved = ctx->get_saved_variables();
     static auto op = op_handle<Tensor(const Tensor&, const Tensor&, c10::string_view)>("kernelforge::gelu_backward");
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
@@ -753,6 +771,7 @@ class RopeFn : public torch::autograd::Function<RopeFn> {
     return {qo, ko};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("apply_rope");
     auto saved = ctx->get_saved_variables();
     const OptTensor pos = saved[2].defined() ? OptTensor(saved[2]) : std::nullopt;
     const bool has_k = ctx->saved_data["has_k"].toBool();

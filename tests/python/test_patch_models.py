@@ -40,9 +40,18 @@ def _cast(inputs: dict, dtype) -> dict:
 
 def _check_pair(name, patched, original, truth, dtype):
     err = rel_err(patched, original)
-    assert err < MODEL_TOL[dtype], f"{name}: patched vs original rel err {err:.2e}"
-    if truth is not None:
+    if truth is None:
+        assert err < MODEL_TOL[dtype], f"{name}: patched vs original rel err {err:.2e}"
+    else:
+        # Some gradients are rounding noise in both runs: an attention key bias's true gradient is 0
+        # in the columns RoPE does not rotate (softmax is invariant to a shift shared by all keys), so
+        # the two bf16 runs differ by as much as each differs from the truth (Phi, partial rotary:
+        # 7.3e-2 on the H100). By the triangle inequality err <= e_p + e_o; the accuracy test below is
+        # the real one there.
         e_p, e_o = rel_err(patched, truth), rel_err(original, truth)
+        bound = max(MODEL_TOL[dtype], 1.1 * (e_p + e_o))
+        assert err < bound, (
+            f"{name}: patched vs original rel err {err:.2e} (vs the float32 truth: {e_p:.2e}, {e_o:.2e})")
         assert e_p <= ACCURACY_SLACK * e_o + ACCURACY_FLOOR, (
             f"{name}: patched is less accurate than the original: {e_p:.2e} vs {e_o:.2e} (float32 truth)")
 
