@@ -551,14 +551,25 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
               sce[i] = load_vec<T, kVec>(scr + col);
               she[i] = load_vec<T, kVec>(shr + col);
             }
-          } else if constexpr (Tr::kAda) {
-            if (p.ada_rpg == 1) {  // a scale/shift row per x row: DRAM reads, start them now
+          }
+        } else {
+          xv[i] = rv[Tr::kRes ? i : 0] = V::zero();
+        }
+      }
+      // A scale/shift row per x row (ada_rpg == 1): DRAM reads, start them now. In a loop of its own:
+      // this branch inside the loop above split it, and the compiler then issued the last x load
+      // only after the first use of x[row, 0] (one more DRAM round trip per row; Nsight Compute
+      // source counters at 16384x8192, AdaLN 205 vs LayerNorm 176 us).
+      if constexpr (Tr::kAda && !kEarly) {
+        if (p.ada_rpg == 1) {
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            const int col = (t + i * tpr) * kVec;
+            if (row_ok && col < n) {
               prefetch_l2(scr + col);
               prefetch_l2(shr + col);
             }
           }
-        } else {
-          xv[i] = rv[Tr::kRes ? i : 0] = V::zero();
         }
       }
       if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
@@ -1789,10 +1800,10 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
 // of them are resident and streaming).
 constexpr int kBulkSliceBytes = 32 * 1024;
 // Smallest row (bytes) that takes the bulk pipeline instead of the register kernel, by op (measured:
-// the row kernel wins up to 16 KB rows for RMSNorm/LayerNorm/add_rms_norm; AdaLN is level at 8 KB and
-// slightly faster with the pipeline at 16 KB).
+// the row kernel wins up to 16 KB rows for every op; AdaLN at 16384x8192 187.6 vs 200.4 us, at
+// 4096x16384 118.4 vs 101.9 once its x loads were issued together, session 6).
 template <NormOp kOp>
-constexpr int kBulkMinRowBytes = (kOp == NormOp::kAdaRms || kOp == NormOp::kAdaLayer) ? 16 * 1024 : 32 * 1024;
+constexpr int kBulkMinRowBytes = 32 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
 
 template <typename T, NormOp kOp, int kVec>
