@@ -280,10 +280,8 @@ inline Grid plan(int64_t rows, int64_t n, int vec, int vecs) {
   return {dim3(unsigned(chunks), unsigned(groups)), dim3(unsigned(tx), unsigned(ty))};
 }
 
-template <typename T, ActFn kFn, bool kGated, bool kBwd, int kVec>
-Status launch(const ActParams& p, cudaStream_t stream) {
-  constexpr int kVecs = vecs_per_thread<kBwd, kVec* int(sizeof(T))>();
-  const Grid g = plan(p.rows, p.n, kVec, kVecs);
+template <typename T, ActFn kFn, bool kGated, bool kBwd, int kVec, int kVecs>
+Status launch_vecs(const ActParams& p, const Grid& g, cudaStream_t stream) {
   DeviceInfo dev;
   dev.capability = p.capability;
   const bool pdl = use_pdl(dev);
@@ -295,6 +293,20 @@ Status launch(const ActParams& p, cudaStream_t stream) {
   } else {
     return launched(l(act_fwd<T, kFn, kGated, kVec, kVecs>, q), "activation forward");
   }
+}
+
+// A problem smaller than one wave of blocks (decode rows: 1x4096 is 1 block of 128 threads with 4
+// vectors each) is latency-bound: the per-thread chain of kVecs activations is the kernel's time, so
+// the 16-byte path takes one vector per thread there (1x4096: 2 blocks of 256 threads).
+template <typename T, ActFn kFn, bool kGated, bool kBwd, int kVec>
+Status launch(const ActParams& p, cudaStream_t stream) {
+  constexpr int kVecs = vecs_per_thread<kBwd, kVec* int(sizeof(T))>();
+  const Grid g = plan(p.rows, p.n, kVec, kVecs);
+  if constexpr (kVecs > 1 && kVec * sizeof(T) == 16) {
+    if (int64_t(g.grid.x) * g.grid.y < p.sm_count && tune("act_small", 1) != 0)
+      return launch_vecs<T, kFn, kGated, kBwd, kVec, 1>(p, plan(p.rows, p.n, kVec, 1), stream);
+  }
+  return launch_vecs<T, kFn, kGated, kBwd, kVec, kVecs>(p, g, stream);
 }
 
 template <typename T, ActFn kFn, bool kGated, bool kBwd>
