@@ -498,7 +498,9 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
 // kEarly (a grid of at most one block per SM, e.g. decode rows): occupancy does not matter, latency
 // does, so weight, bias and AdaLN scale/shift are loaded together with x, before the reductions
 // (one memory round trip per block instead of two), and there is no register cap.
-template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly>
+// kPlain (AdaLN without weight and bias, the DiT / LTX-Video case): the output loop is compiled for
+// that case alone instead of branching per vector over the four weight/bias variants.
+template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false>
 __global__ void __launch_bounds__(kFwdRowMaxBlock,
                                   kEarly ? 1 : kFwdRowMinBlocks<kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
@@ -637,9 +639,11 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
           scv = sce[i];
           shv = she[i];
         } else {
-          if (wg) wv = load_vec<T, kVec>(wg + col);
-          if constexpr (!Tr::kHfRms) {
-            if (bg) bv = load_vec<T, kVec>(bg + col);
+          if constexpr (!kPlain) {
+            if (wg) wv = load_vec<T, kVec>(wg + col);
+            if constexpr (!Tr::kHfRms) {
+              if (bg) bv = load_vec<T, kVec>(bg + col);
+            }
           }
           if constexpr (Tr::kAda) {
             if constexpr (kP > 1) {
@@ -652,7 +656,13 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
           }
         }
         launder(xv[i]);  // convert x again here rather than keep its float32 copy live (registers)
-        store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
+        if constexpr (kPlain) {
+          float out[kVec];
+          fwd_out_elems<T, kOp, kVec, false, false>(xv[i], mean, rstd, wv, bv, scv, shv, out);
+          store_vec<T, kVec>(yr + col, V::from(out));
+        } else {
+          store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
+        }
       }
     }
   }
@@ -1782,6 +1792,10 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
       Launch row(dim3(unsigned(units)), dim3(block), 0, stream, use_pdl(dev));
       if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0)  // <= 1 block per SM
         return launched(row(norm_fwd_row<T, kOp, kVec, kIters, true>, p, shift), "norm forward");
+      if constexpr (OpTraits<kOp>::kAda) {
+        if (p.weight == nullptr && p.bias == nullptr && tune("ada_plain", 1) != 0)
+          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true>, p, shift), "norm forward");
+      }
       return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false>, p, shift), "norm forward");
     } else {  // 512-thread teams: the persistent kernel
       units = std::min<int64_t>(units, int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1));
