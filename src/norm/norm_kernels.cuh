@@ -473,8 +473,9 @@ constexpr int kFwdRowMinBlocks = std::min(65536 / (kFwdRowMaxBlock * kRegs), kSm
 // Registers per thread by op (rows) and 16-byte x slots per thread 1 / 2 / 4 (columns); 8+ slots: 128.
 // add_rms_norm at 4 slots holds x and residual in flight (32 registers): ptxas spilled 16 B at 64;
 // at 72 (3 blocks of 256 threads per SM instead of 4) it does not, and 16384x8192 went 372 -> 362 us.
-// LayerNorm-kind AdaLN at 2 slots spills 20 B at 48 (its scale/shift vectors); 64 registers (4
-// blocks instead of 5) and the per-vector loads without the spill were both slower (notes/norm.md).
+// LayerNorm-kind AdaLN with weight or bias at 2 slots spills 16 B at 48 (its scale/shift vectors);
+// 64 registers (4 blocks instead of 5) and per-vector loads were both slower (notes/norm.md). The
+// kPlain kernel (no weight, no bias) fits 48 without a spill.
 #ifndef KF_FWD_REGS_ADD4  // sweeps
 #define KF_FWD_REGS_ADD4 72
 #endif
