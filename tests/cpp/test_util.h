@@ -467,4 +467,29 @@ inline ::testing::AssertionResult has_substrings(const Status& st, std::initiali
   return ::testing::AssertionSuccess() << st.message();
 }
 
+// A contiguous CUDA view at a dummy address, for validation tests (validation never dereferences
+// it). Distinct `addr`s keep views from looking like aliases of each other.
+inline TensorView cuda_view(DType t, std::vector<int64_t> shape, int device = 0, uintptr_t addr = uintptr_t{1} << 40) {
+  TensorView v;
+  v.data = reinterpret_cast<void*>(addr);
+  v.dtype = t;
+  v.device = Device{DeviceType::kCUDA, device};
+  v.ndim = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    v.shape[d] = shape[d];
+    v.strides[d] = stride;
+    stride *= shape[d];
+  }
+  return v;
+}
+
 }  // namespace kftest
+
+// Checks that `status_expr` is a validation failure (InvalidArgument) mentioning every needle.
+#define KF_EXPECT_INVALID(status_expr, ...)                                              \
+  do {                                                                                   \
+    const ::kernelforge::Status _st = (status_expr);                                     \
+    EXPECT_EQ(_st.code(), ::kernelforge::StatusCode::kInvalidArgument) << _st.message(); \
+    EXPECT_TRUE(::kftest::has_substrings(_st, {__VA_ARGS__}));                           \
+  } while (0)

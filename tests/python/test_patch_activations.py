@@ -18,7 +18,8 @@ import torch
 
 import norm_ref as R
 from norm_ref import DEVICES
-from test_patch_models import MODEL_CASES, _randomize_norms, check_model
+from test_patch_models import (MODEL_CASES, _randomize_norms, check_model, ltx_forward, ltx_inputs, ltx_model,
+                               ltx_norm_paths)
 
 H, I = 32, 48  # hidden and intermediate sizes of the hand-built modules
 
@@ -348,35 +349,15 @@ def test_diffusers_modules_match_original(kf, device, dtype):
 @pytest.mark.parametrize("device,dtype", MODEL_CASES)
 def test_diffusers_ltx_video(kf, device, dtype):
     """LTX-Video's feed-forward is FeedForward(activation_fn="gelu-approximate"): GELU(approximate="tanh")."""
-    diffusers = _diffusers()
-    model = diffusers.LTXVideoTransformer3DModel(
-        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
-        num_layers=2, caption_channels=16,
-    )
-    model = _randomize_norms(model.to(device=device, dtype=dtype))
+    model = ltx_model(device, dtype)
     ffs = [f"transformer_blocks.{i}.ff.net.0" for i in range(2)]
     for p in ffs:
         gelu = model.get_submodule(p)
         assert type(gelu) is _activations().GELU and gelu.approximate == "tanh"
-    b, f, h, w = 2, 2, 4, 4
-    inputs = {
-        "hidden_states": R.rand((b, f * h * w, 8), dtype, device),
-        "encoder_hidden_states": R.rand((b, 6, 16), dtype, device),
-        "timestep": torch.tensor([10, 500], device=device),
-        "encoder_attention_mask": torch.ones(b, 6, device=device, dtype=dtype),
-        "_dy": R.rand((b, f * h * w, 8), torch.float32, device),
-    }
-
-    def forward(m, inp):
-        return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], inp["encoder_attention_mask"],
-                 num_frames=f, height=h, width=w).sample
-
-    norms = ["norm_out"]
-    for i in range(2):
-        norms += [f"transformer_blocks.{i}.norm1", f"transformer_blocks.{i}.norm2"]
-        norms += [f"transformer_blocks.{i}.attn{a}.norm_{qk}" for a in (1, 2) for qk in ("q", "k")]
+    norms = ltx_norm_paths()
     attns = [f"transformer_blocks.{i}.attn{a}" for i in range(2) for a in (1, 2)]  # rope (default family)
-    report = check_model(kf, model, inputs, forward, norms + ffs + attns, dtype, patch_kwargs={})
+    report = check_model(kf, model, ltx_inputs(device, dtype), ltx_forward, norms + ffs + attns, dtype,
+                         patch_kwargs={})
     assert {p.op for p in report.patched if p.path in ffs} == {"kernelforge.gelu"}
     _assert_unpatched(model)
 

@@ -170,33 +170,49 @@ def test_transformers_decode_step(kf, device, dtype):
 # ---- diffusers ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("affine", [False, True], ids=["default", "affine_norms"])
-@pytest.mark.parametrize("device,dtype", MODEL_CASES)
-def test_diffusers_ltx_video(kf, device, dtype, affine):
+# One tiny LTX-Video transformer (random weights), its inputs and forward, shared by the norm,
+# activation and rope patch tests.
+LTX_F, LTX_H, LTX_W = 2, 4, 4  # latent frames, height, width: 32 tokens
+
+
+def ltx_model(device, dtype, layers=2, affine=False):
     diffusers = pytest.importorskip("diffusers")
     model = diffusers.LTXVideoTransformer3DModel(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
-        num_layers=2, caption_channels=16, norm_elementwise_affine=affine,
+        num_layers=layers, caption_channels=16, norm_elementwise_affine=affine,
     )
-    model = _randomize_norms(model.to(device=device, dtype=dtype))
-    b, f, h, w = 2, 2, 4, 4
-    inputs = {
-        "hidden_states": R.rand((b, f * h * w, 8), dtype, device),
+    return _randomize_norms(model.to(device=device, dtype=dtype))
+
+
+def ltx_inputs(device, dtype, b=2):
+    tokens = LTX_F * LTX_H * LTX_W
+    return {
+        "hidden_states": R.rand((b, tokens, 8), dtype, device),
         "encoder_hidden_states": R.rand((b, 6, 16), dtype, device),
-        "timestep": torch.tensor([10, 500], device=device),
+        "timestep": torch.tensor([10, 500][:b], device=device),
         "encoder_attention_mask": torch.ones(b, 6, device=device, dtype=dtype),
-        "_dy": R.rand((b, f * h * w, 8), torch.float32, device),
+        "_dy": R.rand((b, tokens, 8), torch.float32, device),
     }
 
-    def forward(m, inp):
-        return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], inp["encoder_attention_mask"],
-                 num_frames=f, height=h, width=w).sample
 
-    expected = ["norm_out"]
-    for i in range(2):
-        expected += [f"transformer_blocks.{i}.norm1", f"transformer_blocks.{i}.norm2"]
-        expected += [f"transformer_blocks.{i}.attn{a}.norm_{qk}" for a in (1, 2) for qk in ("q", "k")]
-    report = check_model(kf, model, inputs, forward, expected, dtype)
+def ltx_forward(m, inp, **kwargs):
+    return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], inp["encoder_attention_mask"],
+             num_frames=LTX_F, height=LTX_H, width=LTX_W, **kwargs).sample
+
+
+def ltx_norm_paths(layers=2):
+    paths = ["norm_out"]
+    for i in range(layers):
+        paths += [f"transformer_blocks.{i}.norm1", f"transformer_blocks.{i}.norm2"]
+        paths += [f"transformer_blocks.{i}.attn{a}.norm_{qk}" for a in (1, 2) for qk in ("q", "k")]
+    return paths
+
+
+@pytest.mark.parametrize("affine", [False, True], ids=["default", "affine_norms"])
+@pytest.mark.parametrize("device,dtype", MODEL_CASES)
+def test_diffusers_ltx_video(kf, device, dtype, affine):
+    model = ltx_model(device, dtype, affine=affine)
+    report = check_model(kf, model, ltx_inputs(device, dtype), ltx_forward, ltx_norm_paths(), dtype)
     by_cls = {(p.qualname, p.op): 0 for p in report.patched}
     for p in report.patched:
         by_cls[p.qualname, p.op] += 1

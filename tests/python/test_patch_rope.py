@@ -24,7 +24,8 @@ import torch
 
 import norm_ref as R
 from test_patch_activations import _assert_unpatched, _hf_forward, _hf_inputs, _hf_model
-from test_patch_models import MODEL_CASES, _check_pair, _randomize_norms, check_model
+from test_patch_models import (MODEL_CASES, _check_pair, _randomize_norms, check_model, ltx_forward, ltx_inputs,
+                               ltx_model)
 
 ROPE_ONLY = {"norms": False, "activations": False}
 ARCHS = ["llama", "qwen2", "mistral", "qwen3"]
@@ -438,31 +439,8 @@ def test_global_rebound_after_patch(kf, fresh_warnings, monkeypatch, kernel_call
 # ---- diffusers LTX-Video ------------------------------------------------------------------------------------
 
 
-def _ltx_model(device, dtype, layers=2):
-    diffusers = _diffusers()
-    model = diffusers.LTXVideoTransformer3DModel(
-        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
-        num_layers=layers, caption_channels=16,
-    )
-    return _randomize_norms(model.to(device=device, dtype=dtype))
-
-
-F_, H_, W_ = 2, 4, 4  # latent frames, height, width: 32 tokens
-
-
-def _ltx_inputs(device, dtype, b=2):
-    return {
-        "hidden_states": R.rand((b, F_ * H_ * W_, 8), dtype, device),
-        "encoder_hidden_states": R.rand((b, 6, 16), dtype, device),
-        "timestep": torch.tensor([10, 500][:b], device=device),
-        "encoder_attention_mask": torch.ones(b, 6, device=device, dtype=dtype),
-        "_dy": R.rand((b, F_ * H_ * W_, 8), torch.float32, device),
-    }
-
-
 def _ltx_forward(m, inp):
-    return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], inp["encoder_attention_mask"],
-             num_frames=F_, height=H_, width=W_, rope_interpolation_scale=(0.32, 32, 32)).sample
+    return ltx_forward(m, inp, rope_interpolation_scale=(0.32, 32, 32))
 
 
 LTX_ATTNS = [f"transformer_blocks.{i}.attn{a}" for i in range(2) for a in (1, 2)]
@@ -474,8 +452,8 @@ def test_ltx_video(kf, device, dtype, kernel_calls):
     and key: 2 kernel calls per layer; attn2 (cross-attention) gets no rotary embedding: patched, never called."""
     T = _ltx_module()
     fn, call = T.apply_rotary_emb, T.LTXVideoAttnProcessor.__call__
-    model = _ltx_model(device, dtype)
-    inputs = _ltx_inputs(device, dtype)
+    model = ltx_model(device, dtype)
+    inputs = ltx_inputs(device, dtype)
     report = check_model(kf, model, inputs, _ltx_forward, LTX_ATTNS, dtype, patch_kwargs=ROPE_ONLY)
     assert {(p.qualname, p.op) for p in report.patched} == {("diffusers.LTXAttention", "kernelforge.apply_rope_bsc")}
     assert len(kernel_calls) == 4 and all(tuple(s) == (2, 32, 1, 32) for s in kernel_calls)  # [B, S, 1, C]
@@ -485,8 +463,8 @@ def test_ltx_video(kf, device, dtype, kernel_calls):
 
 def test_ltx_processor_replaced_after_patch(kf, fresh_warnings, kernel_calls):
     T = _ltx_module()
-    model = _ltx_model("cpu", torch.float32, layers=1)
-    inputs = _ltx_inputs("cpu", torch.float32, b=1)
+    model = ltx_model("cpu", torch.float32, layers=1)
+    inputs = ltx_inputs("cpu", torch.float32, b=1)
     with torch.no_grad():
         want = _ltx_forward(model, inputs)
         kf.patch(model, **ROPE_ONLY)
