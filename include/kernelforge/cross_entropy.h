@@ -30,9 +30,9 @@
 // gradient once (3 passes in all).
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
@@ -54,8 +54,8 @@ struct CrossEntropyOptions {
 // allocates; `workspace` (bytes from cross_entropy_workspace_size, may be 0 -> null) holds partials.
 size_t cross_entropy_workspace_size(int64_t tokens, int64_t vocab);
 Status cross_entropy(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& opts,
-                     const TensorView& row_loss, const TensorView& lse, const TensorView& loss,
-                     const TensorView& valid, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                     const TensorView& row_loss, const TensorView& lse, const TensorView& loss, const TensorView& valid,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
 Status cross_entropy_backward(const TensorView& dloss, const TensorView& logits, const TensorView& target,
                               const TensorView& lse, const TensorView& valid, const CrossEntropyOptions& opts,
                               const TensorView& dlogits, cudaStream_t stream);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernelforge/activation.h"
+#include "kernelforge/cross_entropy.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
 #include "kernelforge/status.h"

@@ -14,6 +14,7 @@ on CPU the ops run the float64 C++ reference.
 from . import nn
 from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
+from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .patch import PatchReport, patch, unpatch
 from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
 
@@ -32,6 +33,8 @@ __all__ = [
     "apply_rope",
     "apply_rope_bsc",
     "ltx_video_rope",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
     "patch",
     "unpatch",
     "PatchReport",

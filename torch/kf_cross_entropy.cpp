@@ -1,0 +1,419 @@
+// PyTorch binding of the cross-entropy family: kernelforge::cross_entropy (+ backward) over our
+// kernels, and kernelforge::fused_linear_cross_entropy composed here from cuBLAS GEMMs (at::mm) and
+// the cross-entropy kernels, chunked over tokens so the [tokens, vocab] logits never exist at once.
+// Schemas: notes/interfaces.md. Fake impls: python/kernelforge/cross_entropy.py.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+
+#include "kernelforge/cross_entropy.h"
+#include "kf_torch_util.h"
+
+namespace {
+
+using namespace kftorch;
+
+kf::CrossEntropyOptions options(int64_t ignore_index, double smoothing, double z_loss, double softcap,
+                                int64_t reduction) {
+  kf::CrossEntropyOptions o;
+  o.ignore_index = ignore_index;
+  o.label_smoothing = smoothing;
+  o.z_loss_scale = z_loss;
+  o.softcap = softcap;
+  o.reduction = static_cast<kf::Reduction>(reduction);
+  return o;
+}
+
+// One forward call into the core: row_loss/lse/valid (and loss unless kNone) written in place.
+// cuda = our kernels (float64 CUDA logits: the CPU reference, once warned); else the reference.
+void ce_forward_into(const char* op, const Tensor& logits, const Tensor& target, const kf::CrossEntropyOptions& o,
+                     const Tensor& row_loss, const Tensor& lse, const Tensor& loss, const Tensor& valid) {
+  if (logits.is_cuda() && needs_fallback(op, logits)) {
+    Tensor rl = row_loss.cpu(), ls = lse.cpu(), l = loss.cpu(), v = valid.cpu();
+    check(kf::ref::cross_entropy(view(logits.cpu()), view(target.cpu()), o, view(rl), view(ls), view(l), view(v)));
+    row_loss.copy_(rl), lse.copy_(ls), loss.copy_(l), valid.copy_(v);
+    return;
+  }
+  if (logits.is_cuda()) {
+    c10::cuda::CUDAGuard guard(logits.device());
+    const int64_t t = logits.dim() == 2 ? logits.size(0) : 0, v = logits.dim() == 2 ? logits.size(1) : 0;
+    const Tensor ws = workspace(logits, kf::cross_entropy_workspace_size(t, v));
+    check(kf::cross_entropy(view(logits), view(target), o, view(row_loss), view(lse), view(loss), view(valid),
+                            ws.data_ptr(), size_t(ws.numel()), stream_of(logits)));
+  } else {
+    check(kf::ref::cross_entropy(view(logits), view(target), o, view(row_loss), view(lse), view(loss), view(valid)));
+  }
+}
+
+void ce_backward_into(const char* op, const Tensor& dloss, const Tensor& logits, const Tensor& target,
+                      const Tensor& lse, const Tensor& valid, const kf::CrossEntropyOptions& o, const Tensor& dlogits) {
+  if (logits.is_cuda() && needs_fallback(op, logits)) {
+    Tensor d = dlogits.cpu();
+    check(kf::ref::cross_entropy_backward(view(dloss.cpu()), view(logits.cpu()), view(target.cpu()), view(lse.cpu()),
+                                          view(valid.cpu()), o, view(d)));
+    dlogits.copy_(d);
+    return;
+  }
+  if (logits.is_cuda()) {
+    c10::cuda::CUDAGuard guard(logits.device());
+    check(kf::cross_entropy_backward(view(dloss), view(logits), view(target), view(lse), view(valid), o, view(dlogits),
+                                     stream_of(logits)));
+  } else {
+    check(kf::ref::cross_entropy_backward(view(dloss), view(logits), view(target), view(lse), view(valid), o,
+                                          view(dlogits)));
+  }
+}
+
+Tensor f32_empty(const Tensor& like, at::IntArrayRef sizes) {
+  return at::empty(sizes, like.options().dtype(at::kFloat));
+}
+
+// ---- cross_entropy ------------------------------------------------------------------------------
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_impl(const Tensor& logits_in, const Tensor& target,
+                                                      int64_t ignore_index, double smoothing, double z_loss,
+                                                      double softcap, int64_t reduction) {
+  const kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, reduction);
+  const Tensor logits = rows(logits_in);
+  const int64_t t = logits.dim() >= 1 ? logits.size(0) : 0;
+  Tensor row_loss = f32_empty(logits, {t}), lse = f32_empty(logits, {t});
+  Tensor loss = f32_empty(logits, {}), valid = f32_empty(logits, {});
+  ce_forward_into("cross_entropy", logits, target, o, row_loss, lse, loss, valid);
+  const Tensor out = reduction == 0 ? row_loss : loss;
+  return {out.to(logits.scalar_type()), lse, valid};
+}
+
+Tensor cross_entropy_backward_impl(const Tensor& dloss, const Tensor& logits_in, const Tensor& target,
+                                   const Tensor& lse, const Tensor& valid, int64_t ignore_index, double smoothing,
+                                   double z_loss, double softcap, int64_t reduction) {
+  const kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, reduction);
+  const Tensor logits = rows(logits_in);
+  Tensor dlogits = at::empty(logits.sizes(), logits.options());
+  ce_backward_into("cross_entropy_backward", dloss.to(at::kFloat), logits, target, lse, valid, o, dlogits);
+  return dlogits;
+}
+
+class CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                               double smoothing, double z_loss, double softcap, int64_t reduction) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, int64_t, double, double,
+                                                                  double, int64_t)>("kernelforge::cross_entropy");
+    auto [loss, lse, valid] = op.call(logits, target, ignore_index, smoothing, z_loss, softcap, reduction);
+    ctx->save_for_backward({logits, target, lse, valid});
+    ctx->saved_data["ii"] = ignore_index;
+    ctx->saved_data["ls"] = smoothing;
+    ctx->saved_data["z"] = z_loss;
+    ctx->saved_data["cap"] = softcap;
+    ctx->saved_data["red"] = reduction;
+    ctx->mark_non_differentiable({lse, valid});
+    return {loss, lse, valid};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("cross_entropy");
+    auto s = ctx->get_saved_variables();
+    static auto op = op_handle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      int64_t, double, double, double, int64_t)>("kernelforge::cross_entropy_backward");
+    const Tensor g = grads[0].defined() ? grads[0] : at::zeros_like(s[3]);
+    Tensor d =
+        op.call(g, s[0], s[1], s[2], s[3], ctx->saved_data["ii"].toInt(), ctx->saved_data["ls"].toDouble(),
+                ctx->saved_data["z"].toDouble(), ctx->saved_data["cap"].toDouble(), ctx->saved_data["red"].toInt());
+    return {d, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> cross_entropy_autograd(const Tensor& logits, const Tensor& target,
+                                                          int64_t ignore_index, double smoothing, double z_loss,
+                                                          double softcap, int64_t reduction) {
+  auto r = CrossEntropyFn::apply(logits, target, ignore_index, smoothing, z_loss, softcap, reduction);
+  return {r[0], r[1], r[2]};
+}
+
+// ---- fused_linear_cross_entropy -----------------------------------------------------------------
+// loss of logits = hidden @ weight^T (+ bias) without the [T, V] logits: for each chunk of C tokens
+//   logits_c = hidden_c @ weight^T (+ bias)             cuBLAS, [C, V] in the weight's dtype
+//   row_loss_c, lse_c = cross_entropy(logits_c)          our kernels (one read)
+//   and, when gradients are wanted and the reduction is mean/sum (the gradient of a scalar loss is
+//   known up to the loss gradient g, which the backward multiplies in):
+//   logits_c <- dlogits_c (g = 1)                        our backward kernel, in place
+//   dhidden_c = dlogits_c @ weight,  dweight += dlogits_c^T @ hidden_c,  dbias += sum_rows dlogits_c
+// Extra memory: one [C, V] chunk (C from free memory and kFlceChunkCapBytes) plus float32 [V] and
+// [T] vectors. reduction="none": the gradients need the per-row g, so the backward recomputes the
+// chunks (one more GEMM per chunk).
+constexpr int64_t kFlceChunkCapBytes = int64_t(512) << 20;  // logits chunk cap: 512 MiB
+constexpr int64_t kFlceChunkAlign = 128;                    // tokens: a GEMM tile multiple
+
+int64_t flce_chunk(const Tensor& weight, int64_t tokens, int64_t asked) {
+  if (asked > 0) return std::max<int64_t>(1, std::min(asked, tokens));
+  int64_t budget = kFlceChunkCapBytes;
+  if (weight.is_cuda() && at::cuda::currentStreamCaptureStatusMayInitCtx() == at::cuda::CaptureStatus::None) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(weight.get_device());
+      const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+      budget = std::min<int64_t>(budget, (int64_t(free_b) + std::max<int64_t>(cached, 0)) / 4);
+    } else {
+      cudaGetLastError();
+    }
+  }
+  const int64_t row_bytes = std::max<int64_t>(1, weight.size(0) * int64_t(weight.element_size()));
+  int64_t c = std::max<int64_t>(1, budget / row_bytes);
+  if (c >= kFlceChunkAlign) c -= c % kFlceChunkAlign;
+  return std::min(c, std::max<int64_t>(tokens, 1));
+}
+
+void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                const OptTensor& bias) {
+  TORCH_CHECK(hidden.dim() == 2, op, ": hidden must have shape [tokens, hidden] (2 dimensions), got ", hidden.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1), op, ": weight must have shape [vocab, ",
+              hidden.size(1), "] to match hidden's last dimension, got ", weight.sizes());
+  TORCH_CHECK(weight.size(0) >= 1, op, ": weight must have at least one row (vocab >= 1)");
+  TORCH_CHECK(at::isFloatingType(hidden.scalar_type()), op, ": hidden must be a floating-point tensor, got ",
+              hidden.scalar_type());
+  TORCH_CHECK(weight.scalar_type() == hidden.scalar_type(), op, ": weight must have the dtype of hidden (",
+              hidden.scalar_type(), "), got ", weight.scalar_type());
+  TORCH_CHECK(weight.device() == hidden.device(), op, ": weight must be on the device of hidden (", hidden.device(),
+              "), got ", weight.device());
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == hidden.size(0), op, ": target must have shape [", hidden.size(0),
+              "] to match hidden's tokens, got ", target.sizes());
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
+              ": target must be an int64 (or int32) tensor of class indices, got ", target.scalar_type());
+  TORCH_CHECK(target.device() == hidden.device(), op, ": target must be on the device of hidden (", hidden.device(),
+              "), got ", target.device());
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must have shape [", weight.size(0),
+                "], got ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == hidden.scalar_type(), op, ": bias must have the dtype of hidden (",
+                hidden.scalar_type(), "), got ", bias->scalar_type());
+    TORCH_CHECK(bias->device() == hidden.device(), op, ": bias must be on the device of hidden (", hidden.device(),
+                "), got ", bias->device());
+  }
+}
+
+Tensor chunk_logits(const Tensor& hc, const Tensor& weight, const OptTensor& bias) {
+  return bias.has_value() && bias->defined() ? at::addmm(*bias, hc, weight.t()) : at::mm(hc, weight.t());
+}
+
+// Gradient GEMMs of one chunk whose logits buffer holds dlogits.
+void chunk_grads(const Tensor& dl, const Tensor& hc, const Tensor& weight, int64_t c0, bool first, Tensor dh, Tensor dw,
+                 Tensor db_acc) {
+  if (dh.defined()) {
+    Tensor dh_c = dh.narrow(0, c0, hc.size(0));
+    at::mm_out(dh_c, dl, weight);
+  }
+  if (dw.defined()) {
+    if (first) {
+      at::mm_out(dw, dl.t(), hc);
+    } else {
+      dw.addmm_(dl.t(), hc);
+    }
+  }
+  if (db_acc.defined()) db_acc.add_(at::sum(dl, {0}, false, at::kFloat));
+}
+
+// returns (loss, lse, dhidden, dweight, dbias); the gradients are empty unless computed here
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tensor& hidden, const Tensor& weight,
+                                                                     const Tensor& target, const OptTensor& bias,
+                                                                     int64_t ignore_index, double smoothing,
+                                                                     double z_loss, double softcap, int64_t reduction,
+                                                                     int64_t chunk_tokens, bool grad_hidden,
+                                                                     bool grad_weight, bool grad_bias) {
+  const char* op = "fused_linear_cross_entropy";
+  flce_check(op, hidden, weight, target, bias);
+  TORCH_CHECK(reduction >= 0 && reduction <= 2, op, ": reduction must be none (0), mean (1) or sum (2), got ",
+              reduction);
+  const bool has_bias = bias.has_value() && bias->defined();
+  const int64_t tokens = hidden.size(0), vocab = weight.size(0);
+  const bool grads = reduction != 0 && (grad_hidden || grad_weight || (grad_bias && has_bias));
+  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
+  Tensor row_loss = f32_empty(hidden, {tokens}), lse = f32_empty(hidden, {tokens});
+  Tensor valid = target.ne(ignore_index).sum().to(at::kFloat);  // all rows (the mean's divisor); no host sync
+  Tensor chunk_valid = f32_empty(hidden, {}), unused = f32_empty(hidden, {});
+  Tensor dh, dw, db_acc;
+  if (grads && grad_hidden) dh = at::empty(hidden.sizes(), hidden.options());
+  if (grads && grad_weight) dw = at::zeros(weight.sizes(), weight.options());
+  if (grads && grad_bias && has_bias) db_acc = at::zeros({vocab}, hidden.options().dtype(at::kFloat));
+  const Tensor one = at::ones({}, hidden.options().dtype(at::kFloat));
+  kf::CrossEntropyOptions ob = o;
+  ob.reduction = reduction == 1 ? kf::Reduction::kMean : kf::Reduction::kSum;
+  const Tensor h = hidden.contiguous();
+  const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
+  for (int64_t c0 = 0; c0 < tokens; c0 += c) {
+    const int64_t n = std::min(c, tokens - c0);
+    const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
+    Tensor logits = chunk_logits(hc, weight, bias);
+    const Tensor lse_c = lse.narrow(0, c0, n);
+    ce_forward_into(op, logits, tc, o, row_loss.narrow(0, c0, n), lse_c, unused, chunk_valid);
+    if (!grads) continue;
+    ce_backward_into(op, one, logits, tc, lse_c, valid, ob, logits);  // in place: logits <- dlogits (g = 1)
+    chunk_grads(logits, hc, weight, c0, c0 == 0, dh, dw, db_acc);
+  }
+  Tensor loss = reduction == 0 ? row_loss : (reduction == 1 ? row_loss.sum() / valid : row_loss.sum());
+  Tensor db = db_acc.defined() ? db_acc.to(bias->scalar_type()) : Tensor();
+  auto none = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
+  return {loss, lse, none(dh), none(dw), none(db)};
+}
+
+// reduction="none": the gradients for the per-row loss gradient dloss [T], chunks recomputed.
+std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const Tensor& hidden, const Tensor& weight,
+                                                      const Tensor& target, const OptTensor& bias, const Tensor& lse,
+                                                      int64_t ignore_index, double smoothing, double z_loss,
+                                                      double softcap, int64_t chunk_tokens, bool grad_hidden,
+                                                      bool grad_weight, bool grad_bias) {
+  const char* op = "fused_linear_cross_entropy_backward";
+  flce_check(op, hidden, weight, target, bias);
+  const bool has_bias = bias.has_value() && bias->defined();
+  const int64_t tokens = hidden.size(0), vocab = weight.size(0);
+  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
+  const Tensor g = dloss.to(at::kFloat).reshape({tokens});
+  const Tensor valid = at::ones({}, hidden.options().dtype(at::kFloat));  // unused for kNone
+  Tensor dh, dw, db_acc;
+  if (grad_hidden) dh = at::empty(hidden.sizes(), hidden.options());
+  if (grad_weight) dw = at::zeros(weight.sizes(), weight.options());
+  if (grad_bias && has_bias) db_acc = at::zeros({vocab}, hidden.options().dtype(at::kFloat));
+  const Tensor h = hidden.contiguous();
+  const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
+  for (int64_t c0 = 0; c0 < tokens; c0 += c) {
+    const int64_t n = std::min(c, tokens - c0);
+    const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
+    Tensor logits = chunk_logits(hc, weight, bias);
+    ce_backward_into(op, g.narrow(0, c0, n), logits, tc, lse.narrow(0, c0, n), valid, o, logits);
+    chunk_grads(logits, hc, weight, c0, c0 == 0, dh, dw, db_acc);
+  }
+  Tensor db = db_acc.defined() ? db_acc.to(bias->scalar_type()) : Tensor();
+  auto none = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
+  return {none(dh), none(dw), none(db)};
+}
+
+// The public op without autograd (inference, or below the autograd layer): the loss only.
+Tensor flce_impl(const Tensor& hidden, const Tensor& weight, const Tensor& target, const OptTensor& bias,
+                 int64_t ignore_index, double smoothing, double z_loss, double softcap, int64_t reduction,
+                 int64_t chunk_tokens) {
+  return std::get<0>(flce_forward_impl(hidden, weight, target, bias, ignore_index, smoothing, z_loss, softcap,
+                                       reduction, chunk_tokens, false, false, false));
+}
+
+using FlceFwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                      const OptTensor&, int64_t, double, double, double,
+                                                                      int64_t, int64_t, bool, bool, bool);
+using FlceBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                      const OptTensor&, const Tensor&, int64_t, double, double, double,
+                                                      int64_t, bool, bool, bool);
+
+class FlceFn : public torch::autograd::Function<FlceFn> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                        const OptTensor& bias, int64_t ignore_index, double smoothing, double z_loss, double softcap,
+                        int64_t reduction, int64_t chunk_tokens) {
+    const bool gh = hidden.requires_grad(), gw = weight.requires_grad();
+    const bool gb = bias.has_value() && bias->defined() && bias->requires_grad();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<FlceFwdSig>("kernelforge::fused_linear_cross_entropy_forward");
+    auto [loss, lse, dh, dw, db] = op.call(hidden, weight, target, bias, ignore_index, smoothing, z_loss, softcap,
+                                           reduction, chunk_tokens, gh, gw, gb);
+    ctx->saved_data["red"] = reduction;
+    ctx->saved_data["flags"] = int64_t(gh) | int64_t(gw) << 1 | int64_t(gb) << 2;
+    if (reduction != 0) {
+      ctx->save_for_backward({dh, dw, db});
+    } else {
+      ctx->save_for_backward({hidden, weight, target, bias.value_or(Tensor()), lse});
+      ctx->saved_data["ii"] = ignore_index;
+      ctx->saved_data["ls"] = smoothing;
+      ctx->saved_data["z"] = z_loss;
+      ctx->saved_data["cap"] = softcap;
+      ctx->saved_data["chunk"] = chunk_tokens;
+    }
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward("fused_linear_cross_entropy");
+    auto s = ctx->get_saved_variables();
+    const int64_t flags = ctx->saved_data["flags"].toInt();
+    const bool gh = flags & 1, gw = flags & 2, gb = flags & 4;
+    const Tensor& g = grads[0];
+    Tensor dh, dw, db;
+    if (ctx->saved_data["red"].toInt() != 0) {
+      // d(loss)/d(.) was computed for g = 1 in the forward; scale by the incoming gradient.
+      const Tensor gf = g.to(at::kFloat);
+      if (gh) dh = s[0] * gf;
+      if (gw) dw = s[1] * gf;
+      if (gb) db = s[2] * gf;
+    } else {
+      const OptTensor bias = s[3].defined() ? OptTensor(s[3]) : std::nullopt;
+      static auto op = op_handle<FlceBwdSig>("kernelforge::fused_linear_cross_entropy_backward");
+      std::tie(dh, dw, db) = op.call(g, s[0], s[1], s[2], bias, s[4], ctx->saved_data["ii"].toInt(),
+                                     ctx->saved_data["ls"].toDouble(), ctx->saved_data["z"].toDouble(),
+                                     ctx->saved_data["cap"].toDouble(), ctx->saved_data["chunk"].toInt(), gh, gw, gb);
+    }
+    return {grad_or_empty(gh, dh),
+            grad_or_empty(gw, dw),
+            Tensor(),
+            grad_or_empty(gb, db),
+            Tensor(),
+            Tensor(),
+            Tensor(),
+            Tensor(),
+            Tensor(),
+            Tensor()};
+  }
+};
+
+Tensor flce_autograd(const Tensor& hidden, const Tensor& weight, const Tensor& target, const OptTensor& bias,
+                     int64_t ignore_index, double smoothing, double z_loss, double softcap, int64_t reduction,
+                     int64_t chunk_tokens) {
+  return FlceFn::apply(hidden, weight, target, bias, ignore_index, smoothing, z_loss, softcap, reduction, chunk_tokens);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  // reduction: 0 = none, 1 = mean, 2 = sum; softcap 0 = none (notes/interfaces.md)
+  m.def(
+      "cross_entropy(Tensor logits, Tensor target, int ignore_index, float label_smoothing, float z_loss_scale, "
+      "float softcap, int reduction) -> (Tensor, Tensor, Tensor)",
+      tags);
+  m.def(
+      "cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, Tensor valid, int ignore_index, "
+      "float label_smoothing, float z_loss_scale, float softcap, int reduction) -> Tensor",
+      tags);
+  m.def(
+      "fused_linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
+      "float label_smoothing, float z_loss_scale, float softcap, int reduction, int chunk_tokens) -> Tensor",
+      tags);
+  m.def(
+      "fused_linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
+      "float label_smoothing, float z_loss_scale, float softcap, int reduction, int chunk_tokens, bool grad_hidden, "
+      "bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      tags);
+  m.def(
+      "fused_linear_cross_entropy_backward(Tensor dloss, Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
+      "Tensor lse, int ignore_index, float label_smoothing, float z_loss_scale, float softcap, int chunk_tokens, "
+      "bool grad_hidden, bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor)",
+      tags);
+}
+
+// One implementation serves CPU (the reference + CPU GEMMs) and CUDA (our kernels + cuBLAS): the
+// core call is chosen by the tensors' device inside.
+TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) {
+  m.impl("cross_entropy", &cross_entropy_impl);
+  m.impl("cross_entropy_backward", &cross_entropy_backward_impl);
+  m.impl("fused_linear_cross_entropy", &flce_impl);
+  m.impl("fused_linear_cross_entropy_forward", &flce_forward_impl);
+  m.impl("fused_linear_cross_entropy_backward", &flce_backward_impl);
+}
+TORCH_LIBRARY_IMPL(kernelforge, CPU, m) {
+  m.impl("cross_entropy", &cross_entropy_impl);
+  m.impl("cross_entropy_backward", &cross_entropy_backward_impl);
+  m.impl("fused_linear_cross_entropy", &flce_impl);
+  m.impl("fused_linear_cross_entropy_forward", &flce_forward_impl);
+  m.impl("fused_linear_cross_entropy_backward", &flce_backward_impl);
+}
+TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
+  m.impl("cross_entropy", &cross_entropy_autograd);
+  m.impl("fused_linear_cross_entropy", &flce_autograd);
+}
