@@ -349,16 +349,9 @@ class FlceFn : public torch::autograd::Function<FlceFn> {
                                      ctx->saved_data["ls"].toDouble(), ctx->saved_data["z"].toDouble(),
                                      ctx->saved_data["cap"].toDouble(), ctx->saved_data["chunk"].toInt(), gh, gw, gb);
     }
-    return {grad_or_empty(gh, dh),
-            grad_or_empty(gw, dw),
-            Tensor(),
-            grad_or_empty(gb, db),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor()};
+    // (not grad_or_empty: numel() is symbolic under torch.compile's dynamic shapes; the flags say it)
+    return {gh ? dh : Tensor(), gw ? dw : Tensor(), Tensor(), gb ? db : Tensor(), Tensor(),
+            Tensor(),           Tensor(),           Tensor(), Tensor(),           Tensor()};
   }
 };
 
