@@ -4,7 +4,8 @@
     y = kf.rms_norm(x, weight, eps=1e-6)
     h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
     q, k = kf.apply_rope(q, k, cos, sin)  # HF Llama rotate-half RoPE on q and k in one call
-    report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs and RoPE
+    report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
+                                  # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
 
 Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:

@@ -1,15 +1,17 @@
-"""patch(model): route the norm and activation modules and the rotary embeddings of a transformers /
-diffusers / plain torch model to kernelforge.
+"""patch(model): route the norm and activation modules, the rotary embeddings and the causal-LM loss of a
+transformers / diffusers / plain torch model to kernelforge.
 
 Only the *forward* of matching module instances is replaced (``module.forward = MethodType(...)``);
 parameters, buffers, state_dict keys and the class are untouched, and ``unpatch(model)`` puts the
 original forward back. Matching is table-driven: ``REPLACEMENTS`` is an ordered list of
 ``Replacement(matcher -> forward)`` entries; the first entry whose matcher claims a module decides
 (patch it, or skip it with a reason). New op families add entries with ``register_replacement``.
-Each entry belongs to a family ("norm", "activation", "rope"; ``patch(model, norms=...,
-activations=..., rope=...)`` chooses the families); the activation entries live in
+Each entry belongs to a family ("norm", "activation", "rope", "loss"; ``patch(model, norms=...,
+activations=..., rope=..., loss=...)`` chooses the families); the activation entries live in
 ``_patch_activation.py``, the rope entries (attention modules whose rotary function is replaced for
-that instance) in ``_patch_rope.py``.
+that instance) in ``_patch_rope.py``, the loss entries (transformers causal LMs whose loss, when labels
+are passed, is computed by ``fused_linear_cross_entropy`` from the hidden states, without the logits)
+in ``_patch_loss.py``.
 
 At run time a patched forward sends an input to the kernel only when the result is the one the
 original forward would give; otherwise (e.g. weight dtype != input dtype, where transformers would
@@ -45,10 +47,11 @@ class Replacement:
     ``match(module)`` returns None when the entry does not apply to the module, True to patch it,
     or a string: the reason the module is recognised but skipped. ``forward`` is the function
     installed as the module's forward (bound to the instance); ``op`` names the kernelforge op it
-    calls, for the report. ``family`` is "norm", "activation" or "rope" (switched by ``patch``'s
-    flags norms / activations / rope); entries of any other family are always applied. ``setup(module)``, when
-    given, runs when the module is patched; what it returns is kept as the patch state's ``extra``
-    (e.g. the activation submodule the patched forward verified).
+    calls, for the report. ``family`` is "norm", "activation", "rope" or "loss" (switched by
+    ``patch``'s flags norms / activations / rope / loss); entries of any other family are always
+    applied. ``setup(module)``, when given, runs when the module is patched; what it returns is kept
+    as the patch state's ``extra`` (e.g. the activation submodule the patched forward verified).
+    ``patch``'s options (``logits_with_loss``) are kept as the patch state's ``options``.
     """
 
     name: str
@@ -59,7 +62,7 @@ class Replacement:
     setup: "Callable[[torch.nn.Module], object] | None" = None
 
 
-FAMILIES = ("norm", "activation", "rope")
+FAMILIES = ("norm", "activation", "rope", "loss")
 
 
 REPLACEMENTS: list[Replacement] = []
@@ -177,22 +180,33 @@ class _PatchState:
     original: Callable  # the class forward, bound to the module (used by the runtime fallback)
     installed: Callable  # the bound forward we installed (unpatch checks nobody replaced it since)
     extra: object = None  # what entry.setup returned
+    options: dict = field(default_factory=dict)  # patch()'s per-family options, e.g. logits_with_loss
 
 
-def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True, rope: bool = True) -> PatchReport:
-    """Replace the forward of every supported norm, activation and attention module in ``model``;
-    returns what was done.
+def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True, rope: bool = True,
+          loss: bool = True, logits_with_loss: bool = False) -> PatchReport:
+    """Replace the forward of every supported norm, activation and attention module and causal LM in
+    ``model``; returns what was done.
 
-    ``norms`` / ``activations`` / ``rope`` choose the families (all by default). Norms:
+    ``norms`` / ``activations`` / ``rope`` / ``loss`` choose the families (all by default). Norms:
     torch.nn.RMSNorm / LayerNorm, diffusers RMSNorm, transformers Llama-style RMSNorm. Activations:
     transformers gated MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or
     F.gelu-based GELU) and the diffusers GELU / GEGLU / SwiGLU / LinearActivation(GELU) projections.
     RoPE: attention modules whose forward calls transformers' Llama-style ``apply_rotary_pos_emb``
     (Llama, Mistral, Qwen2/3, ...) or diffusers' LTX-Video ``apply_rotary_emb``; the module-level
     functions themselves are left alone (only that instance's forward calls kernelforge instead).
-    Modules already patched are skipped (patching twice is patching once).
+    Loss: transformers causal LMs with the Llama-style forward (``self.model`` -> ``self.lm_head`` ->
+    ``self.loss_function``, ForCausalLMLoss; Llama, Mistral, Qwen2/3, Gemma, Phi, ...) or Gemma-2's
+    softcapped one: called with ``labels``, they compute the loss with ``fused_linear_cross_entropy``
+    from the hidden states (ForCausalLMLoss semantics: shifted labels or ``shift_labels``, -100 ignored,
+    mean or sum / ``num_items_in_batch``) and return ``logits=None``, unless ``logits_with_loss=True``,
+    which also computes and returns the logits; without labels the original forward runs.
+    Modules already patched are skipped (patching twice is patching once; the options of the first
+    patch stay).
     """
-    families = {f for f, on in (("norm", norms), ("activation", activations), ("rope", rope)) if on}
+    families = {f for f, on in (("norm", norms), ("activation", activations), ("rope", rope), ("loss", loss))
+                if on}
+    options = {"logits_with_loss": bool(logits_with_loss)}
     table = [e for e in REPLACEMENTS if e.family in families or e.family not in FAMILIES]
     report = PatchReport()
     for path, module in model.named_modules():
@@ -213,7 +227,7 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
             continue
         installed = types.MethodType(entry.forward, module)
         extra = entry.setup(module) if entry.setup is not None else None
-        module.__dict__[_STATE_ATTR] = _PatchState(entry, module.forward, installed, extra)
+        module.__dict__[_STATE_ATTR] = _PatchState(entry, module.forward, installed, extra, dict(options))
         module.forward = installed
         report.patched.append(PatchedModule(path, cls, entry.op, qual))
     return report
@@ -454,3 +468,4 @@ del _entry
 
 from . import _patch_activation  # noqa: E402,F401  (registers the activation entries)
 from . import _patch_rope  # noqa: E402,F401  (registers the rope entries)
+from . import _patch_loss  # noqa: E402,F401  (registers the loss entries)

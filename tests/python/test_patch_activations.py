@@ -99,8 +99,9 @@ def test_transformers_model(kf, arch, device, dtype, families):
     model = _hf_model(arch, device, dtype)
     mlps = [f"model.layers.{i}.mlp" for i in range(2)]
     attns = [f"model.layers.{i}.self_attn" for i in range(2)]
-    kwargs = {} if families == "default" else {"norms": False, "rope": False}
-    expected = mlps + (_hf_norm_paths(arch) + attns if families == "default" else [])
+    kwargs = {} if families == "default" else {"norms": False, "rope": False, "loss": False}
+    # default: the model itself too (family "loss"; without labels it runs the original forward)
+    expected = mlps + (_hf_norm_paths(arch) + attns + [""] if families == "default" else [])
     report = check_model(kf, model, _hf_inputs(device), _hf_forward, expected, dtype, patch_kwargs=kwargs)
     by_path = {p.path: p for p in report.patched}
     for path in mlps:
@@ -117,7 +118,7 @@ def test_transformers_gelu_exact_mlp(kf, device, dtype):
     model = _hf_model("llama", device, dtype, hidden_act="gelu")
     mlps = [f"model.layers.{i}.mlp" for i in range(2)]
     report = check_model(kf, model, _hf_inputs(device), _hf_forward, mlps, dtype,
-                         patch_kwargs={"norms": False, "rope": False})
+                         patch_kwargs={"norms": False, "rope": False, "loss": False})
     assert {p.op for p in report.patched} == {"kernelforge.geglu"}
     P = importlib.import_module("kernelforge.patch")
     model2 = _hf_model("llama", device, dtype, hidden_act="gelu")
@@ -427,13 +428,13 @@ def test_families_compose(kf):
     """patch(norms only) then patch(): the second call adds the MLPs and the attention modules (rope),
     skips what is already patched."""
     model = _hf_model("llama", "cpu", torch.float32)
-    norms = kf.patch(model, activations=False, rope=False)
+    norms = kf.patch(model, activations=False, rope=False, loss=False)
     assert norms.patched and all(p.op == "kernelforge.rms_norm" for p in norms.patched)
     acts = kf.patch(model)
-    assert sorted(acts.patched_paths) == ["model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.mlp",
+    assert sorted(acts.patched_paths) == ["", "model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.mlp",
                                           "model.layers.1.self_attn"]
     assert sorted(s.path for s in acts.skipped) == sorted(norms.patched_paths)
-    assert kf.patch(model, norms=False, activations=False, rope=False).patched == []
+    assert kf.patch(model, norms=False, activations=False, rope=False, loss=False).patched == []
     assert kf.unpatch(model) == len(norms.patched) + len(acts.patched)
     _assert_unpatched(model)
 
