@@ -4,6 +4,7 @@
 #include "kernelforge/activation.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
+#include "kernelforge/softmax.h"
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
 
