@@ -1,8 +1,8 @@
-// The PyTorch binding: the only file that includes torch headers. It registers the kernelforge::*
-// ops of every family (norm, activation, rope) (schemas, CUDA impl = our kernels, CPU impl = the float64 C++ reference,
-// Autograd = C++ autograd functions, so a call has no Python frame below the functional wrapper). Fake impls are
-// registered in Python (python/kernelforge/_ops.py). Every check lives in the C++ core; this file
-// only converts tensors to views, allocates outputs with PyTorch's allocator and picks the stream.
+// The PyTorch binding (with kf_softmax.cpp and kf_torch_util.h, the only files that include torch
+// headers). It registers the kernelforge::* ops of the norm, activation and rope families (schemas, CUDA impl = our
+// kernels, CPU impl = the float64 C++ reference, Autograd = C++ autograd functions, so a call has no Python frame below
+// the functional wrapper). Fake impls are registered in Python (python/kernelforge/_ops.py). Every check lives in the
+// C++ core; this file only converts tensors to views, allocates outputs with PyTorch's allocator and picks the stream.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,6 +19,7 @@
 #include "kernelforge/activation.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
+#include "kf_torch_util.h"
 
 namespace kf = kernelforge;
 using at::Tensor;
@@ -26,40 +27,8 @@ using OptTensor = std::optional<Tensor>;
 
 namespace {
 
-kf::DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return kf::DType::kFloat32;
-    case at::kHalf:
-      return kf::DType::kFloat16;
-    case at::kBFloat16:
-      return kf::DType::kBFloat16;
-    case at::kDouble:
-      return kf::DType::kFloat64;
-    case at::kInt:
-      return kf::DType::kInt32;
-    case at::kLong:
-      return kf::DType::kInt64;
-    default:
-      return kf::DType::kOther;
-  }
-}
-
-kf::TensorView view(const Tensor& t) {
-  kf::TensorView v;
-  TORCH_CHECK(t.dim() <= kf::kMaxDims, "kernelforge: tensors may have at most ", kf::kMaxDims, " dimensions, got ",
-              t.dim());
-  v.data = t.numel() > 0 ? const_cast<void*>(t.data_ptr()) : nullptr;
-  v.dtype = to_dtype(t.scalar_type());
-  v.ndim = static_cast<int>(t.dim());
-  for (int d = 0; d < v.ndim; ++d) {
-    v.shape[d] = t.size(d);
-    v.strides[d] = t.stride(d);
-  }
-  v.device.type = t.is_cuda() ? kf::DeviceType::kCUDA : kf::DeviceType::kCPU;
-  v.device.index = t.is_cuda() ? t.get_device() : 0;
-  return v;
-}
+// view, check, rows, stream_of, needs_fallback, op_handle, no_double_backward, dense: kf_torch_util.h
+using namespace kf_torch;
 
 struct OptView {  // a view that may be absent
   kf::TensorView v;
@@ -73,43 +42,11 @@ struct OptView {  // a view that may be absent
   const kf::TensorView* get() const { return present ? &v : nullptr; }
 };
 
-void check(const kf::Status& s) { TORCH_CHECK(s.ok(), s.message()); }
-
-// Leading dims that do not collapse into one row stride are copied (the kernels take one row
-// stride); a non-contiguous last dimension is left for the core to reject with a clear message.
-Tensor rows(const Tensor& t) {
-  if (t.dim() <= 2 || (t.size(-1) > 1 && t.stride(-1) != 1)) return t;
-  int64_t expect = -1;
-  for (int64_t d = t.dim() - 2; d >= 0; --d) {
-    if (t.size(d) == 1) continue;
-    if (expect >= 0 && t.stride(d) != expect) return t.contiguous();
-    expect = t.stride(d) * t.size(d);
-  }
-  return t;
-}
-
 Tensor empty_like_rows(const Tensor& x) { return at::empty(x.sizes(), x.options()); }
 Tensor empty_param(const OptTensor& p, const Tensor& x) {
   return p.has_value() && p->defined() ? at::empty(p->sizes(), p->options()) : at::empty({0}, x.options());
 }
 
-cudaStream_t stream_of(const Tensor& x) { return at::cuda::getCurrentCUDAStream(x.get_device()).stream(); }
-
-// float64 (or anything else our kernels cannot take) on CUDA: run the reference on the CPU, once
-// warned; KF_STRICT=1 turns it into an error. Never silent.
-bool strict_mode() {
-  const char* s = std::getenv("KF_STRICT");
-  return s != nullptr && std::strcmp(s, "") != 0 && std::strcmp(s, "0") != 0;
-}
-bool needs_fallback(const char* op, const Tensor& x) {
-  if (!x.is_cuda() || x.scalar_type() != at::kDouble) return false;
-  TORCH_CHECK(!strict_mode(), "kernelforge.", op,
-              ": float64 CUDA tensors have no kernel (KF_STRICT=1 forbids the CPU reference fallback)");
-  TORCH_WARN_ONCE("kernelforge: float64 CUDA tensors have no kernel; ", op,
-                  " runs the float64 CPU reference instead (slow, synchronizes). Set KF_STRICT=1 to make this an "
-                  "error.");
-  return true;
-}
 OptTensor to_cpu(const OptTensor& t) { return t.has_value() && t->defined() ? OptTensor(t->cpu()) : t; }
 
 Tensor workspace(const Tensor& x, size_t bytes) {
@@ -474,30 +411,10 @@ Tensor gelu_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in, c1
   return dx;
 }
 
-// ---- dispatcher handles (backward ops are called through the dispatcher so that torch.compile
-// and other tracers see them) -----------------------------------------------------------------
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 Tensor grad_or_empty(bool want, const Tensor& g) { return want && g.numel() > 0 ? g : Tensor(); }
-
-// Autograd may hand an expanded gradient (e.g. of y.sum(): stride 0); the kernels need a
-// contiguous last dimension.
-// The backward ops have no autograd of their own: under create_graph=True (double backward, e.g. a
-// gradient penalty) their outputs would carry no graph and the second derivatives would silently be
-// zero. The engine runs backward with grad mode on exactly then, so that case is an error.
-void no_double_backward(const char* op) {
-  TORCH_CHECK(!at::GradMode::is_enabled(), op,
-              ": double backward (create_graph=True) is not implemented; compute second derivatives "
-              "with the PyTorch reference instead (kernelforge.unpatch, or the eager module)");
-}
-
-Tensor dense(const Tensor& g) { return g.dim() > 0 && g.size(-1) > 1 && g.stride(-1) != 1 ? g.contiguous() : g; }
 
 class RmsNormFn : public torch::autograd::Function<RmsNormFn> {
  public:
