@@ -343,7 +343,6 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
       const T* yin = kBwd ? static_cast<const T*>(p.y) + row * p.y_stride : nullptr;
       T* out = static_cast<T*>(p.out) + row * p.out_stride;
       typename Op::V acc = Op::identity();
-#pragma unroll 2
       for (int64_t c = int64_t(threadIdx.x) * kVec; c < n; c += cstep) {
         const V a = load_row_vec<T, kVec>(in, int(c), nn, pad);
         if constexpr (kBwd) {
@@ -355,7 +354,6 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
       const typename Op::V r = team_reduce<Op>(acc, tpr, 0, sm, slot, 1);
       float k = 0.f;
       if constexpr (!kBwd) k = kLog ? logf(r.s) : 1.f / r.s;
-#pragma unroll 2
       for (int64_t c = int64_t(threadIdx.x) * kVec; c < n; c += cstep) {
         float f[kVec];
         const V a = load_row_vec<T, kVec>(in, int(c), nn, pad);
