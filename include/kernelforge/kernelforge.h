@@ -5,6 +5,7 @@
 #include "kernelforge/cross_entropy.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
+#include "kernelforge/softmax.h"
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
 

@@ -52,12 +52,14 @@ import torch.nn.functional as F
 NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
 ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
 ROPE_OPS = ("apply_rope",)
-OPS = NORM_OPS + ACT_OPS + ROPE_OPS
+SOFTMAX_OPS = ("softmax", "log_softmax")
+OPS = NORM_OPS + ACT_OPS + ROPE_OPS + SOFTMAX_OPS
 # No op list: every norm op, plus one activation op per kernel family that has a Liger peer (silu
 # gated; gelu-tanh gated), then apply_rope. All five activation ops add ~2 min to the GPU script,
 # over its budget.
 DEFAULT_OPS = NORM_OPS + ("silu_and_mul", "geglu") + ROPE_OPS
 OP_GROUPS = {"all": OPS, "norm": NORM_OPS, "activation": ACT_OPS, "rope": ROPE_OPS}
+OP_GROUPS["softmax"] = SOFTMAX_OPS
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
 PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger")
 PEERS = PROVIDERS[1:]
@@ -67,6 +69,8 @@ DECODE_MAX_ROWS = 64  # rows at or under this also get fwd_graph and fwd_call
 DEFAULT_SHAPES = ((16384, 2048), (16384, 4096), (16384, 8192), (1, 4096), (64, 4096))
 LONG_ROW_SHAPES = ((4096, 65536), (2048, 131072))
 LONG_ROW_OPS = ("rms_norm", "layer_norm")
+# softmax acceptance: 4096 rows of 128 K (256 KB bf16 rows: the cluster path on sm_90)
+SOFTMAX_LONG_ROW_SHAPES = ((4096, 131072),)
 
 
 class RopeShape(NamedTuple):
@@ -106,6 +110,9 @@ OP_PROVIDERS = {
     "gelu": ("kernelforge", "torch_native", "compile"),  # the eager model code is F.gelu itself
     # RoPE: no fused PyTorch op; Liger has the HF rotate-half RoPE (liger_rotary_pos_emb)
     "apply_rope": ("kernelforge", "eager", "compile", "liger"),
+    # softmax: the eager model code is torch.softmax itself (= torch_native); Liger has softmax only
+    "softmax": ("kernelforge", "torch_native", "compile", "liger"),
+    "log_softmax": ("kernelforge", "torch_native", "compile"),
 }
 # The activation variant each bench op runs (approximate, gate_first): gelu_and_mul is diffusers'
 # GEGLU on the fused projection (exact GELU, gate second); geglu the tanh GeGLU (like-for-like
@@ -140,6 +147,11 @@ ROW_TENSORS = {
     # bwd reads dq_out, dk_out and writes dq, dk (the rotation is linear: it needs no q or k)
     ("apply_rope", "fwd"): 2,
     ("apply_rope", "fwdbwd"): 4,
+    # softmax: fwd reads x, writes y; bwd reads dy, y, writes dx (fwd+bwd 5 passes)
+    ("softmax", "fwd"): 2,
+    ("softmax", "fwdbwd"): 5,
+    ("log_softmax", "fwd"): 2,
+    ("log_softmax", "fwdbwd"): 5,
 }
 # Small terms, in units of `param_rows * N` elements (param_rows = 1 for weight/bias, B for the
 # [B, 1, N] scale/shift): fwd reads the parameters, bwd reads what dx needs and writes the grads.
@@ -157,6 +169,7 @@ PARAM_TENSORS = {
     **{(op, m): 0 for op in ACT_OPS for m in ("fwd", "fwdbwd")},  # no parameters
     ("apply_rope", "fwd"): 2,      # cos, sin
     ("apply_rope", "fwdbwd"): 4,   # cos, sin (fwd) + cos, sin (bwd)
+    **{(op, m): 0 for op in SOFTMAX_OPS for m in ("fwd", "fwdbwd")},  # no parameters
 }
 # Nominal floating-point operations per element of x (the formula's arithmetic, fp32); apply_rope
 # per element of q and k.
@@ -182,6 +195,10 @@ FLOPS_PER_ELT = {
     ("gelu", "fwdbwd"): 40,
     ("apply_rope", "fwd"): 3,      # x*cos + rot(x)*sin: 2 mul, 1 add (rot is a sign and a swap)
     ("apply_rope", "fwdbwd"): 6,   # + the transposed rotation of the gradient
+    ("softmax", "fwd"): 7,         # max, x-m, *log2e, ex2, sum, (x-m)*log2e ex2, *1/s
+    ("softmax", "fwdbwd"): 11,     # + g*y sum, g-dot, *y
+    ("log_softmax", "fwd"): 6,     # max, x-m, *log2e, ex2, sum, -log s
+    ("log_softmax", "fwdbwd"): 10,  # + sum g, *log2e, ex2, fma
 }
 
 
@@ -302,6 +319,8 @@ EAGER = {
     "gelu_and_mul": eager_gelu_and_mul,
     "geglu": eager_geglu,
     "gelu": eager_gelu,
+    "softmax": lambda t: (torch.softmax(t["x"], -1),),
+    "log_softmax": lambda t: (torch.log_softmax(t["x"], -1),),
 }
 
 
@@ -332,6 +351,7 @@ def eager_provider(op: str) -> Callable:
 
 
 NATIVE = {"rms_norm": native_rms_norm, "layer_norm": native_layer_norm, "gelu": eager_gelu}
+NATIVE.update({op: EAGER[op] for op in SOFTMAX_OPS})  # torch.softmax / log_softmax
 
 
 def _kf():
@@ -359,6 +379,8 @@ def kf_provider(op: str) -> Callable:
         return lambda t: (kf.gelu_and_mul(t["x"], **GELU_AND_MUL_ARGS),)
     if op == "geglu":
         return lambda t: (kf.geglu(t["hidden"], t["gate"], approximate=GEGLU_APPROX),)
+    if op in SOFTMAX_OPS:
+        return lambda t: (getattr(kf, op)(t["x"]),)
     if op == "apply_rope":  # HF's strided [B, H, S, D] views as they are (any strides, last one 1)
         return lambda t: kf.apply_rope(t["q"], t["k"], t["cos"], t["sin"], layout="bhsd")
     return lambda t: (kf.gelu(t["x"]),)
@@ -396,7 +418,18 @@ def liger_rope() -> Callable | None:
     return lambda t: liger_rotary_pos_emb(t["q"], t["k"], t["cos"], t["sin"])
 
 
+def liger_softmax(op: str) -> Callable | None:
+    """Liger's softmax autograd function (liger_kernel.ops.softmax; it has no log_softmax)."""
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return None
+    return (lambda t: (LigerSoftmaxFunction.apply(t["x"]),)) if op == "softmax" else None
+
+
 def liger_provider(op: str) -> Callable | None:
+    if op in SOFTMAX_OPS:
+        return liger_softmax(op)
     if op in ACT_OPS:
         return liger_activation(op)
     if op in ROPE_OPS:
@@ -449,6 +482,8 @@ GRAD_INPUTS = {
     "geglu": ("hidden", "gate"),
     "gelu": ("x",),
     "apply_rope": ("q", "k"),
+    "softmax": ("x",),
+    "log_softmax": ("x",),
 }
 
 
@@ -484,6 +519,10 @@ def make_inputs(op: str, dims: tuple, dtype, device, seed: int = 0) -> dict:
         t["cos"], t["sin"] = hf_rope_tables(start + torch.arange(s, device=device), d, dtype)
         return t
     rows, hidden = dims
+    if op in SOFTMAX_OPS:  # logits of std 2 (exp(x - m) spans a few decades)
+        t["x"] = rnd(rows, hidden, scale=2.0)
+        t["dy"] = rnd(rows, hidden)
+        return t
     if op in ACT_OPS:  # hidden = I, the output width; the fused ops read [rows, 2I]
         if op in ("silu_and_mul", "gelu_and_mul"):
             t["x"] = rnd(rows, 2 * hidden)
@@ -797,6 +836,8 @@ def _csv_list(allowed, what):
 def default_shapes(op: str) -> list[tuple]:
     if op in ROPE_OPS:
         return list(ROPE_SHAPES)
+    if op in SOFTMAX_OPS:
+        return list(DEFAULT_SHAPES) + list(SOFTMAX_LONG_ROW_SHAPES)
     return list(DEFAULT_SHAPES) + (list(LONG_ROW_SHAPES) if op in LONG_ROW_OPS else [])
 
 
@@ -815,7 +856,7 @@ def plan_cases(args) -> list[tuple[str, tuple, str]]:
     shape, ... so that a cut run has covered all of a family's ops at the leading shapes (summary
     and plots regroup by op)."""
     cases = []
-    for family in (NORM_OPS, ACT_OPS, ROPE_OPS):
+    for family in (NORM_OPS, ACT_OPS, ROPE_OPS, SOFTMAX_OPS):
         ops = [op for op in args.ops if op in family]
         shapes: list = []
         for op in ops:

@@ -35,7 +35,9 @@ import torch
 NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
 ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
 ROPE_OPS = ("apply_rope",)
-OPS = NORM_OPS + ACT_OPS + ROPE_OPS
+# softmax / log_softmax: checked like a one-input activation (x, dy -> y, dx)
+SOFTMAX_OPS = ("softmax", "log_softmax")
+OPS = NORM_OPS + ACT_OPS + ROPE_OPS + SOFTMAX_OPS
 SPLIT_OPS = ("silu_and_mul", "gelu_and_mul")  # x [..., 2I] -> y [..., I]; shapes give I
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (max error relative to max|ref|, relative L2 error): bf16/fp16 allow a couple of roundings of
@@ -68,6 +70,8 @@ VARIANTS = {
     "gelu_and_mul": tuple({"approximate": a, "gate_first": g} for a in ("tanh", "none") for g in (True, False)),
     "geglu": ({"approximate": "none"}, {"approximate": "tanh"}),
     "gelu": ({"approximate": "none"}, {"approximate": "tanh"}),
+    "softmax": ({},),
+    "log_softmax": ({},),
     # pairing; layout (bhsd: HF attention's q_proj(x).view(B, S, H, D).transpose(1, 2), a view of
     # [B, S, H, D] memory, or a contiguous [B, H, S, D]); cos/sin tables: [B, S, R] in q's dtype
     # (HF), [S, R] float32 (diffusers), or a float32 cache [P, R] read through position_ids [B, S]
@@ -119,7 +123,7 @@ def make_inputs(op: str, shape: tuple, v: dict, dtype, device) -> dict:
         return _rope_inputs(shape, v, dtype, device, rnd)
     rows, n = shape
 
-    if op in ACT_OPS:  # n = the output width I; activation inputs N(0, 2^2) reach both tails
+    if op in ACT_OPS or op in SOFTMAX_OPS:  # n = the output width I; inputs N(0, 2^2) reach both tails
         t = {name: rnd(rows, n, scale=2.0) for name in grad_names(op, {})}
         if op in SPLIT_OPS:
             t["x"] = rnd(rows, 2 * n, scale=2.0)
@@ -178,8 +182,9 @@ def grad_names(op: str, t: dict) -> list[str]:
              "layer_norm": ["x", "weight", "bias"],
              "ada_norm": ["x", "scale", "shift", "weight", "bias"],
              "silu_and_mul": ["x"], "swiglu": ["gate", "up"], "gelu_and_mul": ["x"],
-             "geglu": ["hidden", "gate"], "gelu": ["x"], "apply_rope": ["q", "k"]}[op]
-    if op in ACT_OPS or op in ROPE_OPS:
+             "geglu": ["hidden", "gate"], "gelu": ["x"], "apply_rope": ["q", "k"],
+             "softmax": ["x"], "log_softmax": ["x"]}[op]
+    if op in ACT_OPS or op in ROPE_OPS or op in SOFTMAX_OPS:
         return names
     return [k for k in names if t.get(k) is not None]
 
@@ -199,7 +204,7 @@ def run_kf(kf, op: str, t: dict, v: dict) -> dict:
     names = grad_names(op, t)
     leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
     a = {**t, **leaves}
-    if op in ACT_OPS:
+    if op in ACT_OPS or op in SOFTMAX_OPS:
         return _run_kf_act(kf, op, t, v, a, leaves, names)
     if op in ROPE_OPS:
         return _run_kf_rope(kf, t, v, leaves)
@@ -235,6 +240,8 @@ def run_kf(kf, op: str, t: dict, v: dict) -> dict:
 
 
 def _act_call(kf, op, a, v):
+    if op in SOFTMAX_OPS:
+        return getattr(kf, op)(a["x"])
     if op == "silu_and_mul":
         return kf.silu_and_mul(a["x"])
     if op == "swiglu":
@@ -299,6 +306,9 @@ def _f64(t: dict) -> dict:
 def _cpp_ref_act(op: str, a: dict, v: dict) -> dict:
     ops = torch.ops.kernelforge
     dy = a["dy"]
+    if op in SOFTMAX_OPS:  # the backward takes the forward's output
+        y = getattr(ops, op)(a["x"])
+        return {"y": y, "dx": getattr(ops, f"{op}_backward")(dy, y)}
     if op == "silu_and_mul":
         return {"y": ops.silu_and_mul(a["x"]), "dx": ops.silu_and_mul_backward(dy, a["x"])}
     if op == "swiglu":
@@ -325,7 +335,7 @@ def _cpp_ref_rope(a: dict, v: dict) -> dict:
 def run_cpp_ref(op: str, t: dict, v: dict) -> dict:
     ops = torch.ops.kernelforge
     a = _f64(t)
-    if op in ACT_OPS:
+    if op in ACT_OPS or op in SOFTMAX_OPS:
         return _cpp_ref_act(op, a, v)
     if op in ROPE_OPS:
         return _cpp_ref_rope(a, v)
@@ -373,6 +383,8 @@ def _torch_act(op: str, a: dict, v: dict) -> torch.Tensor:
     """The model libraries' formulas in float64 (F.silu / F.gelu; diffusers GEGLU chunk order)."""
     import torch.nn.functional as F  # noqa: PLC0415
 
+    if op in SOFTMAX_OPS:
+        return getattr(torch, op)(a["x"], -1)
     if op == "silu_and_mul":
         gate, up = a["x"].chunk(2, dim=-1)
         return F.silu(gate) * up
@@ -410,7 +422,7 @@ def run_torch_ref(op: str, t: dict, v: dict) -> dict:
     names = grad_names(op, t)
     for k in names:
         a[k].requires_grad_(True)
-    if op in ACT_OPS:
+    if op in ACT_OPS or op in SOFTMAX_OPS:
         y = _torch_act(op, a, v)
         grads = torch.autograd.grad([y], [a[k] for k in names], [a["dy"]])
         return {"y": y.detach(), **{"d" + k: g for k, g in zip(names, grads)}}
@@ -512,7 +524,7 @@ def check_case(kf, op, shape, v, dtype, device, tally: Tally) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("ops", nargs="*", metavar="OP",
-                   help=f"ops to check (default all): {' '.join(OPS)}; groups: norm, activation, rope")
+                   help=f"ops to check (default all): {' '.join(OPS)}; groups: norm, activation, rope, softmax")
     p.add_argument("--dtype", default="bf16,fp16,fp32",
                    help="comma list of bf16, fp16, fp32 (default all three)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
@@ -521,7 +533,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    groups = {"norm": NORM_OPS, "activation": ACT_OPS, "rope": ROPE_OPS, "all": OPS}
+    groups = {"norm": NORM_OPS, "activation": ACT_OPS, "rope": ROPE_OPS, "softmax": SOFTMAX_OPS, "all": OPS}
     args.ops = [o for n in args.ops for o in groups.get(n, (n,))]
     bad = [o for o in args.ops if o not in OPS]
     dts = [d.strip() for d in args.dtype.split(",") if d.strip()]

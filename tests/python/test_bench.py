@@ -192,3 +192,17 @@ def test_check_rope_catches(kf, broken):
     assert tally.failures
     if broken == "inplace_skipped":
         assert all("_inplace vs" in f for f in tally.failures)
+
+
+def test_softmax_ops_in_the_plan():
+    """softmax / log_softmax: their own group, the default shapes plus the 4096x131072 acceptance
+    rows, 2 (fwd) and 5 (fwd+bwd) passes over M*N elements."""
+    assert bench.OP_GROUPS["softmax"] == ("softmax", "log_softmax")
+    assert set(bench.SOFTMAX_OPS) <= set(bench.OP_GROUPS["all"])
+    assert (4096, 131072) in bench.default_shapes("softmax")
+    assert bench.traffic_bytes("softmax", "fwd", (16384, 4096), 2) == 2 * 16384 * 4096 * 2
+    assert bench.traffic_bytes("log_softmax", "fwdbwd", (16384, 4096), 2) == 5 * 16384 * 4096 * 2
+    args = _bench_args([])
+    args.ops = ["rms_norm", "softmax"]
+    cases = bench.plan_cases(args)
+    assert cases[-1] == ("softmax", (4096, 131072), "bf16")

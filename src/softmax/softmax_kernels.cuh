@@ -1,0 +1,528 @@
+// Softmax-family kernels: softmax and log_softmax over rows, forward and backward (formulas in
+// include/kernelforge/softmax.h).
+//
+// Napkin math (H100 SXM 80 GB: ~3.0 TB/s device-to-device copy, 132 SMs, 50 MB L2):
+//   forward:  read x, write y         2·M·N·sizeof(T) B; 16384x4096 bf16 -> 268 MB -> 90 µs at 3.0 TB/s,
+//                                     94 µs at the 2.85 TB/s target; 4096x131072 bf16 -> 2.15 GB -> 754 µs.
+//   backward: read g, y, write dx     3·M·N·sizeof(T) B; forward + backward = 5 passes.
+//   Arithmetic per element: forward 2 MUFU ex2 (one for the sum, one for the output; log_softmax 1)
+//   and ~10 float ops; at 3 TB/s a bf16 forward moves 7.5·10^11 elements/s against ~3.7·10^12 MUFU
+//   ops/s: memory-bound, MUFU at ~40 % at most.
+//
+// Design: one reduction per row, the row held in registers between the reduction and the write, so
+// x (g and y) are read from DRAM once.
+//   * softmax_regs: a team of tpr threads (a power of two, 1..512; teams are aligned groups of a
+//     block, several rows per block for short rows) owns a row; thread t holds kIters vectors of
+//     kVec elements (vector v = rank·tpr·kIters + i·tpr + t: a team's loads are coalesced). The
+//     forward reduces (m, s) pairs in ONE reduction: the online-softmax combine
+//       (m1, s1) + (m2, s2) = (m, s1·exp(m1 − m) + s2·exp(m2 − m)),  m = max(m1, m2);
+//     the backward reduces one sum (softmax: Σ g·y, log_softmax: Σ g).
+//   * Rows longer than one CTA holds are split over a thread-block cluster (sm_90, up to 8 CTAs):
+//     each CTA holds a slice in registers and the per-CTA results are combined through distributed
+//     shared memory (every CTA combines the ranks in the same order: identical bits everywhere).
+//   * Longer still, or no clusters (sm_75/sm_80): softmax_stream, one block per row, reads the row
+//     twice (pass 1 online (m, s) or the sum, pass 2 writes; the second read is mostly an L2 hit).
+// Vector width: 16 bytes when every base pointer and (with more than one row) every row stride in
+// bytes allows it, else one element; a row's last, partial vector is read element by element and
+// padded with -inf (forward: it adds exp(-inf) = 0 to s and nothing to the max) or 0 (backward).
+// Special values as torch.softmax: fmaxf skips NaN, but a NaN, a +inf (exp(inf − inf)) or an
+// all -inf row (exp(-inf − (-inf))) makes s, and so every output of the row, NaN.
+// Math: float32; exp(v) = ex2.approx(v·log2 e) (relative error ~2^-22 for the arguments that
+// matter), 1/s and log(s) once per row, precise; each output is rounded once to T.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "common/device.h"
+#include "common/launch.cuh"
+#include "common/vec.cuh"
+#include "softmax/softmax_problem.h"
+
+namespace kernelforge {
+namespace softmax_detail {
+
+// ---- tuning (first guesses from the napkin math; to be measured on the H100, notes/softmax.md) ----
+// Little's law: ~3 TB/s × ~0.8 µs DRAM latency ≈ 2.4 MB in flight, ~18 KB per SM. 16-byte vectors
+// per thread aimed for: 2 (32 B; with ~1500+ resident threads per SM that is ~48 KB per SM).
+struct SoftmaxTuning {
+  int row_vecs;   // vectors per thread aimed for (teams grow first, up to kMaxTeam threads)
+  int max_iters;  // register-resident vectors per thread: forward 8 x 16 B = 32 registers of x;
+                  // backward 8 x (g, y) = 64 registers (still no spill under the 128-register cap)
+};
+constexpr SoftmaxTuning kFwdTuning = {2, 8};
+constexpr SoftmaxTuning kBwdTuning = {2, 8};
+constexpr int kMaxTeam = 512;     // threads per row per CTA: __launch_bounds__(512) = 128 registers/thread
+constexpr int kMinBlock = 128;    // short rows are packed into blocks of at least this many threads
+constexpr int kMaxCluster = 8;    // portable cluster size limit
+constexpr int kStreamTeam = 512;  // threads per row of the streaming kernel
+// Row slice per CTA aimed for in a cluster (bytes): more CTAs per row keep more of the row's loads
+// in flight per SM (the norm family measured 32 KB slices ahead of 64 KB at 64-128 K-element rows).
+// 4096x131072 bf16: 256 KB rows -> 8 CTAs x 512 threads x 4 vectors.
+constexpr int kClusterSliceBytes = 32 * 1024;
+constexpr int kWarps = kMaxTeam / 32;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// exp2 on the MUFU (ex2.approx.ftz): ex2(-inf) = 0, ex2(NaN) = NaN; flushes results below 2^-126.
+__device__ __forceinline__ float ex2(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// ---- reductions --------------------------------------------------------------------------------
+// (m, s): a row's max and the sum of exp(x − m). The identity is (-inf, 0).
+struct MaxSum {
+  float m, s;
+};
+struct MaxSumOp {
+  using V = MaxSum;
+  static __device__ __forceinline__ V identity() { return {-INFINITY, 0.f}; }
+  // Commutative in bits (fmaxf and + are): the butterfly lanes agree exactly. A part whose m equals
+  // the new max keeps its s unscaled (this also covers m1 = m2 = -inf, where exp(m1 − m) would be
+  // exp(NaN)); a NaN in s or m stays NaN.
+  static __device__ __forceinline__ V combine(V a, V b) {
+    const float m = fmaxf(a.m, b.m);
+    const float sa = a.m == m ? a.s : a.s * ex2((a.m - m) * kLog2e);
+    const float sb = b.m == m ? b.s : b.s * ex2((b.m - m) * kLog2e);
+    return {m, sa + sb};
+  }
+  static __device__ __forceinline__ V shfl_xor(V v, int off) {
+    return {__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
+  }
+};
+struct SumOp {
+  using V = float;
+  static __device__ __forceinline__ V identity() { return 0.f; }
+  static __device__ __forceinline__ V combine(V a, V b) { return a + b; }
+  static __device__ __forceinline__ V shfl_xor(V v, int off) { return __shfl_xor_sync(0xffffffffu, v, off); }
+};
+
+// Shared slots of one reduction, double-buffered so consecutive reductions need one barrier each.
+template <typename V>
+struct RedSmem {
+  V warp[2][kWarps];
+  V cta[2];  // this CTA's result, read by the other CTAs of the cluster
+};
+
+__device__ __forceinline__ int cluster_rank(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) return int(cooperative_groups::this_cluster().block_rank());
+#endif
+  (void)cluster;
+  return 0;
+}
+
+// No CTA may exit while another CTA of its cluster may still read its shared memory.
+__device__ __forceinline__ void cluster_exit_sync(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) cooperative_groups::this_cluster().sync();
+#endif
+  (void)cluster;
+}
+
+// Reduces v over a team of tpr threads (a power of two; teams are aligned groups of the block, whose
+// size is a multiple of 32), then over the CTAs of the cluster when cluster > 1 (then a team is the
+// whole CTA). Every thread of the team (and cluster) receives identical bits. Every thread of the
+// block must call it (it may contain __syncthreads and cluster barriers).
+template <typename Op>
+__device__ __forceinline__ typename Op::V team_reduce(typename Op::V v, int tpr, int team, RedSmem<typename Op::V>& sm,
+                                                      int& slot, int cluster) {
+  using V = typename Op::V;
+  for (int off = (tpr < 32 ? tpr : 32) >> 1; off > 0; off >>= 1) v = Op::combine(v, Op::shfl_xor(v, off));
+  if (tpr > 32) {
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, nw = tpr >> 5;
+    if (lane == 0) sm.warp[slot][warp] = v;
+    __syncthreads();
+    v = lane < nw ? sm.warp[slot][team * nw + lane] : Op::identity();
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = Op::combine(v, Op::shfl_xor(v, off));
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) sm.cta[slot] = v;
+    cl.sync();  // release/acquire: every CTA's result is visible
+    V acc = *cl.map_shared_rank(&sm.cta[slot], 0);
+    for (int r = 1; r < cluster; ++r) acc = Op::combine(acc, *cl.map_shared_rank(&sm.cta[slot], r));
+    v = acc;
+  }
+#else
+  (void)cluster;
+#endif
+  slot ^= 1;
+  return v;
+}
+
+// ---- loads -------------------------------------------------------------------------------------
+// The vector of row `src` at column c: 16 bytes when it lies inside the row, else element by element
+// (the row's last, partial vector) with `pad` past the end.
+template <typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> load_row_vec(const T* src, int c, int n, float pad) {
+  using V = Vec<T, kVec>;
+  if (c <= n - kVec) return load_vec<T, kVec>(src + c);  // (no c + kVec: n may be 2^31 - 1)
+  V v;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) v.set(j, j < n - c ? to_float(src[c + j]) : pad);
+  return v;
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const float (&f)[kVec]) {
+  if (c <= n - kVec) {
+    store_vec<T, kVec>(dst + c, Vec<T, kVec>::from(f));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (j < n - c) dst[c + j] = from_float<T>(f[j]);
+  }
+}
+
+// The (m, s) of kVec values: m = max, s = Σ exp(x − m) (s = 0 when every value is -inf).
+template <typename T, int kVec>
+__device__ __forceinline__ MaxSum vec_max_sum(const Vec<T, kVec>& a) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) m = fmaxf(m, a.get(j));
+  const float base = m == -INFINITY ? 0.f : m;
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) s += ex2((a.get(j) - base) * kLog2e);
+  return {m, s};
+}
+
+// The row's outputs for one vector, from the reduction's result.
+//   softmax:      y = exp(x − m) · (1/s)                 (inv = 1/s)
+//   log_softmax:  y = (x − m) − log(s)                   (lse_off = log(s))
+//   softmax bwd:  dx = y · (g − Σ g·y)                   (r = Σ g·y)
+//   log bwd:      dx = g − exp(y) · Σ g                  (r = Σ g)
+template <typename T, bool kLog, int kVec>
+__device__ __forceinline__ void fwd_out(const Vec<T, kVec>& a, float m, float k, float (&f)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float d = a.get(j) - m;
+    f[j] = kLog ? d - k : ex2(d * kLog2e) * k;
+  }
+}
+template <typename T, bool kLog, int kVec>
+__device__ __forceinline__ void bwd_out(const Vec<T, kVec>& g, const Vec<T, kVec>& y, float r, float (&f)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float gj = g.get(j), yj = y.get(j);
+    f[j] = kLog ? fmaf(-ex2(yj * kLog2e), r, gj) : yj * (gj - r);
+  }
+}
+template <typename T, bool kLog, int kVec>
+__device__ __forceinline__ float bwd_partial(const Vec<T, kVec>& g, const Vec<T, kVec>& y) {
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc = kLog ? acc + g.get(j) : fmaf(g.get(j), y.get(j), acc);
+  return acc;
+}
+
+// ---- the register kernel -------------------------------------------------------------------------
+// Rows base + team for base = (blockIdx.x / cluster)·rpb, stepping by the grid (the grid is capped
+// at 2^31 − 1 blocks). cluster > 1 (sm_90): one team per CTA, CTA rank r holds vectors
+// [r·tpr·kIters, (r + 1)·tpr·kIters) of the row. Column offsets are 32-bit (n < 2^31, and the padded
+// columns of the last CTA stay below kMaxCluster·kMaxTeam·8·kVec), row offsets 64-bit.
+template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
+__global__ void __launch_bounds__(kMaxTeam)
+    softmax_regs(const SoftmaxParams p, const int tpr_shift, const int cluster) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    pdl_wait();  // before the first global access (common/launch.cuh)
+    if (p.trigger) pdl_trigger();
+    using V = Vec<T, kVec>;
+    using Op = std::conditional_t<kBwd, SumOp, MaxSumOp>;
+    __shared__ RedSmem<typename Op::V> sm;
+    int slot = 0;
+    const int tpr = 1 << tpr_shift;
+    const int rpb = int(blockDim.x) >> tpr_shift;
+    const int team = int(threadIdx.x) >> tpr_shift;
+    const int t = int(threadIdx.x) & (tpr - 1);
+    const int n = int(p.n);
+    const int v0 = cluster_rank(cluster) * tpr * kIters + t;
+    const float pad = kBwd ? 0.f : -INFINITY;
+    const int64_t step = int64_t(gridDim.x / cluster) * rpb;
+    for (int64_t base = int64_t(blockIdx.x / cluster) * rpb; base < p.rows; base += step) {
+      const int64_t row = base + team;
+      const bool row_ok = row < p.rows;
+      const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
+      const T* yin = kBwd ? static_cast<const T*>(p.y) + row * p.y_stride : nullptr;
+      V a[kIters], b[kBwd ? kIters : 1];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {  // every load first: kIters (x2) accesses in flight
+        const int c = (v0 + i * tpr) * kVec;
+        const bool ok = row_ok && c < n;
+        a[i] = ok ? load_row_vec<T, kVec>(in, c, n, pad) : V::zero();
+        if constexpr (kBwd) {
+          b[i] = ok ? load_row_vec<T, kVec>(yin, c, n, 0.f) : V::zero();
+        } else if (!ok) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) a[i].set(j, -INFINITY);
+        }
+      }
+      typename Op::V part;
+      if constexpr (kBwd) {
+        part = 0.f;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) part += bwd_partial<T, kLog, kVec>(a[i], b[i]);
+      } else {
+        // this thread's (m, s) over all its values: one max, then one sum (no per-vector rescaling)
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) m = fmaxf(m, a[i].get(j));
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) launder(a[i]);  // unpack again below: 4 registers per vector, not 8
+        const float base_m = m == -INFINITY ? 0.f : m;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s += ex2((a[i].get(j) - base_m) * kLog2e);
+        part = {m, s};
+      }
+      const typename Op::V r = team_reduce<Op>(part, tpr, team, sm, slot, cluster);
+      if (row_ok) {
+        T* out = static_cast<T*>(p.out) + row * p.out_stride;
+        float k = 0.f;
+        if constexpr (!kBwd) k = kLog ? logf(r.s) : 1.f / r.s;
+#pragma unroll
+        for (int i = 0; i < kIters; ++i) {
+          const int c = (v0 + i * tpr) * kVec;
+          if (c >= n) continue;
+          float f[kVec];
+          launder(a[i]);  // keep the packed vector live across the reduction, unpack here
+          if constexpr (kBwd) {
+            launder(b[i]);
+            bwd_out<T, kLog, kVec>(a[i], b[i], r, f);
+          } else {
+            fwd_out<T, kLog, kVec>(a[i], r.m, k, f);
+          }
+          store_row_vec<T, kVec>(out, c, n, f);
+        }
+      }
+    }
+    cluster_exit_sync(cluster);
+  }
+}
+
+// ---- the streaming kernel ------------------------------------------------------------------------
+// One block per row (the grid loops over rows): pass 1 reads the row and reduces (online (m, s) per
+// vector, or the sum), pass 2 reads it again (L2 for rows up to a few MB in total) and writes.
+// Column offsets are 64-bit here (the loop steps past n).
+template <typename T, bool kLog, bool kBwd, int kVec>
+__global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParams p) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    pdl_wait();
+    using V = Vec<T, kVec>;
+    using Op = std::conditional_t<kBwd, SumOp, MaxSumOp>;
+    __shared__ RedSmem<typename Op::V> sm;
+    int slot = 0;
+    const int tpr = int(blockDim.x);
+    const int64_t n = p.n;
+    const int nn = int(n);
+    const int64_t cstep = int64_t(tpr) * kVec;
+    const float pad = kBwd ? 0.f : -INFINITY;
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
+      const T* yin = kBwd ? static_cast<const T*>(p.y) + row * p.y_stride : nullptr;
+      T* out = static_cast<T*>(p.out) + row * p.out_stride;
+      typename Op::V acc = Op::identity();
+      for (int64_t c = int64_t(threadIdx.x) * kVec; c < n; c += cstep) {
+        const V a = load_row_vec<T, kVec>(in, int(c), nn, pad);
+        if constexpr (kBwd) {
+          acc += bwd_partial<T, kLog, kVec>(a, load_row_vec<T, kVec>(yin, int(c), nn, 0.f));
+        } else {
+          acc = MaxSumOp::combine(acc, vec_max_sum<T, kVec>(a));
+        }
+      }
+      const typename Op::V r = team_reduce<Op>(acc, tpr, 0, sm, slot, 1);
+      float k = 0.f;
+      if constexpr (!kBwd) k = kLog ? logf(r.s) : 1.f / r.s;
+      for (int64_t c = int64_t(threadIdx.x) * kVec; c < n; c += cstep) {
+        float f[kVec];
+        const V a = load_row_vec<T, kVec>(in, int(c), nn, pad);
+        if constexpr (kBwd) {
+          bwd_out<T, kLog, kVec>(a, load_row_vec<T, kVec>(yin, int(c), nn, 0.f), r, f);
+        } else {
+          fwd_out<T, kLog, kVec>(a, r.m, k, f);
+        }
+        store_row_vec<T, kVec>(out, int(c), nn, f);
+      }
+    }
+  }
+}
+
+// ---- launch plan ----------------------------------------------------------------------------------
+inline int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+inline int log2_of(int pow2) {
+  int s = 0;
+  while ((1 << s) < pow2) ++s;
+  return s;
+}
+
+// 16-byte vectors when every base pointer and (with more than one row) every row stride allows.
+template <typename T>
+bool can_vectorize(const SoftmaxParams& p) {
+  uintptr_t bits =
+      reinterpret_cast<uintptr_t>(p.in) | reinterpret_cast<uintptr_t>(p.y) | reinterpret_cast<uintptr_t>(p.out);
+  if (p.rows > 1) bits |= static_cast<uintptr_t>(p.in_stride | p.y_stride | p.out_stride) * sizeof(T);
+  return bits % 16 == 0;
+}
+
+struct Plan {
+  int tpr = 0;      // threads per row per CTA (0: the streaming kernel)
+  int iters = 1;    // vectors per thread
+  int cluster = 1;  // CTAs per row
+};
+
+// The launch plan (notes/softmax.md has the table):
+//   1. one CTA per row group: tpr = the power of two giving ~row_vecs vectors per thread (<= 512),
+//      iters = the power of two covering the row; problems under one wave of blocks (decode) take
+//      one vector per thread where 512 threads cover the row (the latency is one load + reduction).
+//   2. sm_90, row over max_iters·512 vectors: a cluster of C = ceil(row bytes / 32 KB) CTAs (<= 8)
+//      of 512 threads, iters = the power of two covering the row over C CTAs, C then trimmed.
+//   3. otherwise the streaming kernel.
+template <typename T, bool kBwd, int kVec>
+Plan make_plan(const SoftmaxParams& p) {
+  constexpr SoftmaxTuning tun = kBwd ? kBwdTuning : kFwdTuning;
+  const int max_iters = std::min(tun.max_iters, std::max(1, tune("sm_max_iters", tun.max_iters)));
+  const int team_cap = std::min(kMaxTeam, std::max(1, pow2_ceil(tune("sm_team", kMaxTeam))));
+  const int64_t nvec = ceil_div(p.n, kVec);
+  Plan pl;
+  if (tune("sm_stream", 0) != 0) return pl;
+  const int want = std::max(1, tune(kBwd ? "sm_bwd_vecs" : "sm_fwd_vecs", tun.row_vecs));
+  const int tpr = int(std::min<int64_t>(team_cap, pow2_ceil(ceil_div(nvec, want))));
+  const int iters = pow2_ceil(ceil_div(nvec, tpr));
+  if (iters <= max_iters) {
+    pl.tpr = tpr;
+    pl.iters = iters;
+    const int block = std::max(tpr, kMinBlock);
+    const int64_t units = ceil_div(p.rows, block / tpr);
+    if (iters > 1 && nvec <= team_cap && units < p.sm_count && tune("sm_small", 1) != 0) {
+      pl.tpr = pow2_ceil(nvec);  // decode: one vector per thread
+      pl.iters = 1;
+    }
+    return pl;
+  }
+  if (p.capability < 90 || tune("sm_clusters", 1) == 0) return pl;
+  const int64_t row_bytes = p.n * int64_t(sizeof(T));
+  const int slice = std::max(1024, tune("sm_slice", kClusterSliceBytes));
+  const int c0 = int(std::min<int64_t>(kMaxCluster, std::max<int64_t>(2, ceil_div(row_bytes, slice))));
+  const int it = pow2_ceil(ceil_div(nvec, int64_t(c0) * team_cap));
+  if (it > max_iters) return pl;
+  pl.tpr = team_cap;
+  pl.iters = it;
+  pl.cluster = int(ceil_div(nvec, int64_t(team_cap) * it));
+  return pl;
+}
+
+// Clusters resident at once for (kernel, cluster size, block), cached: 0 when the shape cannot run.
+inline int cached_active_clusters(const void* kernel, int cluster, int block, cudaLaunchConfig_t cfg) {
+  struct Key {
+    const void* k;
+    int c, b, v;
+  };
+  static std::mutex mu;
+  static std::vector<Key> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Key& e : cache)
+    if (e.k == kernel && e.c == cluster && e.b == block) return e.v;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    clusters = 0;
+  }
+  cache.push_back({kernel, cluster, block, clusters});
+  return clusters;
+}
+
+template <typename T, bool kLog, bool kBwd, int kVec>
+Status launch_stream(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
+  const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
+  Launch l(dim3(unsigned(grid)), dim3(kStreamTeam), 0, stream, pdl);
+  return launched(l(softmax_stream<T, kLog, kBwd, kVec>, p), "softmax (streaming)");
+}
+
+template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
+Status launch_regs(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_t stream) {
+  auto kernel = softmax_regs<T, kLog, kBwd, kVec, kIters>;
+  const int block = pl.cluster > 1 ? pl.tpr : std::max(pl.tpr, kMinBlock);
+  const int rpb = block / pl.tpr;
+  const int64_t units = std::min<int64_t>(ceil_div(p.rows, rpb), INT_MAX / pl.cluster);
+  const dim3 grid(unsigned(units * pl.cluster));
+  if (pl.cluster > 1) {
+    Launch probe(grid, dim3(block), 0, stream, false, pl.cluster);
+    if (cached_active_clusters(reinterpret_cast<const void*>(kernel), pl.cluster, block, probe.cfg) < 1)
+      return launch_stream<T, kLog, kBwd, kVec>(p, pdl, stream);  // no room for this cluster shape
+    Launch l(grid, dim3(block), 0, stream, pdl, pl.cluster);
+    return launched(l(kernel, p, log2_of(pl.tpr), pl.cluster), "softmax (cluster)");
+  }
+  SoftmaxParams q = p;  // at most one block per SM: the whole grid is resident, let the next kernel in
+  q.trigger = pdl && units <= p.sm_count;
+  Launch l(grid, dim3(block), 0, stream, pdl);
+  return launched(l(kernel, q, log2_of(pl.tpr), 1), "softmax");
+}
+
+template <typename T, bool kLog, bool kBwd, int kVec>
+Status with_vec(const SoftmaxParams& p, cudaStream_t stream) {
+  DeviceInfo dev;
+  dev.capability = p.capability;
+  const bool pdl = use_pdl(dev);
+  const Plan pl = make_plan<T, kBwd, kVec>(p);
+  switch (pl.tpr == 0 ? 0 : pl.iters) {
+    case 1:
+      return launch_regs<T, kLog, kBwd, kVec, 1>(p, pl, pdl, stream);
+    case 2:
+      return launch_regs<T, kLog, kBwd, kVec, 2>(p, pl, pdl, stream);
+    case 4:
+      return launch_regs<T, kLog, kBwd, kVec, 4>(p, pl, pdl, stream);
+    case 8:
+      return launch_regs<T, kLog, kBwd, kVec, 8>(p, pl, pdl, stream);
+    default:
+      return launch_stream<T, kLog, kBwd, kVec>(p, pdl, stream);
+  }
+}
+
+template <typename T, bool kLog, bool kBwd>
+Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
+  if (can_vectorize<T>(p)) return with_vec<T, kLog, kBwd, 16 / int(sizeof(T))>(p, stream);
+  return with_vec<T, kLog, kBwd, 1>(p, stream);
+}
+
+template <typename T>
+Status dispatch(bool log, bool bwd, const SoftmaxParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.n == 0) return Status::Ok();
+  if (log) return bwd ? dispatch_vec<T, true, true>(p, stream) : dispatch_vec<T, true, false>(p, stream);
+  return bwd ? dispatch_vec<T, false, true>(p, stream) : dispatch_vec<T, false, false>(p, stream);
+}
+
+}  // namespace softmax_detail
+
+// One definition per dtype, instantiated in softmax_<dtype>.cu.
+#define KF_SOFTMAX_DEFINE(T)                                                                       \
+  template <>                                                                                      \
+  Status launch_softmax<T>(bool log, bool backward, const SoftmaxParams& p, cudaStream_t stream) { \
+    return softmax_detail::dispatch<T>(log, backward, p, stream);                                  \
+  }
+
+}  // namespace kernelforge

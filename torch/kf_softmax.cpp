@@ -1,0 +1,110 @@
+// The PyTorch binding of the softmax family: kernelforge::softmax / log_softmax and their backward
+// ops (schemas: notes/interfaces.md). CUDA impl = our kernels, CPU impl = the float64 C++ reference,
+// Autograd = a C++ autograd function that saves the output y (both backward formulas need only y and
+// the incoming gradient). Fake impls are registered in Python (python/kernelforge/softmax.py). Every
+// check lives in the C++ core; this file converts tensors to views, allocates outputs and picks the
+// stream. The shared helpers (view, rows, needs_fallback, ...) are in kf_torch_util.h.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "kernelforge/softmax.h"
+#include "kf_torch_util.h"
+
+namespace kf = kernelforge;
+using at::Tensor;
+
+namespace {
+
+using namespace kftorch;
+
+const char* fwd_name(bool log) { return log ? "log_softmax" : "softmax"; }
+const char* bwd_name(bool log) { return log ? "log_softmax_backward" : "softmax_backward"; }
+
+// y = softmax(x) or log_softmax(x) over the last dimension; y is contiguous.
+Tensor softmax_impl(bool cuda, bool log, const Tensor& x_in) {
+  if (cuda && needs_fallback(fwd_name(log), x_in)) return softmax_impl(false, log, x_in.cpu()).to(x_in.device());
+  const Tensor x = rows(x_in);
+  Tensor y = at::empty(x.sizes(), x.options());
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    check(log ? kf::log_softmax(view(x), view(y), stream_of(x)) : kf::softmax(view(x), view(y), stream_of(x)));
+  } else {
+    check(log ? kf::ref::log_softmax(view(x), view(y)) : kf::ref::softmax(view(x), view(y)));
+  }
+  return y;
+}
+
+// dx from dy (= dL/dy) and the forward's output y; dx is contiguous.
+Tensor softmax_backward_impl(bool cuda, bool log, const Tensor& dy_in, const Tensor& y_in) {
+  if (cuda && needs_fallback(bwd_name(log), y_in))
+    return softmax_backward_impl(false, log, dy_in.cpu(), y_in.cpu()).to(y_in.device());
+  const Tensor dy = rows(dy_in), y = rows(y_in);
+  Tensor dx = at::empty(y.sizes(), y.options());
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(y.device());
+    check(log ? kf::log_softmax_backward(view(dy), view(y), view(dx), stream_of(y))
+              : kf::softmax_backward(view(dy), view(y), view(dx), stream_of(y)));
+  } else {
+    check(log ? kf::ref::log_softmax_backward(view(dy), view(y), view(dx))
+              : kf::ref::softmax_backward(view(dy), view(y), view(dx)));
+  }
+  return dx;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Saves the output y (not x): dx = y (g − Σ g y) and dx = g − exp(y) Σ g need nothing else, and y
+// is the tensor the caller keeps anyway.
+template <bool kLog>
+class SoftmaxFn : public torch::autograd::Function<SoftmaxFn<kLog>> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&)>(kLog ? "kernelforge::log_softmax" : "kernelforge::softmax");
+    Tensor y = op.call(x);
+    ctx->save_for_backward({y});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward(fwd_name(kLog));
+    auto saved = ctx->get_saved_variables();
+    static auto op = op_handle<Tensor(const Tensor&, const Tensor&)>(kLog ? "kernelforge::log_softmax_backward"
+                                                                          : "kernelforge::softmax_backward");
+    return {op.call(dense(grads[0]), saved[0])};
+  }
+};
+
+Tensor softmax_autograd(const Tensor& x) { return SoftmaxFn<false>::apply(x); }
+Tensor log_softmax_autograd(const Tensor& x) { return SoftmaxFn<true>::apply(x); }
+
+template <bool kCuda>
+void register_impls(torch::Library& m) {
+  m.impl("softmax", [](const Tensor& x) { return softmax_impl(kCuda, false, x); });
+  m.impl("log_softmax", [](const Tensor& x) { return softmax_impl(kCuda, true, x); });
+  m.impl("softmax_backward",
+         [](const Tensor& dy, const Tensor& y) { return softmax_backward_impl(kCuda, false, dy, y); });
+  m.impl("log_softmax_backward",
+         [](const Tensor& dy, const Tensor& y) { return softmax_backward_impl(kCuda, true, dy, y); });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def("softmax(Tensor x) -> Tensor", tags);
+  m.def("softmax_backward(Tensor dy, Tensor y) -> Tensor", tags);
+  m.def("log_softmax(Tensor x) -> Tensor", tags);
+  m.def("log_softmax_backward(Tensor dy, Tensor y) -> Tensor", tags);
+}
+
+TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) { register_impls<true>(m); }
+TORCH_LIBRARY_IMPL(kernelforge, CPU, m) { register_impls<false>(m); }
+TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
+  m.impl("softmax", &softmax_autograd);
+  m.impl("log_softmax", &log_softmax_autograd);
+}
