@@ -18,6 +18,8 @@
 #   KF_DEADLINE=570            seconds for the whole run (the bench stops starting cases in time)
 #   KF_BENCH_ARGS="..."        extra arguments for `kforge bench` (e.g. "rms_norm --quick")
 #   KF_CHECK_ARGS="..."        extra arguments for `kforge check`
+#   KF_CTEST_ARGS="..."        extra arguments for ctest (e.g. "-R 'softmax|ce_'")
+#   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything)
 #   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default: the norm GPU tests, the
 #                              activation GPU tests of the odd-row-stride and mixed-alignment layouts,
 #                              and the rope GPU tests of two dtype / cos-sin-dtype pairs)
@@ -173,14 +175,14 @@ want build && run_step build 330 '
 
 if want ctest; then
   if tests_built; then
-    run_step ctest 120 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 110"
+    run_step ctest 120 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 110 ${KF_CTEST_ARGS:-}"
   else
     ROWS+=("ctest|SKIP (tests not built)|0")
   fi
 fi
 
 want pytest && run_step pytest 180 \
-  "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest tests/python -q -rfE -p no:cacheprovider"
+  "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} -q -rfE -p no:cacheprovider"
 
 want check && run_step check 120 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
 

@@ -53,13 +53,15 @@ NORM_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "ada_norm")
 ACT_OPS = ("silu_and_mul", "swiglu", "gelu_and_mul", "geglu", "gelu")
 ROPE_OPS = ("apply_rope",)
 SOFTMAX_OPS = ("softmax", "log_softmax")
-OPS = NORM_OPS + ACT_OPS + ROPE_OPS + SOFTMAX_OPS
+LOSS_OPS = ("cross_entropy", "fused_linear_cross_entropy")
+OPS = NORM_OPS + ACT_OPS + ROPE_OPS + SOFTMAX_OPS + LOSS_OPS
 # No op list: every norm op, plus one activation op per kernel family that has a Liger peer (silu
 # gated; gelu-tanh gated), then apply_rope. All five activation ops add ~2 min to the GPU script,
 # over its budget.
 DEFAULT_OPS = NORM_OPS + ("silu_and_mul", "geglu") + ROPE_OPS
 OP_GROUPS = {"all": OPS, "norm": NORM_OPS, "activation": ACT_OPS, "rope": ROPE_OPS}
 OP_GROUPS["softmax"] = SOFTMAX_OPS
+OP_GROUPS["loss"] = LOSS_OPS
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
 PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger")
 PEERS = PROVIDERS[1:]
@@ -71,6 +73,22 @@ LONG_ROW_SHAPES = ((4096, 65536), (2048, 131072))
 LONG_ROW_OPS = ("rms_norm", "layer_norm")
 # softmax acceptance: 4096 rows of 128 K (256 KB bf16 rows: the cluster path on sm_90)
 SOFTMAX_LONG_ROW_SHAPES = ((4096, 131072),)
+# cross_entropy: tokens x vocab (Llama 3's 128256, Llama 2 / Mistral's 32000), the issue's shapes
+
+
+class FlceShape(NamedTuple):
+    """fused_linear_cross_entropy case: tokens x hidden x vocab, written t{T}h{H}v{V}."""
+    t: int
+    h: int
+    v: int
+
+    def __str__(self) -> str:
+        return f"t{self.t}h{self.h}v{self.v}"
+
+
+CE_SHAPES = ((4096, 128256), (8192, 32000))
+FLCE_SHAPES = (FlceShape(8192, 4096, 128256),)
+FLCE_SHAPE_RE = re.compile(r"t(\d+)h(\d+)v(\d+)")
 
 
 class RopeShape(NamedTuple):
@@ -113,6 +131,10 @@ OP_PROVIDERS = {
     # softmax: the eager model code is torch.softmax itself (= torch_native); Liger has softmax only
     "softmax": ("kernelforge", "torch_native", "compile", "liger"),
     "log_softmax": ("kernelforge", "torch_native", "compile"),
+    # loss: eager = the HF causal-LM loss path (F.cross_entropy of the logits upcast to float32, after
+    # the lm_head GEMM for the fused op); Liger's cross-entropy and fused linear cross-entropy
+    "cross_entropy": ("kernelforge", "eager", "compile", "liger"),
+    "fused_linear_cross_entropy": ("kernelforge", "eager", "compile", "liger"),
 }
 # The activation variant each bench op runs (approximate, gate_first): gelu_and_mul is diffusers'
 # GEGLU on the fused projection (exact GELU, gate second); geglu the tanh GeGLU (like-for-like
@@ -152,6 +174,14 @@ ROW_TENSORS = {
     ("softmax", "fwdbwd"): 5,
     ("log_softmax", "fwd"): 2,
     ("log_softmax", "fwdbwd"): 5,
+    # cross_entropy, in units of T*V logits: fwd reads them once; fwd+bwd reads them twice and writes
+    # the gradient once (the anchors' count)
+    ("cross_entropy", "fwd"): 1,
+    ("cross_entropy", "fwdbwd"): 3,
+    # fused_linear_cross_entropy, in units of T*H + V*H (hidden and weight): read once (fwd); read
+    # twice and both gradients written (fwd+bwd). Its speed is in TFLOP/s (GEMM-bound).
+    ("fused_linear_cross_entropy", "fwd"): 1,
+    ("fused_linear_cross_entropy", "fwdbwd"): 3,
 }
 # Small terms, in units of `param_rows * N` elements (param_rows = 1 for weight/bias, B for the
 # [B, 1, N] scale/shift): fwd reads the parameters, bwd reads what dx needs and writes the grads.
@@ -169,7 +199,7 @@ PARAM_TENSORS = {
     **{(op, m): 0 for op in ACT_OPS for m in ("fwd", "fwdbwd")},  # no parameters
     ("apply_rope", "fwd"): 2,      # cos, sin
     ("apply_rope", "fwdbwd"): 4,   # cos, sin (fwd) + cos, sin (bwd)
-    **{(op, m): 0 for op in SOFTMAX_OPS for m in ("fwd", "fwdbwd")},  # no parameters
+    **{(op, m): 0 for op in SOFTMAX_OPS + LOSS_OPS for m in ("fwd", "fwdbwd")},  # no parameters
 }
 # Nominal floating-point operations per element of x (the formula's arithmetic, fp32); apply_rope
 # per element of q and k.
@@ -199,6 +229,8 @@ FLOPS_PER_ELT = {
     ("softmax", "fwdbwd"): 11,     # + g*y sum, g-dot, *y
     ("log_softmax", "fwd"): 6,     # max, x-m, *log2e, ex2, sum, -log s
     ("log_softmax", "fwdbwd"): 10,  # + sum g, *log2e, ex2, fma
+    ("cross_entropy", "fwd"): 5,   # max, *log2e, sub, ex2, sum
+    ("cross_entropy", "fwdbwd"): 10,  # + fma, ex2, *g, -eps/V, target select
 }
 
 
@@ -213,11 +245,13 @@ def ada_batch(rows: int) -> int:
 
 def shape_label(dims: tuple) -> str:
     """How a case's shape is written: ROWSxHIDDEN, or a RopeShape's b..s..h../..d.. form."""
-    return str(dims) if isinstance(dims, RopeShape) else f"{dims[0]}x{dims[1]}"
+    return str(dims) if isinstance(dims, (RopeShape, FlceShape)) else f"{dims[0]}x{dims[1]}"
 
 
 def case_rows(dims: tuple) -> int:
     """Rows of a case (apply_rope: tokens, B*S); the decode-sized modes go up to DECODE_MAX_ROWS."""
+    if isinstance(dims, FlceShape):
+        return dims.t
     return dims.b * dims.s if isinstance(dims, RopeShape) else dims[0]
 
 
@@ -227,6 +261,8 @@ def tensor_elements(op: str, dims: tuple) -> tuple[int, int]:
     if op in ROPE_OPS:
         b, s, hq, hk, d = dims
         return b * s * (hq + hk) * d, b * s * d
+    if op == "fused_linear_cross_entropy":
+        return (dims.t + dims.v) * dims.h, 0
     rows, hidden = dims
     param_rows = ada_batch(rows) if op == "ada_norm" else 1
     return rows * hidden, param_rows * hidden
@@ -239,6 +275,8 @@ def traffic_bytes(op: str, mode: str, dims: tuple, elt: int) -> int:
 
 
 def flop_count(op: str, mode: str, dims: tuple) -> int:
+    if op == "fused_linear_cross_entropy":  # GEMMs of 2*T*H*V: logits (fwd); + dhidden, dweight (bwd)
+        return 2 * dims.t * dims.h * dims.v * (3 if base_mode(mode) == "fwdbwd" else 1)
     return FLOPS_PER_ELT[(op, base_mode(mode))] * tensor_elements(op, dims)[0]
 
 
@@ -319,6 +357,8 @@ EAGER = {
     "gelu_and_mul": eager_gelu_and_mul,
     "geglu": eager_geglu,
     "gelu": eager_gelu,
+    "cross_entropy": lambda t: (F.cross_entropy(t["logits"].float(), t["target"]),),
+    "fused_linear_cross_entropy": lambda t: (F.cross_entropy((t["hidden"] @ t["weight"].t()).float(), t["target"]),),
     "softmax": lambda t: (torch.softmax(t["x"], -1),),
     "log_softmax": lambda t: (torch.log_softmax(t["x"], -1),),
 }
@@ -363,6 +403,10 @@ def _kf():
 def kf_provider(op: str) -> Callable:
     kf = _kf()
     eps = EPS.get(op)  # norm ops only
+    if op == "cross_entropy":
+        return lambda t: (kf.cross_entropy(t["logits"], t["target"]),)
+    if op == "fused_linear_cross_entropy":
+        return lambda t: (kf.fused_linear_cross_entropy(t["hidden"], t["weight"], t["target"]),)
     if op == "rms_norm":
         return lambda t: (kf.rms_norm(t["x"], t["weight"], eps),)
     if op == "add_rms_norm":
@@ -427,7 +471,23 @@ def liger_softmax(op: str) -> Callable | None:
     return (lambda t: (LigerSoftmaxFunction.apply(t["x"]),)) if op == "softmax" else None
 
 
+def liger_loss(op: str) -> Callable | None:
+    """Liger's cross-entropy / fused linear cross-entropy (liger_kernel.transformers.functional). Its
+    cross-entropy computes the gradient in the forward and stores it in the logits buffer (Liger's
+    design): later timed calls then run on gradient values, which changes no timing; each mode's
+    correctness check runs first, and Liger runs last of the providers."""
+    try:
+        from liger_kernel.transformers import functional as lf  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return None
+    if op == "cross_entropy":
+        return lambda t: (lf.liger_cross_entropy(t["logits"], t["target"]),)
+    return lambda t: (lf.liger_fused_linear_cross_entropy(t["hidden"], t["weight"], t["target"]),)
+
+
 def liger_provider(op: str) -> Callable | None:
+    if op in LOSS_OPS:
+        return liger_loss(op)
     if op in SOFTMAX_OPS:
         return liger_softmax(op)
     if op in ACT_OPS:
@@ -483,6 +543,8 @@ GRAD_INPUTS = {
     "gelu": ("x",),
     "apply_rope": ("q", "k"),
     "softmax": ("x",),
+    "cross_entropy": ("logits",),
+    "fused_linear_cross_entropy": ("hidden", "weight"),
     "log_softmax": ("x",),
 }
 
@@ -517,6 +579,17 @@ def make_inputs(op: str, dims: tuple, dtype, device, seed: int = 0) -> dict:
         # at position 0, where sin = 0 and the rotation is the identity)
         start = torch.randint(0, 4096, (b, 1), generator=g, device=device)
         t["cos"], t["sin"] = hf_rope_tables(start + torch.arange(s, device=device), d, dtype)
+        return t
+    if op in LOSS_OPS:  # targets: uniform classes, every 20th token ignored (-100); dy = 1 (a loss)
+        tokens, vocab = (dims.t, dims.v) if isinstance(dims, FlceShape) else dims
+        if op == "cross_entropy":
+            t["logits"] = rnd(tokens, vocab, scale=2.0)
+        else:  # hidden ~ N(0, 1), weight ~ N(0, 1/H): logits of std ~1
+            t["hidden"] = rnd(tokens, dims.h)
+            t["weight"] = rnd(vocab, dims.h, scale=dims.h ** -0.5)
+        t["target"] = torch.randint(0, vocab, (tokens,), generator=g, device=device)
+        t["target"][::20] = -100
+        t["dy"] = torch.ones((), device=device)
         return t
     rows, hidden = dims
     if op in SOFTMAX_OPS:  # logits of std 2 (exp(x - m) spans a few decades)
@@ -750,7 +823,7 @@ def result_names(op, mode):
 
 CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "tflops",
               "pct_of_copy_bw", "speedup_vs_best_peer", "gpu", "torch_version", "commit",
-              "copy_same_bytes_gbps", "pct_of_copy_same_bytes")
+              "copy_same_bytes_gbps", "pct_of_copy_same_bytes", "peak_extra_mib")
 
 
 @dataclass
@@ -762,6 +835,7 @@ class Result:
     provider: str
     ms: float
     note: str = ""
+    peak_mib: float = float("nan")  # loss ops: peak memory of one call above inputs and outputs
 
     @property
     def shape(self) -> str:
@@ -804,6 +878,13 @@ def parse_shapes(text: str) -> list[tuple]:
         item = item.strip().lower()
         if not item:
             continue
+        m = FLCE_SHAPE_RE.fullmatch(item)
+        if m:
+            fs = FlceShape(*(int(v) for v in m.groups()))
+            if min(fs) == 0:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
+            shapes.append(fs)
+            continue
         m = ROPE_SHAPE_RE.fullmatch(item)
         if m:
             rs = RopeShape(*(int(v) for v in m.groups()))
@@ -834,6 +915,10 @@ def _csv_list(allowed, what):
 
 
 def default_shapes(op: str) -> list[tuple]:
+    if op == "cross_entropy":
+        return list(CE_SHAPES)
+    if op == "fused_linear_cross_entropy":
+        return list(FLCE_SHAPES)
     if op in ROPE_OPS:
         return list(ROPE_SHAPES)
     if op in SOFTMAX_OPS:
@@ -846,7 +931,11 @@ def op_shapes(op: str, shapes: list | None) -> list[tuple]:
     the others), or its defaults when --shapes is not given."""
     if shapes is None:
         return default_shapes(op)
-    return [sh for sh in shapes if isinstance(sh, RopeShape) == (op in ROPE_OPS)]
+    def kind(sh):
+        return "rope" if isinstance(sh, RopeShape) else "flce" if isinstance(sh, FlceShape) else "rows"
+
+    want = "rope" if op in ROPE_OPS else "flce" if op == "fused_linear_cross_entropy" else "rows"
+    return [sh for sh in shapes if kind(sh) == want]
 
 
 def plan_cases(args) -> list[tuple[str, tuple, str]]:
@@ -856,7 +945,7 @@ def plan_cases(args) -> list[tuple[str, tuple, str]]:
     shape, ... so that a cut run has covered all of a family's ops at the leading shapes (summary
     and plots regroup by op)."""
     cases = []
-    for family in (NORM_OPS, ACT_OPS, ROPE_OPS, SOFTMAX_OPS):
+    for family in (NORM_OPS, ACT_OPS, ROPE_OPS, SOFTMAX_OPS, LOSS_OPS):
         ops = [op for op in args.ops if op in family]
         shapes: list = []
         for op in ops:
@@ -927,7 +1016,8 @@ class CsvSink:
             self.w.writerow([r.op, r.mode, r.shape, r.dtype, r.provider, fmt_ms(r.ms),
                              _num(d["gbps"], 1), _num(d["tflops"], 3), _num(d["pct"], 1),
                              _num(d["speedup"], 3), self.info.gpu, self.info.torch_version,
-                             self.info.commit, _num(d["size_copy"], 1), _num(d["pct_size"], 1)])
+                             self.info.commit, _num(d["size_copy"], 1), _num(d["pct_size"], 1),
+                             _num(r.peak_mib, 1)])
         self.f.flush()
 
     def close(self):
@@ -958,7 +1048,7 @@ def run_case(op, dims, dt, args, timer, info, providers, log) -> list[list[Resul
         group = []
         for name, fn in fns.items():
             note = ""
-            ms = float("nan")
+            ms = peak = float("nan")
             try:
                 if isinstance(fn, Exception):
                     raise fn
@@ -975,12 +1065,14 @@ def run_case(op, dims, dt, args, timer, info, providers, log) -> list[list[Resul
                             note = (f"MISMATCH vs kernelforge: {result_names(op, bmode)[worst]} "
                                     f"rel_l2={errs[worst]:.2e} > {tol:.0e}")
                 ms = time_one(fn, t, op, mode, timer)
+                if op in LOSS_OPS and mode in ("fwd", "fwdbwd") and device.type == "cuda":
+                    peak = peak_extra_mib(fn, t, op, mode, device)
             except Exception as e:  # noqa: BLE001  (a failing provider is recorded, not fatal)
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 note = f"FAILED: {type(e).__name__}: {msg[:160]}"
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-            res = Result(op, mode, dims, dt, name, ms, note)
+            res = Result(op, mode, dims, dt, name, ms, note, peak if op in LOSS_OPS else float("nan"))
             group.append(res)
             if note:
                 info.problems.append(((op, res.shape, dt, name, note), mode))
@@ -993,6 +1085,30 @@ def run_case(op, dims, dt, args, timer, info, providers, log) -> list[list[Resul
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return groups
+
+
+def peak_extra_mib(fn, t, op, mode, device) -> float:
+    """Peak memory of one call, in MiB, above what existed before it (the inputs) and what it leaves
+    (its outputs; for fwdbwd the gradients of GRAD_INPUTS): the memory cost of the op itself, e.g.
+    the [tokens, vocab] logits and their gradient of an eager loss."""
+    names = GRAD_INPUTS[op]
+    for n in names:
+        t[n].grad = None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    if mode == "fwdbwd":
+        outs = fn(t)
+        outs[0].backward(t["dy"])
+        kept = [t[n].grad for n in names] + [o for o in outs]
+    else:
+        with torch.no_grad():
+            kept = list(fn(t))
+    torch.cuda.synchronize(device)
+    extra = torch.cuda.max_memory_allocated(device) - base - sum(k.numel() * k.element_size() for k in kept)
+    for n in names:
+        t[n].grad = None
+    return extra / 2**20
 
 
 def time_one(fn, t, op, mode, timer: Timer) -> float:
@@ -1073,6 +1189,23 @@ def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
                      f"{(f(kfd['speedup'], 2) + 'x') if math.isfinite(kfd['speedup']) else '-':>8} "
                      f"{f(kfd['size_copy'], 0):>9} {f(kfd['pct_size'], 1):>5}")
     return lines
+
+
+def memory_lines(groups: list[list[Result]]) -> list[str]:
+    """Loss ops: peak memory above inputs and outputs per provider, and kernelforge's share of eager's."""
+    lines = []
+    for group in groups:
+        if not group or group[0].op not in LOSS_OPS or group[0].mode not in ("fwd", "fwdbwd"):
+            continue
+        r0 = group[0]
+        by = {r.provider: r.peak_mib for r in group if math.isfinite(r.peak_mib)}
+        if not by:
+            continue
+        share = (f" (kernelforge = {100 * by['kernelforge'] / by['eager']:.1f}% of eager)"
+                 if by.get("kernelforge") is not None and by.get("eager") else "")
+        lines.append(f"{r0.op} {r0.mode} {r0.shape} {r0.dtype}: "
+                     + ", ".join(f"{k} {v:.0f} MiB" for k, v in by.items()) + share)
+    return (["", "peak memory above inputs and outputs (one call):"] + lines) if lines else []
 
 
 PROVIDER_COLORS = {"kernelforge": "#d62728", "eager": "#7f7f7f", "torch_native": "#1f77b4",
@@ -1280,6 +1413,7 @@ def main(args: argparse.Namespace) -> int:
              f"D2D copy {info.copy_gbps:.0f} GB/s; speedup = best peer time / kernelforge time; "
              "copy@size = GB/s of a copy of the same bytes timed the same way, % = kernelforge's share of it", ""]
     lines += summary_lines(op_order(all_groups, args.ops), info)
+    lines += memory_lines(op_order(all_groups, args.ops))
     if info.problems:
         lines += ["", "problems:"] + [f"  {p}" for p in merge_problems(info.problems)]
     lines += ["", f"csv: {csv_path}", f"png: {', '.join(pngs) or '-'}",
