@@ -105,6 +105,10 @@ inline double load(const void* base, DType t, int64_t i) {
       return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
     case DType::kBFloat16:
       return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kInt32:  // integer tensors (indices) hold exact integers as doubles
+      return static_cast<double>(static_cast<const int32_t*>(base)[i]);
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
     default:
       return std::nan("");
   }
@@ -122,6 +126,12 @@ inline void store(void* base, DType t, int64_t i, double v) {
       break;
     case DType::kBFloat16:
       static_cast<uint16_t*>(base)[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kInt32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::kInt64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
       break;
     default:
       break;
@@ -191,6 +201,11 @@ class Rng {
   // uniform in [lo, hi)
   double uniform(double lo, double hi) {
     return lo + (hi - lo) * static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
+  }
+  // normal with mean 0 and standard deviation `sigma` (Box-Muller; 1 - u keeps the log finite)
+  double normal(double sigma = 1.0) {
+    const double u = 1.0 - uniform(0.0, 1.0), v = uniform(0.0, 1.0);
+    return sigma * std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v);
   }
 
  private:
