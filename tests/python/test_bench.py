@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import types
 
 import pytest
@@ -127,7 +128,8 @@ def test_rope_tables_match_llama_rotary_embedding():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-@pytest.mark.parametrize("argv", [["bench"], ["bench", "apply_rope"], ["check"], ["check", "rope"]])
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "apply_rope"], ["check"], ["check", "rope"],
+                                  ["check", "cross_entropy"], ["check", "loss"]])
 def test_no_gpu_fails_clearly(argv, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -206,3 +208,80 @@ def test_softmax_ops_in_the_plan():
     args.ops = ["rms_norm", "softmax"]
     cases = bench.plan_cases(args)
     assert cases[-1] == ("softmax", (4096, 131072), "bf16")
+
+
+def test_check_ops_and_groups():
+    """The loss ops are in the default list (last) and selectable by name or as the group "loss"."""
+    assert check.OPS[-2:] == ("cross_entropy", "fused_linear_cross_entropy")
+    assert check.op_shapes("cross_entropy") == check.CE_SHAPES
+    assert check.op_shapes("fused_linear_cross_entropy") == check.FLCE_SHAPES
+    assert check.op_shapes("rms_norm") == check.SHAPES
+
+
+def test_errors_nan_rule():
+    """NaN never passes, except where the reference is NaN too (then the positions must match)."""
+    nan = float("nan")
+    assert check.errors(torch.tensor(nan), torch.tensor(nan, dtype=torch.float64)) == (0.0, 0.0)
+    assert check.errors(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.0])) == (0.0, 0.0)
+    assert check.errors(torch.tensor([nan, 1.5]), torch.tensor([nan, 1.0]))[0] == pytest.approx(0.5)
+    assert check.errors(torch.tensor([0.0, 1.0]), torch.tensor([nan, 1.0]))[0] == math.inf  # NaN expected
+    assert check.errors(torch.tensor([nan, 1.0]), torch.tensor([1.0, 1.0]))[0] == math.inf  # NaN got
+    assert check.errors(torch.tensor([nan, nan]), torch.tensor([nan, 1.0]))[0] == math.inf
+
+
+CE_CPU_SHAPES = {"cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7))}
+
+
+def _ce_tally(kf, op, dtype):
+    tally = check.Tally()
+    for shape in CE_CPU_SHAPES[op]:
+        for v in check.VARIANTS[op]:
+            check.check_case(kf, op, shape, v, dtype, torch.device("cpu"), tally)
+    return tally
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("op", ["cross_entropy", "fused_linear_cross_entropy"])
+def test_check_ce_cpu(kf, op, dtype):
+    tally = _ce_tally(kf, op, dtype)
+    assert tally.cases == 2 * len(check.VARIANTS[op])
+    assert not tally.failures, tally.failures[:4]
+
+
+@pytest.mark.parametrize("broken", ["label_smoothing", "z_loss", "softcap", "all_ignored_zero"])
+def test_check_ce_catches(kf, broken):
+    """The oracles catch a dropped option, and a mean over no valid rows that is not NaN."""
+
+    def cross_entropy(logits, target, **kw):
+        if broken == "label_smoothing":
+            kw["label_smoothing"] = 0.0
+        if broken == "z_loss":
+            kw["z_loss_scale"] = 0.0
+        if broken == "softcap":
+            kw["softcap"] = None
+        loss, lse = kf.cross_entropy(logits, target, **kw)
+        if broken == "all_ignored_zero":
+            loss = torch.nan_to_num(loss)
+        return loss, lse
+
+    tally = _ce_tally(types.SimpleNamespace(cross_entropy=cross_entropy), "cross_entropy", torch.float32)
+    want = {"label_smoothing": "ls=0.1", "z_loss": "z=0.0001", "softcap": "softcap=30",
+            "all_ignored_zero": "all_ignored"}[broken]
+    assert tally.failures
+    assert all(want in f for f in tally.failures), tally.failures[:4]
+
+
+@pytest.mark.parametrize("broken", ["bias_dropped", "weight_grad_scaled"])
+def test_check_flce_catches(kf, broken):
+    def fused_linear_cross_entropy(hidden, weight, target, bias=None, **kw):
+        if broken == "bias_dropped" and bias is not None:
+            bias = bias * 0
+        if broken == "weight_grad_scaled":  # the forward is right, the weight gradient is 1.01x
+            weight = weight * 1.01 - (weight * 0.01).detach()
+        return kf.fused_linear_cross_entropy(hidden, weight, target, bias, **kw)
+
+    tally = _ce_tally(types.SimpleNamespace(fused_linear_cross_entropy=fused_linear_cross_entropy),
+                      "fused_linear_cross_entropy", torch.float32)
+    assert tally.failures
+    if broken == "weight_grad_scaled":
+        assert all("dweight vs" in f for f in tally.failures), tally.failures[:4]
