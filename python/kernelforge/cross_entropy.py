@@ -140,11 +140,14 @@ def fused_linear_cross_entropy(
 
     ``hidden [..., H]``, ``weight [V, H]`` (e.g. ``lm_head.weight``), ``bias [V]`` or None,
     ``target [...]`` int64. Tokens are processed in chunks (``chunk_tokens``; 0 = chosen from free
-    memory, at most 512 MiB of logits per chunk): per chunk one cuBLAS GEMM for the logits, our
+    memory, at most 1 GiB of logits per chunk): per chunk one cuBLAS GEMM for the logits, our
     cross-entropy kernels, and, when gradients are needed, the gradient written over the chunk's
     logits and two more GEMMs for the gradients of hidden and weight. The loss is float32 (as the
     HF loss, which upcasts the logits): a scalar for "mean"/"sum", ``target``'s shape for "none".
-    Gradients of hidden, weight and bias.
+    Gradients of hidden, weight and bias. For "mean"/"sum" they are computed in the forward (the
+    chunk's logits are not needed again) and scaled by the loss gradient in the backward; a second
+    backward through the same graph (``retain_graph=True``) is an error. "none" recomputes the
+    chunks in the backward (one more GEMM per chunk).
     """
     red = _reduction(reduction)
     if hidden.dim() < 1 or tuple(target.shape) != tuple(hidden.shape[:-1]):

@@ -332,3 +332,18 @@ def test_flce_memory_no_full_logits(kf):
     chunk = 512 * v * 2
     assert extra < 2 * chunk + (8 << 20), f"extra peak {extra / 2**20:.1f} MiB vs chunk {chunk / 2**20:.1f} MiB"
     assert extra < t * v * 4 / 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flce_backward_scaling_and_retain_graph(kf, device):
+    """The loss gradient scales the gradients computed in the forward; a second backward through the
+    same graph is a clear error (the saved gradients were scaled in place), not a wrong answer."""
+    h = R.rand((9, 16), torch.float32, device).requires_grad_()
+    w = R.rand((50, 16), torch.float32, device, scale=0.3).requires_grad_()
+    tg = targets(9, 50, device)
+    loss = kf.fused_linear_cross_entropy(h, w, tg, reduction="sum")
+    (gh,) = torch.autograd.grad(loss * 3.0, h, retain_graph=True)
+    (ge,) = torch.autograd.grad(F.cross_entropy(h @ w.t(), tg, reduction="sum") * 3.0, h)
+    torch.testing.assert_close(gh, ge, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        torch.autograd.grad(loss, h)

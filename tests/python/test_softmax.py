@@ -73,17 +73,22 @@ LAYOUTS = ["rows_strided", "rows_strided_odd", "unaligned"]
 @pytest.mark.parametrize("op", S.OPS)
 def test_layouts(kf, op, n, layout, device, dtype):
     """Row-strided views (big[..., :N]) and base pointers one element into a buffer: forward and
-    gradient equal those of the contiguous input."""
+    gradient match those of the contiguous input. Misaligned rows take the one-element path, whose
+    float32 sums run in another order than the 16-byte path's: equal within the dtype tolerance,
+    bit-equal only where both take the same path (the aligned row-strided view)."""
     x = S.logits((5, 3, n), dtype, device)
     xv = R.with_layout(x, layout).requires_grad_()
     xc = x.clone().requires_grad_()
     yv = check_forward(kf, op, xv, msg=layout)
     yc = S.run(kf, op, xc)
-    assert torch.equal(yv, yc)
     g = R.rand(x.shape, dtype, device)
     yv.backward(R.with_layout(g, layout))
     yc.backward(g)
-    assert torch.equal(xv.grad, xc.grad), f"{op} dx ({layout}) differs from contiguous"
+    if layout == "rows_strided":
+        assert torch.equal(yv, yc) and torch.equal(xv.grad, xc.grad), f"{op} ({layout}) differs from contiguous"
+    else:
+        R.assert_close(yv, yc.detach(), dtype, msg=f"{op} y ({layout}) vs contiguous")
+        R.assert_close(xv.grad, xc.grad.double(), dtype, grad=True, msg=f"{op} dx ({layout}) vs contiguous")
 
 
 def test_transposed_last_dim(kf):
