@@ -175,7 +175,7 @@ want build && run_step build 330 '
 
 if want ctest; then
   if tests_built; then
-    run_step ctest 120 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 110 ${KF_CTEST_ARGS:-}"
+    run_step ctest 240 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 200 ${KF_CTEST_ARGS:-}"
   else
     ROWS+=("ctest|SKIP (tests not built)|0")
   fi
