@@ -203,22 +203,39 @@ Tensor chunk_logits(const Tensor& hc, const Tensor& weight, const OptTensor& bia
   return bias.has_value() && bias->defined() ? at::addmm(*bias, hc, weight.t()) : at::mm(hc, weight.t());
 }
 
-// Gradient GEMMs of one chunk whose logits buffer holds dlogits.
-void chunk_grads(const Tensor& dl, const Tensor& hc, const Tensor& weight, int64_t c0, bool first, Tensor dh, Tensor dw,
-                 Tensor db_acc) {
-  if (dh.defined()) {
-    Tensor dh_c = dh.narrow(0, c0, hc.size(0));
-    at::mm_out(dh_c, dl, weight);
+// The gradients of hidden, weight and bias, accumulated chunk by chunk from the chunk's dlogits
+// (held in its logits buffer). dweight is written by the first chunk's GEMM (beta = 0), so it is
+// only zero-filled when there is no chunk at all (0 tokens); dbias sums in float32.
+struct FlceGrads {
+  Tensor dh, dw, db_acc;
+  FlceGrads(const Tensor& hidden, const Tensor& weight, const OptTensor& bias, bool gh, bool gw, bool gb) {
+    if (gh) dh = at::empty(hidden.sizes(), hidden.options());
+    if (gw)
+      dw = hidden.size(0) > 0 ? at::empty(weight.sizes(), weight.options())
+                              : at::zeros(weight.sizes(), weight.options());
+    if (gb && bias.has_value() && bias->defined())
+      db_acc = at::zeros({weight.size(0)}, hidden.options().dtype(at::kFloat));
   }
-  if (dw.defined()) {
-    if (first) {
-      at::mm_out(dw, dl.t(), hc);
-    } else {
-      dw.addmm_(dl.t(), hc);
+  void add_chunk(const Tensor& dl, const Tensor& hc, const Tensor& weight, int64_t c0) {
+    if (dh.defined()) {
+      Tensor dh_c = dh.narrow(0, c0, hc.size(0));
+      at::mm_out(dh_c, dl, weight);
     }
+    if (dw.defined()) {
+      if (c0 == 0) {
+        at::mm_out(dw, dl.t(), hc);
+      } else {
+        dw.addmm_(dl.t(), hc);
+      }
+    }
+    if (db_acc.defined()) db_acc.add_(at::sum(dl, {0}, false, at::kFloat));
   }
-  if (db_acc.defined()) db_acc.add_(at::sum(dl, {0}, false, at::kFloat));
-}
+  // (dhidden, dweight, dbias); absent ones are empty [0] tensors, as the ops return them
+  std::tuple<Tensor, Tensor, Tensor> finish(const Tensor& hidden, const OptTensor& bias) const {
+    auto or_empty = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
+    return {or_empty(dh), or_empty(dw), db_acc.defined() ? db_acc.to(bias->scalar_type()) : or_empty(Tensor())};
+  }
+};
 
 // returns (loss, lse, dhidden, dweight, dbias); the gradients are empty unless computed here
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tensor& hidden, const Tensor& weight,
@@ -232,16 +249,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tenso
   TORCH_CHECK(reduction >= 0 && reduction <= 2, op, ": reduction must be none (0), mean (1) or sum (2), got ",
               reduction);
   const bool has_bias = bias.has_value() && bias->defined();
-  const int64_t tokens = hidden.size(0), vocab = weight.size(0);
+  const int64_t tokens = hidden.size(0);
   const bool grads = reduction != 0 && (grad_hidden || grad_weight || (grad_bias && has_bias));
   kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
   Tensor row_loss = f32_empty(hidden, {tokens}), lse = f32_empty(hidden, {tokens});
   Tensor valid = target.ne(ignore_index).sum().to(at::kFloat);  // all rows (the mean's divisor); no host sync
   Tensor chunk_valid = f32_empty(hidden, {}), unused = f32_empty(hidden, {});
-  Tensor dh, dw, db_acc;
-  if (grads && grad_hidden) dh = at::empty(hidden.sizes(), hidden.options());
-  if (grads && grad_weight) dw = at::zeros(weight.sizes(), weight.options());
-  if (grads && grad_bias && has_bias) db_acc = at::zeros({vocab}, hidden.options().dtype(at::kFloat));
+  FlceGrads gr(hidden, weight, bias, grads && grad_hidden, grads && grad_weight, grads && grad_bias);
   const Tensor one = at::ones({}, hidden.options().dtype(at::kFloat));
   kf::CrossEntropyOptions ob = o;
   ob.reduction = reduction == 1 ? kf::Reduction::kMean : kf::Reduction::kSum;
@@ -255,12 +269,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tenso
     ce_forward_into(op, logits, tc, o, row_loss.narrow(0, c0, n), lse_c, unused, chunk_valid);
     if (!grads) continue;
     ce_backward_into(op, one, logits, tc, lse_c, valid, ob, logits);  // in place: logits <- dlogits (g = 1)
-    chunk_grads(logits, hc, weight, c0, c0 == 0, dh, dw, db_acc);
+    gr.add_chunk(logits, hc, weight, c0);
   }
   Tensor loss = reduction == 0 ? row_loss : (reduction == 1 ? row_loss.sum() / valid : row_loss.sum());
-  Tensor db = db_acc.defined() ? db_acc.to(bias->scalar_type()) : Tensor();
-  auto none = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
-  return {loss, lse, none(dh), none(dw), none(db)};
+  auto [dh, dw, db] = gr.finish(hidden, bias);
+  return {loss, lse, dh, dw, db};
 }
 
 // reduction="none": the gradients for the per-row loss gradient dloss [T], chunks recomputed.
@@ -271,15 +284,11 @@ std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const
                                                       bool grad_weight, bool grad_bias) {
   const char* op = "fused_linear_cross_entropy_backward";
   flce_check(op, hidden, weight, target, bias);
-  const bool has_bias = bias.has_value() && bias->defined();
-  const int64_t tokens = hidden.size(0), vocab = weight.size(0);
+  const int64_t tokens = hidden.size(0);
   kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
   const Tensor g = dloss.to(at::kFloat).reshape({tokens});
   const Tensor valid = at::ones({}, hidden.options().dtype(at::kFloat));  // unused for kNone
-  Tensor dh, dw, db_acc;
-  if (grad_hidden) dh = at::empty(hidden.sizes(), hidden.options());
-  if (grad_weight) dw = at::zeros(weight.sizes(), weight.options());
-  if (grad_bias && has_bias) db_acc = at::zeros({vocab}, hidden.options().dtype(at::kFloat));
+  FlceGrads gr(hidden, weight, bias, grad_hidden, grad_weight, grad_bias);
   const Tensor h = hidden.contiguous();
   const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
   for (int64_t c0 = 0; c0 < tokens; c0 += c) {
@@ -287,11 +296,9 @@ std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const
     const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
     Tensor logits = chunk_logits(hc, weight, bias);
     ce_backward_into(op, g.narrow(0, c0, n), logits, tc, lse.narrow(0, c0, n), valid, o, logits);
-    chunk_grads(logits, hc, weight, c0, c0 == 0, dh, dw, db_acc);
+    gr.add_chunk(logits, hc, weight, c0);
   }
-  Tensor db = db_acc.defined() ? db_acc.to(bias->scalar_type()) : Tensor();
-  auto none = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
-  return {none(dh), none(dw), none(db)};
+  return gr.finish(hidden, bias);
 }
 
 // The public op without autograd (inference, or below the autograd layer): the loss only.

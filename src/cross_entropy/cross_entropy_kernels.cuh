@@ -312,6 +312,13 @@ __global__ void __launch_bounds__(kCeThreads) ce_bwd(const CeParams p, const int
 }
 
 // ---- launchers -------------------------------------------------------------------------------------
+// Programmatic dependent launch on sm_90 (common/launch.cuh), from the capability in the params.
+inline bool ce_pdl(const CeParams& p) {
+  DeviceInfo dev;
+  dev.capability = p.capability;
+  return use_pdl(dev);
+}
+
 template <typename T>
 bool ce_vector_ok(const void* ptr, int64_t ld) {
   constexpr int kVec = 16 / sizeof(T);
@@ -324,9 +331,7 @@ Status ce_fwd_kernels(const CeParams& p, void* workspace, cudaStream_t stream) {
   float4* part = static_cast<float4*>(workspace);
   const int64_t nfin = ceil_div(p.rows, kCeFinalizeBlock);
   float2* block_part = reinterpret_cast<float2*>(part + p.rows * segs);
-  DeviceInfo dev;
-  dev.capability = p.capability;
-  const bool pdl = use_pdl(dev);
+  const bool pdl = ce_pdl(p);
   if (p.rows > 0) {
     Launch a(dim3(unsigned(p.rows * segs)), dim3(kCeThreads), 0, stream, pdl);
     Status s = launched(a(ce_fwd_partial<T, kVec, kSoftcap>, p, segs, part), "cross_entropy (partials)");
@@ -355,9 +360,7 @@ Status launch_ce_fwd(const CeParams& p, void* workspace, cudaStream_t stream) {
 template <typename T, int kVec, bool kSoftcap>
 Status ce_bwd_kernel(const CeParams& p, cudaStream_t stream) {
   const int tiles = int(ceil_div(p.vocab, int64_t(kCeThreads) * kCeBwdIters * kVec));
-  DeviceInfo dev;
-  dev.capability = p.capability;
-  Launch a(dim3(unsigned(p.rows * tiles)), dim3(kCeThreads), 0, stream, use_pdl(dev));
+  Launch a(dim3(unsigned(p.rows * tiles)), dim3(kCeThreads), 0, stream, ce_pdl(p));
   return launched(a(ce_bwd<T, kVec, kSoftcap>, p, tiles), "cross_entropy_backward");
 }
 
