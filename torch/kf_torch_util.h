@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
@@ -44,8 +45,8 @@ inline kf::DType to_dtype(at::ScalarType t) {
 
 inline kf::TensorView view(const Tensor& t) {
   kf::TensorView v;
-  TORCH_CHECK(t.dim() <= kf::kMaxDims, "kernelforge: tensors may have at most ", kf::kMaxDims, " dimensions, got ",
-              t.dim());
+  TORCH_CHECK(t.dim() <= kf::kMaxDims, "kernelforge: tensors may have at most ", std::to_string(kf::kMaxDims),
+              " dimensions, got ", std::to_string(t.dim()));
   v.data = t.numel() > 0 ? const_cast<void*>(t.data_ptr()) : nullptr;
   v.dtype = to_dtype(t.scalar_type());
   v.ndim = static_cast<int>(t.dim());
