@@ -87,19 +87,20 @@ def test_compile_fullgraph_no_recompile(kf, device, dtype, backend):
     torch._dynamo.reset()
     mod = LossHead(kf)
     compiled = torch.compile(mod, fullgraph=True, backend=backend, dynamic=False)
-    for seed in (0, 1):
+    for seed in (0, 1):  # the second call (new data, same shapes) must reuse the compiled graph
         h, w, tg = _loss_inputs(device, dtype, seed)
         he, we = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-        out = compiled(h, w, tg)
+        if seed == 0:
+            out = compiled(h, w, tg)
+        else:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                out = compiled(h, w, tg)
         exp = mod(he, we, tg)
         torch.testing.assert_close(out, exp, rtol=2e-2, atol=2e-2)
         out.backward()
         exp.backward()
         for a, e in ((h.grad, he.grad), (w.grad, we.grad)):
             R.assert_close(a, e.double(), dtype, grad=True, msg="compiled grad")
-    counters = torch._dynamo.utils.counters
-    assert counters["stats"]["unique_graphs"] <= 1 + 0, counters["stats"]
-    assert not counters["recompiles"], dict(counters["recompiles"])
 
 
 def _capture(fn):
