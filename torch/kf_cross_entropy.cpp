@@ -144,12 +144,14 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_autograd(const Tensor& logits, 
 // Extra memory: one [C, V] chunk (C from free memory and kFlceChunkCapBytes) plus float32 [V] and
 // [T] vectors. reduction="none": the gradients need the per-row g, so the backward recomputes the
 // chunks (one more GEMM per chunk).
-// Logits chunk cap: 1 GiB (4096 tokens at V = 128256 bf16). Each chunk after the first costs one more
+// Logits chunk: at most kFlceChunkCapBytes, a quarter of free memory, and an eighth of the [T, V]
+// float32 logits the eager path would hold (T / 4 tokens in bf16: 4 chunks at any size, so the
+// extra memory stays a small share of eager's). Each chunk after the first costs one more
 // read-modify-write of dweight in the dW GEMM (beta = 1: 2 x 1 GB at V x H = 128256 x 4096 bf16,
-// ~0.7 ms on an H100) and one more rounding of the running sum: 8192 tokens take 2 chunks, not 4
-// (measured at 512 MiB: 40.0 ms fwd+bwd vs torch.compile's 38.2 ms). The extra memory (~1 GiB) is
-// ~10 % of the eager path's (logits, their float32 copy, log-probabilities and gradient: ~11 GB).
+// ~0.7 ms on an H100) and one more rounding of the running sum (measured, 8192 x 4096 x 128256
+// fwd+bwd: 40.0 ms with 4 chunks, 39.3-39.7 ms with 2 chunks of 1 GiB; torch.compile 37.7-38.2 ms).
 constexpr int64_t kFlceChunkCapBytes = int64_t(1) << 30;
+constexpr int64_t kFlceEagerShare = 8;    // chunk bytes <= T * V * 4 / kFlceEagerShare
 constexpr int64_t kFlceChunkAlign = 128;  // tokens: a GEMM tile multiple
 
 int64_t flce_chunk(const Tensor& weight, int64_t tokens, int64_t asked) {
@@ -165,6 +167,7 @@ int64_t flce_chunk(const Tensor& weight, int64_t tokens, int64_t asked) {
       cudaGetLastError();
     }
   }
+  budget = std::min<int64_t>(budget, std::max<int64_t>(1, tokens * weight.size(0) * 4 / kFlceEagerShare));
   const int64_t row_bytes = std::max<int64_t>(1, weight.size(0) * int64_t(weight.element_size()));
   int64_t c = std::max<int64_t>(1, budget / row_bytes);
   if (c >= kFlceChunkAlign) c -= c % kFlceChunkAlign;

@@ -45,7 +45,8 @@ Tensor softmax_backward_impl(bool cuda, bool log, const Tensor& dy_in, const Ten
   const Tensor dy = rows(dy_in), y = rows(y_in);
   Tensor dx = at::empty(y.sizes(), y.options());
   if (cuda) {
-    c10::cuda::CUDAGuard guard(y.device());
+    // the CUDA one of the two (a CPU y next to a CUDA dy is rejected by the core with its message)
+    c10::cuda::CUDAGuard guard(y.is_cuda() ? y.device() : dy.device());
     check(log ? kf::log_softmax_backward(view(dy), view(y), view(dx), stream_of(y))
               : kf::softmax_backward(view(dy), view(y), view(dx), stream_of(y)));
   } else {

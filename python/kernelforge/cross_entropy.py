@@ -140,7 +140,7 @@ def fused_linear_cross_entropy(
 
     ``hidden [..., H]``, ``weight [V, H]`` (e.g. ``lm_head.weight``), ``bias [V]`` or None,
     ``target [...]`` int64. Tokens are processed in chunks (``chunk_tokens``; 0 = chosen from free
-    memory, at most 1 GiB of logits per chunk): per chunk one cuBLAS GEMM for the logits, our
+    memory, at most 1 GiB of logits per chunk and an eighth of the float32 logits eager would hold): per chunk one cuBLAS GEMM for the logits, our
     cross-entropy kernels, and, when gradients are needed, the gradient written over the chunk's
     logits and two more GEMMs for the gradients of hidden and weight. The loss is float32 (as the
     HF loss, which upcasts the logits): a scalar for "mean"/"sum", ``target``'s shape for "none".

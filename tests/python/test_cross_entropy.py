@@ -237,7 +237,9 @@ def test_float64_cuda_fallback_warns_or_errors(kf, monkeypatch):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("KF_STRICT", None)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and "WARNED" in r.stdout, r.stdout + r.stderr
+    # TORCH_WARN reaches Python's warnings or, without a Python handler, stderr: either is seen
+    seen = "WARNED" in r.stdout or "float64 CUDA tensors have no kernel; cross_entropy" in r.stderr
+    assert r.returncode == 0 and seen, r.stdout + r.stderr
     x = torch.randn(3, 20, dtype=f64, device="cuda")
     tg = torch.randint(0, 20, (3,), device="cuda")
     torch.testing.assert_close(kf.cross_entropy(x, tg), F.cross_entropy(x, tg), rtol=1e-6, atol=1e-6)
