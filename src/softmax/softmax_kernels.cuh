@@ -63,12 +63,12 @@ constexpr SoftmaxTuning kBwdTuning = {2, 8};
 constexpr int kMaxTeam = 512;     // threads per row per CTA: __launch_bounds__(512) = 128 registers/thread
 constexpr int kMinBlock = 128;    // short rows are packed into blocks of at least this many threads
 constexpr int kMaxCluster = 8;    // portable cluster size limit
-constexpr int kStreamTeam = 512;  // threads per row of the streaming kernel
+constexpr int kStreamTeam = 1024;  // threads per row of the streaming kernel
 // Row slice per CTA aimed for in a cluster (bytes): more CTAs per row keep more of the row's loads
 // in flight per SM (the norm family measured 32 KB slices ahead of 64 KB at 64-128 K-element rows).
 // 4096x131072 bf16: 256 KB rows -> 8 CTAs x 512 threads x 4 vectors.
 constexpr int kClusterSliceBytes = 32 * 1024;
-constexpr int kWarps = kMaxTeam / 32;
+constexpr int kWarps = (kMaxTeam > kStreamTeam ? kMaxTeam : kStreamTeam) / 32;  // warps of the largest block
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -99,6 +99,12 @@ struct MaxSumOp {
   static __device__ __forceinline__ V shfl_xor(V v, int off) {
     return {__shfl_xor_sync(0xffffffffu, v.m, off), __shfl_xor_sync(0xffffffffu, v.s, off)};
   }
+};
+struct MaxOp {
+  using V = float;
+  static __device__ __forceinline__ V identity() { return -INFINITY; }
+  static __device__ __forceinline__ V combine(V a, V b) { return fmaxf(a, b); }
+  static __device__ __forceinline__ V shfl_xor(V v, int off) { return __shfl_xor_sync(0xffffffffu, v, off); }
 };
 struct SumOp {
   using V = float;
@@ -229,13 +235,104 @@ __device__ __forceinline__ float bwd_partial(const Vec<T, kVec>& g, const Vec<T,
   return acc;
 }
 
+// ---- forward modes 1 and 2 (see softmax_regs) -----------------------------------------------------
+// f over v[0..N) as a pairwise tree (v is overwritten).
+template <int N, typename F>
+__device__ __forceinline__ float tree_reduce(float (&v)[N], F f) {
+#pragma unroll
+  for (int w = 1; w < N; w *= 2)
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) v[i] = f(v[i], v[i + w]);
+  return v[0];
+}
+
+// Special values: M = fmaxf over the row skips NaN; a NaN, a +inf (inf − inf) or an all −inf row
+// (−inf − (−inf)) gives a NaN exponential and so a NaN S and row, as mode 0.
+template <typename T, bool kLog, int kVec, int kIters, int kMode>
+__device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const SoftmaxParams& p, int64_t row,
+                                          bool row_ok, int v0, int tpr, int team, RedSmem<float>& smf, int& slot_f,
+                                          RedSmem<MaxSum>& sm, int& slot) {
+  const int n = int(p.n);
+  constexpr int kN = kIters * kVec;
+  float t[kN];  // pairwise trees: log2(kN) dependent steps instead of kN
+#pragma unroll
+  for (int i = 0; i < kIters; ++i)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) t[i * kVec + j] = a[i].get(j);
+  const float m = tree_reduce(t, [](float u, float v) { return fmaxf(u, v); });
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) launder(a[i]);  // packed across the reduction: 4 registers per vector
+  float e[kLog ? 1 : kIters][kLog ? 1 : kVec];
+  float big_m, scale = 1.f, s = 0.f;
+  if constexpr (kMode == 1 || kMode == 3 || kLog) {
+    big_m = team_reduce<MaxOp>(m, tpr, team, smf, slot_f, 1);
+#pragma unroll
+    for (int i = 0; i < kIters; ++i)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float ej = ex2((a[i].get(j) - big_m) * kLog2e);
+        if constexpr (!kLog) e[i][j] = ej;
+        t[i * kVec + j] = ej;
+      }
+    s = tree_reduce(t, [](float u, float v) { return u + v; });
+    if constexpr (kLog) {
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) launder(a[i]);
+    }
+    s = team_reduce<SumOp>(s, tpr, team, smf, slot_f, 1);
+  } else {  // mode 2, softmax
+    const float base = m == -INFINITY ? 0.f : m;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        e[i][j] = ex2((a[i].get(j) - base) * kLog2e);
+        s += e[i][j];
+      }
+    const MaxSum r = team_reduce<MaxSumOp>(MaxSum{m, s}, tpr, team, sm, slot, 1);
+    big_m = r.m;
+    s = r.s;
+    scale = m == -INFINITY ? 0.f : ex2((m - big_m) * kLog2e);
+  }
+  if (!row_ok) return;
+  T* out = static_cast<T*>(p.out) + row * p.out_stride;
+  const float k = kLog ? logf(s) : scale / s;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int c = (v0 + i * tpr) * kVec;
+    if (c >= n) continue;
+    float f[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      if constexpr (kLog) {
+        f[j] = (a[i].get(j) - big_m) - k;
+      } else {
+        f[j] = e[i][j] * k;
+      }
+    }
+    store_row_vec<T, kVec>(out, c, n, f);
+  }
+}
+
 // ---- the register kernel -------------------------------------------------------------------------
 // Rows base + team for base = (blockIdx.x / cluster)·rpb, stepping by the grid (the grid is capped
 // at 2^31 − 1 blocks). cluster > 1 (sm_90): one team per CTA, CTA rank r holds vectors
 // [r·tpr·kIters, (r + 1)·tpr·kIters) of the row. Column offsets are 32-bit (n < 2^31, and the padded
 // columns of the last CTA stay below kMaxCluster·kMaxTeam·8·kVec), row offsets 64-bit.
-template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
-__global__ void __launch_bounds__(kMaxTeam)
+//
+// Forward modes (kMode; one CTA per row group only, the row's exponentials held in float registers):
+//   0: one (m, s) reduction; exp is computed twice per element (for s, and for y).
+//   1: a max reduction, then e_j = exp(x_j − M) once per element, a sum reduction, y = e_j / S
+//      (log_softmax: y = x_j − M − log S, exp once per element for S). Two cheap reductions.
+//   3: mode 1 without its register cap (sweeps).
+//   2: (softmax; log_softmax takes mode 1) per-thread m_t, e_j = exp(x_j − m_t) once per element,
+//      one (m, s) reduction, y = e_j · exp(m_t − M) / S.
+// Mode 1 with one or two 16-byte vectors per thread asks ptxas for 4 resident 512-thread blocks (32
+// registers): 16384x2048 bf16 2506 -> 2591 GB/s, 4096 2521 -> 2669 against 39 registers (mode 3).
+template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode>
+constexpr int kRegsMinBlocks = (kMode == 1 && kVec * sizeof(T) == 16 && kIters <= 2) ? 4 : 0;
+template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode = 0>
+__global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, kIters, kMode>)
     softmax_regs(const SoftmaxParams p, const int tpr_shift, const int cluster) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -245,7 +342,8 @@ __global__ void __launch_bounds__(kMaxTeam)
     using V = Vec<T, kVec>;
     using Op = std::conditional_t<kBwd, SumOp, MaxSumOp>;
     __shared__ RedSmem<typename Op::V> sm;
-    int slot = 0;
+    __shared__ RedSmem<float> smf;  // the float reductions of forward mode 1
+    int slot = 0, slot_f = 0;
     const int tpr = 1 << tpr_shift;
     const int rpb = int(blockDim.x) >> tpr_shift;
     const int team = int(threadIdx.x) >> tpr_shift;
@@ -271,6 +369,10 @@ __global__ void __launch_bounds__(kMaxTeam)
 #pragma unroll
           for (int j = 0; j < kVec; ++j) a[i].set(j, -INFINITY);
         }
+      }
+      if constexpr (!kBwd && kMode != 0) {
+        fwd_modes<T, kLog, kVec, kIters, kMode>(a, p, row, row_ok, v0, tpr, team, smf, slot_f, sm, slot);
+        continue;
       }
       typename Op::V part;
       if constexpr (kBwd) {
@@ -320,11 +422,37 @@ __global__ void __launch_bounds__(kMaxTeam)
 }
 
 // ---- the streaming kernel ------------------------------------------------------------------------
-// One block per row (the grid loops over rows): pass 1 reads the row and reduces (online (m, s) per
-// vector, or the sum), pass 2 reads it again (L2 for rows up to a few MB in total) and writes.
-// Column offsets are 64-bit here (the loop steps past n).
+// One 1024-thread block per row, a persistent grid of kStreamBlocksPerSm blocks per SM looping over
+// rows: pass 1 reads the row (kStreamUnroll vectors in flight per thread) and reduces (per chunk: the
+// chunk's max, then one exp per element; (m, s) combined once per chunk), pass 2 reads it again and
+// writes. With one row per SM in flight the rows being worked on take 132 x 256 KB = 33 MB at
+// 131072 bf16 (< the 50 MB L2): pass 2 reads L2, not DRAM; y is stored with the evict-first hint
+// (st.global.cs) so that it does not push the rows out.
+constexpr int kStreamUnroll = 4;
+constexpr int kStreamBlocksPerSm = 1;
+constexpr int kStreamCluster = 4;  // CTAs per row on sm_90 (KF_TUNE sm_stream_cluster)
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_row_vec_cs(T* dst, int c, int n, const float (&f)[kVec]) {
+  if constexpr (kVec * sizeof(T) == 16) {
+    if (c <= n - kVec) {
+      const Vec<T, kVec> v = Vec<T, kVec>::from(f);
+      uint4 r;
+      memcpy(&r, &v.w, 16);
+      asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + c), "r"(r.x), "r"(r.y), "r"(r.z),
+                   "r"(r.w)
+                   : "memory");
+      return;
+    }
+  }
+  store_row_vec<T, kVec>(dst, c, n, f);
+}
+
+// cluster > 1 (sm_90): the row's vectors are split into `cluster` contiguous slices, one per CTA of
+// the cluster, and the reduction is finished over the cluster (distributed shared memory): each SM
+// then keeps 1/cluster of a row in L2 between the passes.
 template <typename T, bool kLog, bool kBwd, int kVec>
-__global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParams p) {
+__global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParams p, const int cluster) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -337,34 +465,77 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
     const int64_t n = p.n;
     const int nn = int(n);
     const int64_t cstep = int64_t(tpr) * kVec;
+    constexpr int kU = kBwd ? kStreamUnroll / 2 : kStreamUnroll;  // backward: x and y vectors
     const float pad = kBwd ? 0.f : -INFINITY;
-    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    // this CTA's columns [cb, ce): slices of whole vectors, the last one ends at n
+    const int64_t slice = ((n + kVec - 1) / kVec + cluster - 1) / cluster * kVec;
+    const int64_t cb = cluster_rank(cluster) * slice;
+    const int64_t ce = cb + slice < n ? cb + slice : n;
+    for (int64_t row = blockIdx.x / cluster; row < p.rows; row += gridDim.x / cluster) {
       const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
       const T* yin = kBwd ? static_cast<const T*>(p.y) + row * p.y_stride : nullptr;
       T* out = static_cast<T*>(p.out) + row * p.out_stride;
       typename Op::V acc = Op::identity();
-      for (int64_t c = int64_t(threadIdx.x) * kVec; c < n; c += cstep) {
-        const V a = load_row_vec<T, kVec>(in, int(c), nn, pad);
+      for (int64_t c0 = cb + int64_t(threadIdx.x) * kVec; c0 < ce; c0 += cstep * kU) {
+        V a[kU], b[kBwd ? kU : 1];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {  // every load of the chunk first
+          const int64_t c = c0 + u * cstep;
+          const bool ok = c < ce;
+          a[u] = ok ? load_row_vec<T, kVec>(in, int(c), nn, pad) : V::zero();
+          if constexpr (kBwd) {
+            b[u] = ok ? load_row_vec<T, kVec>(yin, int(c), nn, 0.f) : V::zero();
+          } else if (!ok) {
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) a[u].set(j, -INFINITY);
+          }
+        }
         if constexpr (kBwd) {
-          acc += bwd_partial<T, kLog, kVec>(a, load_row_vec<T, kVec>(yin, int(c), nn, 0.f));
+#pragma unroll
+          for (int u = 0; u < kU; ++u) acc += bwd_partial<T, kLog, kVec>(a[u], b[u]);
         } else {
-          acc = MaxSumOp::combine(acc, vec_max_sum<T, kVec>(a));
+          float cm = -INFINITY;
+#pragma unroll
+          for (int u = 0; u < kU; ++u)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) cm = fmaxf(cm, a[u].get(j));
+          const float base = cm == -INFINITY ? 0.f : cm;
+          float cs = 0.f;
+#pragma unroll
+          for (int u = 0; u < kU; ++u)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) cs += ex2((a[u].get(j) - base) * kLog2e);
+          acc = MaxSumOp::combine(acc, MaxSum{cm, cs});
         }
       }
-      const typename Op::V r = team_reduce<Op>(acc, tpr, 0, sm, slot, 1);
+      const typename Op::V r = team_reduce<Op>(acc, tpr, 0, sm, slot, cluster);
       float k = 0.f;
       if constexpr (!kBwd) k = kLog ? logf(r.s) : 1.f / r.s;
-      for (int64_t c = int64_t(threadIdx.x) * kVec; c < n; c += cstep) {
-        float f[kVec];
-        const V a = load_row_vec<T, kVec>(in, int(c), nn, pad);
-        if constexpr (kBwd) {
-          bwd_out<T, kLog, kVec>(a, load_row_vec<T, kVec>(yin, int(c), nn, 0.f), r, f);
-        } else {
-          fwd_out<T, kLog, kVec>(a, r.m, k, f);
+      for (int64_t c0 = cb + int64_t(threadIdx.x) * kVec; c0 < ce; c0 += cstep * kU) {
+        V a[kU], b[kBwd ? kU : 1];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t c = c0 + u * cstep;
+          if (c < ce) {
+            a[u] = load_row_vec<T, kVec>(in, int(c), nn, pad);
+            if constexpr (kBwd) b[u] = load_row_vec<T, kVec>(yin, int(c), nn, 0.f);
+          }
         }
-        store_row_vec<T, kVec>(out, int(c), nn, f);
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t c = c0 + u * cstep;
+          if (c >= ce) continue;
+          float f[kVec];
+          if constexpr (kBwd) {
+            bwd_out<T, kLog, kVec>(a[u], b[u], r, f);
+          } else {
+            fwd_out<T, kLog, kVec>(a[u], r.m, k, f);
+          }
+          store_row_vec_cs<T, kVec>(out, int(c), nn, f);
+        }
       }
     }
+    cluster_exit_sync(cluster);
   }
 }
 
@@ -424,6 +595,10 @@ Plan make_plan(const SoftmaxParams& p) {
     }
     return pl;
   }
+  // Forward rows longer than one CTA holds: the streaming kernel (over a cluster on sm_90) measured
+  // ahead of the register-cluster kernel (4096x131072 bf16: 1966 vs 1810 GB/s with one CTA per row);
+  // the backward keeps the register cluster (its streaming version was slower: 1870 vs 2280 fwd+bwd).
+  if (!kBwd && tune("sm_long_regs", 0) == 0) return pl;
   if (p.capability < 90 || tune("sm_clusters", 1) == 0) return pl;
   const int64_t row_bytes = p.n * int64_t(sizeof(T));
   const int slice = std::max(1024, tune("sm_slice", kClusterSliceBytes));
@@ -458,14 +633,43 @@ inline int cached_active_clusters(const void* kernel, int cluster, int block, cu
 
 template <typename T, bool kLog, bool kBwd, int kVec>
 Status launch_stream(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
-  const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
+  auto kernel = softmax_stream<T, kLog, kBwd, kVec>;
+  const int64_t bps = std::max(1, tune("sm_stream_bps", kStreamBlocksPerSm));
+  const int64_t blocks = std::max<int64_t>(1, p.sm_count) * bps;  // resident at once
+  int cluster = p.capability >= 90 ? std::min(kMaxCluster, std::max(1, tune("sm_stream_cluster", kStreamCluster))) : 1;
+  // no more CTAs per row than 16-byte vectors per CTA slice can use (short rows: one CTA)
+  while (cluster > 1 && p.n < int64_t(cluster) * kStreamTeam * kVec) cluster >>= 1;
+  if (cluster > 1) {
+    const int64_t units = std::min<int64_t>(p.rows, blocks / cluster);
+    Launch probe(dim3(unsigned(units * cluster)), dim3(kStreamTeam), 0, stream, false, cluster);
+    if (cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, kStreamTeam, probe.cfg) >= 1) {
+      Launch l(dim3(unsigned(units * cluster)), dim3(kStreamTeam), 0, stream, pdl, cluster);
+      return launched(l(kernel, p, cluster), "softmax (streaming, cluster)");
+    }
+  }
+  const int64_t grid = std::min<int64_t>(p.rows, blocks);
   Launch l(dim3(unsigned(grid)), dim3(kStreamTeam), 0, stream, pdl);
-  return launched(l(softmax_stream<T, kLog, kBwd, kVec>, p), "softmax (streaming)");
+  return launched(l(kernel, p, 1), "softmax (streaming)");
+}
+
+// The forward mode (softmax_regs) for a one-CTA-per-row-group launch whose exponentials fit in 16
+// float registers per thread; the cluster kernel and the backward take mode 0.
+template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
+auto pick_regs_kernel(const Plan& pl) {
+  if constexpr (!kBwd && kIters * kVec <= 16) {
+    // default: mode 1, except softmax with 512-thread teams (16384x8192 bf16: mode 0 2563 vs 2518 GB/s)
+    const int def = (!kLog && pl.tpr >= kMaxTeam) ? 0 : 1;
+    const int mode = pl.cluster > 1 ? 0 : tune("sm_fwd_mode", def);
+    if (mode == 1) return softmax_regs<T, kLog, kBwd, kVec, kIters, 1>;
+    if (mode == 2) return softmax_regs<T, kLog, kBwd, kVec, kIters, kLog ? 1 : 2>;
+    if (mode == 3) return softmax_regs<T, kLog, kBwd, kVec, kIters, 3>;
+  }
+  return softmax_regs<T, kLog, kBwd, kVec, kIters, 0>;
 }
 
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
 Status launch_regs(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_t stream) {
-  auto kernel = softmax_regs<T, kLog, kBwd, kVec, kIters>;
+  auto kernel = pick_regs_kernel<T, kLog, kBwd, kVec, kIters>(pl);
   const int block = pl.cluster > 1 ? pl.tpr : std::max(pl.tpr, kMinBlock);
   const int rpb = block / pl.tpr;
   const int64_t units = std::min<int64_t>(ceil_div(p.rows, rpb), INT_MAX / pl.cluster);
