@@ -264,18 +264,18 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
   for (int i = 0; i < kIters; ++i) launder(a[i]);  // packed across the reduction: 4 registers per vector
   float e[kLog ? 1 : kIters][kLog ? 1 : kVec];
   float big_m, scale = 1.f, s = 0.f;
-  if constexpr (kMode == 1 || kMode == 3 || kLog) {
+  if constexpr (kMode == 1 || kMode == 3 || kMode == 4 || kLog) {
     big_m = team_reduce<MaxOp>(m, tpr, team, smf, slot_f, 1);
 #pragma unroll
     for (int i = 0; i < kIters; ++i)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float ej = ex2((a[i].get(j) - big_m) * kLog2e);
-        if constexpr (!kLog) e[i][j] = ej;
+        if constexpr (!kLog && kMode != 4) e[i][j] = ej;
         t[i * kVec + j] = ej;
       }
     s = tree_reduce(t, [](float u, float v) { return u + v; });
-    if constexpr (kLog) {
+    if constexpr (kLog || kMode == 4) {
 #pragma unroll
       for (int i = 0; i < kIters; ++i) launder(a[i]);
     }
@@ -306,6 +306,8 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
     for (int j = 0; j < kVec; ++j) {
       if constexpr (kLog) {
         f[j] = (a[i].get(j) - big_m) - k;
+      } else if constexpr (kMode == 4) {
+        f[j] = ex2((a[i].get(j) - big_m) * kLog2e) * k;
       } else {
         f[j] = e[i][j] * k;
       }
@@ -325,12 +327,13 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
 //   1: a max reduction, then e_j = exp(x_j − M) once per element, a sum reduction, y = e_j / S
 //      (log_softmax: y = x_j − M − log S, exp once per element for S). Two cheap reductions.
 //   3: mode 1 without its register cap (sweeps).
+//   4: (softmax) mode 1 keeping x packed across the sum reduction and computing exp again for y.
 //   2: (softmax; log_softmax takes mode 1) per-thread m_t, e_j = exp(x_j − m_t) once per element,
 //      one (m, s) reduction, y = e_j · exp(m_t − M) / S.
 // Mode 1 with one or two 16-byte vectors per thread asks ptxas for 4 resident 512-thread blocks (32
 // registers): 16384x2048 bf16 2506 -> 2591 GB/s, 4096 2521 -> 2669 against 39 registers (mode 3).
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode>
-constexpr int kRegsMinBlocks = (kMode == 1 && kVec * sizeof(T) == 16 && kIters <= 2) ? 4 : 0;
+constexpr int kRegsMinBlocks = ((kMode == 1 || kMode == 4) && kVec * sizeof(T) == 16 && kIters <= 2) ? 4 : 0;
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode = 0>
 __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, kIters, kMode>)
     softmax_regs(const SoftmaxParams p, const int tpr_shift, const int cluster) {
@@ -430,7 +433,10 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
 // (st.global.cs) so that it does not push the rows out.
 constexpr int kStreamUnroll = 4;
 constexpr int kStreamBlocksPerSm = 1;
-constexpr int kStreamCluster = 4;  // CTAs per row on sm_90 (KF_TUNE sm_stream_cluster)
+// CTAs per row on sm_90 (KF_TUNE sm_stream_cluster): 2 from 256 KB rows, else 1. Forward GB/s, bf16,
+// cluster 1 / 2 / 4: 4096x65536 2196 / 1764 / 1238; 4096x131072 1913 / 2077 / 1615; 2048x262144
+// 1835 / 1873 / 1914 (larger clusters were slower even sized to the resident count: open).
+constexpr int64_t kStreamClusterRowBytes = 256 * 1024;
 
 template <typename T, int kVec>
 __device__ __forceinline__ void store_row_vec_cs(T* dst, int c, int n, const float (&f)[kVec]) {
@@ -636,13 +642,17 @@ Status launch_stream(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
   auto kernel = softmax_stream<T, kLog, kBwd, kVec>;
   const int64_t bps = std::max(1, tune("sm_stream_bps", kStreamBlocksPerSm));
   const int64_t blocks = std::max<int64_t>(1, p.sm_count) * bps;  // resident at once
-  int cluster = p.capability >= 90 ? std::min(kMaxCluster, std::max(1, tune("sm_stream_cluster", kStreamCluster))) : 1;
+  const int def = p.n * int64_t(sizeof(T)) >= kStreamClusterRowBytes ? 2 : 1;
+  int cluster = p.capability >= 90 ? std::min(kMaxCluster, std::max(1, tune("sm_stream_cluster", def))) : 1;
   // no more CTAs per row than 16-byte vectors per CTA slice can use (short rows: one CTA)
   while (cluster > 1 && p.n < int64_t(cluster) * kStreamTeam * kVec) cluster >>= 1;
   if (cluster > 1) {
-    const int64_t units = std::min<int64_t>(p.rows, blocks / cluster);
-    Launch probe(dim3(unsigned(units * cluster)), dim3(kStreamTeam), 0, stream, false, cluster);
-    if (cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, kStreamTeam, probe.cfg) >= 1) {
+    // persistent: as many clusters as are resident at once (fewer than blocks / cluster where a
+    // GPC's SM count is not a multiple of the cluster size; a second wave doubled the time)
+    Launch probe(dim3(unsigned(blocks)), dim3(kStreamTeam), 0, stream, false, cluster);
+    const int active = cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, kStreamTeam, probe.cfg);
+    const int64_t units = std::min<int64_t>({p.rows, blocks / cluster, int64_t(active) * bps});
+    if (units >= 1) {
       Launch l(dim3(unsigned(units * cluster)), dim3(kStreamTeam), 0, stream, pdl, cluster);
       return launched(l(kernel, p, cluster), "softmax (streaming, cluster)");
     }
@@ -657,12 +667,14 @@ Status launch_stream(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
 auto pick_regs_kernel(const Plan& pl) {
   if constexpr (!kBwd && kIters * kVec <= 16) {
-    // default: mode 1, except softmax with 512-thread teams (16384x8192 bf16: mode 0 2563 vs 2518 GB/s)
-    const int def = (!kLog && pl.tpr >= kMaxTeam) ? 0 : 1;
+    // default: mode 1, except softmax with 512-thread teams: mode 4 (16384x8192 bf16, one run: mode 0
+    // 2584, mode 1 2542, mode 4 2619 GB/s; at 2048 / 4096 mode 1 2605 / 2694, mode 4 2548 / 2645)
+    const int def = (!kLog && pl.tpr >= kMaxTeam) ? 4 : 1;
     const int mode = pl.cluster > 1 ? 0 : tune("sm_fwd_mode", def);
     if (mode == 1) return softmax_regs<T, kLog, kBwd, kVec, kIters, 1>;
     if (mode == 2) return softmax_regs<T, kLog, kBwd, kVec, kIters, kLog ? 1 : 2>;
     if (mode == 3) return softmax_regs<T, kLog, kBwd, kVec, kIters, 3>;
+    if (mode == 4) return softmax_regs<T, kLog, kBwd, kVec, kIters, kLog ? 1 : 4>;
   }
   return softmax_regs<T, kLog, kBwd, kVec, kIters, 0>;
 }
