@@ -60,9 +60,9 @@ struct SoftmaxTuning {
 };
 constexpr SoftmaxTuning kFwdTuning = {2, 8};
 constexpr SoftmaxTuning kBwdTuning = {2, 8};
-constexpr int kMaxTeam = 512;     // threads per row per CTA: __launch_bounds__(512) = 128 registers/thread
-constexpr int kMinBlock = 128;    // short rows are packed into blocks of at least this many threads
-constexpr int kMaxCluster = 8;    // portable cluster size limit
+constexpr int kMaxTeam = 512;      // threads per row per CTA: __launch_bounds__(512) = 128 registers/thread
+constexpr int kMinBlock = 128;     // short rows are packed into blocks of at least this many threads
+constexpr int kMaxCluster = 8;     // portable cluster size limit
 constexpr int kStreamTeam = 1024;  // threads per row of the streaming kernel
 // Row slice per CTA aimed for in a cluster (bytes): more CTAs per row keep more of the row's loads
 // in flight per SM (the norm family measured 32 KB slices ahead of 64 KB at 64-128 K-element rows).
@@ -249,8 +249,8 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], F f) {
 // Special values: M = fmaxf over the row skips NaN; a NaN, a +inf (inf − inf) or an all −inf row
 // (−inf − (−inf)) gives a NaN exponential and so a NaN S and row, as mode 0.
 template <typename T, bool kLog, int kVec, int kIters, int kMode>
-__device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const SoftmaxParams& p, int64_t row,
-                                          bool row_ok, int v0, int tpr, int team, RedSmem<float>& smf, int& slot_f,
+__device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const SoftmaxParams& p, int64_t row, bool row_ok,
+                                          int v0, int tpr, int team, RedSmem<float>& smf, int& slot_f,
                                           RedSmem<MaxSum>& sm, int& slot) {
   const int n = int(p.n);
   constexpr int kN = kIters * kVec;
@@ -445,8 +445,7 @@ __device__ __forceinline__ void store_row_vec_cs(T* dst, int c, int n, const flo
       const Vec<T, kVec> v = Vec<T, kVec>::from(f);
       uint4 r;
       memcpy(&r, &v.w, 16);
-      asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + c), "r"(r.x), "r"(r.y), "r"(r.z),
-                   "r"(r.w)
+      asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + c), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w)
                    : "memory");
       return;
     }
@@ -672,9 +671,9 @@ auto pick_regs_kernel(const Plan& pl) {
     const int def = (!kLog && pl.tpr >= kMaxTeam) ? 4 : 1;
     const int mode = pl.cluster > 1 ? 0 : tune("sm_fwd_mode", def);
     if (mode == 1) return softmax_regs<T, kLog, kBwd, kVec, kIters, 1>;
-    if (mode == 2) return softmax_regs<T, kLog, kBwd, kVec, kIters, kLog ? 1 : 2>;
+    if (mode == 2) return softmax_regs < T, kLog, kBwd, kVec, kIters, kLog ? 1 : 2 > ;
     if (mode == 3) return softmax_regs<T, kLog, kBwd, kVec, kIters, 3>;
-    if (mode == 4) return softmax_regs<T, kLog, kBwd, kVec, kIters, kLog ? 1 : 4>;
+    if (mode == 4) return softmax_regs < T, kLog, kBwd, kVec, kIters, kLog ? 1 : 4 > ;
   }
   return softmax_regs<T, kLog, kBwd, kVec, kIters, 0>;
 }

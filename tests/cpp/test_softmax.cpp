@@ -105,7 +105,8 @@ struct Bound {
       for (int64_t j = 0; j < n; ++j) m = std::max(m, in.get(r * n + j));
       for (int64_t j = 0; j < n; ++j) s += std::exp(in.get(r * n + j) - m);
     } else {
-      for (int64_t j = 0; j < n; ++j) acc += std::fabs(b.log ? in.get(r * n + j) : in.get(r * n + j) * y->get(r * n + j));
+      for (int64_t j = 0; j < n; ++j)
+        acc += std::fabs(b.log ? in.get(r * n + j) : in.get(r * n + j) * y->get(r * n + j));
     }
     for (int64_t j = 0; j < n; ++j) {
       const int64_t i = r * n + j;
