@@ -1,7 +1,7 @@
 """One launch of each forward kernel of interest (kernelforge and Liger) for Nsight Compute:
     ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN [OPS]
-OPS: comma-separated from rms, layer, ada, add, liger, and the backward calls rms_bwd, layer_bwd,
-ada_bwd (default rms,layer,liger). ada is the bench's case: x [4, rows/4, N], scale/shift [4, 1, N],
+OPS: comma-separated from rms, layer, ada, add, liger, softmax, log_softmax, liger_softmax, and the
+backward calls rms_bwd, layer_bwd, ada_bwd (default rms,layer,liger). ada is the bench's case: x [4, rows/4, N], scale/shift [4, 1, N],
 no weight or bias.
 """
 import sys
@@ -25,6 +25,17 @@ if "add" in which:
 if "ada" in which:
     sc = torch.randn(4, 1, n, device="cuda", dtype=torch.bfloat16) * 0.1
     kf.ada_norm(x.view(4, rows // 4, n), sc, sc.clone())
+if "softmax" in which:
+    kf.softmax(x, -1)
+if "log_softmax" in which:
+    kf.log_softmax(x, -1)
+if "liger_softmax" in which:
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+        LigerSoftmaxFunction.apply(x)
+    except Exception as e:  # noqa: BLE001
+        print("no liger softmax:", e)
 ops = torch.ops.kernelforge
 dy = torch.randn_like(x) if any(o.endswith("_bwd") for o in which) else None
 if "rms_bwd" in which:

@@ -765,6 +765,8 @@ def check_case(kf, op, shape, v, dtype, device, tally: Tally) -> None:
                 continue
             mx, l2 = errors(got[k], r)
             tol_max, tol_l2 = tolerance(op, k, dtype)
+            if r.numel() < 16:  # an L2 average over a few elements is their max error: judged by tol_max
+                tol_l2 = tol_max
             bwd = k.startswith("d")
             if bwd and mx > tally.bwd_err:
                 tally.bwd_err, tally.worst_bwd = mx, f"{label} {k}"

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/bulk_copy.cuh"
 #include "common/device.h"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
@@ -674,43 +675,7 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
 // Thread 0 streams slices of the next S-1 rows into shared memory with cp.async.bulk (the copy
 // engine, completion on an mbarrier), so DRAM reads stay in flight while the current row is
 // reduced from shared memory and written out. Registers hold nothing row-sized: many threads per SM.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void bulk_load_row(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n\t.reg .pred p;\n"
-      "KF_WAIT_%=:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-      "@!p bra KF_WAIT_%=;\n}" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
 constexpr int kBulkMaxStages = 4;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr bool kHasBulk = false;
-#else
-constexpr bool kHasBulk = true;
-#endif
 
 template <typename T, NormOp kOp, int kVec>
 __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
@@ -748,9 +713,8 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
                       &bars[s]);
     };
     if (t == 0) {
-      for (int s = 0; s < stages; ++s)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
+      mbar_init_fence();
       for (int s = 0; s < stages; ++s) {
         const int64_t row = first + int64_t(s) * step;
         if (row < p.rows) issue(row, s);
@@ -814,7 +778,7 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
       if (t == 0) {
         const int64_t next = row + int64_t(stages) * step;
         if (next < p.rows) {
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          fence_proxy_async();
           issue(next, s);
         }
       }
@@ -997,9 +961,8 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
     };
     if constexpr (kBulk) {
       if (t == 0) {
-        for (int s = 0; s < stages; ++s)
-          asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
+        mbar_init_fence();
         for (int s = 0; s < stages; ++s) {
           const int64_t row = seq.row_of(s);
           if (row >= 0) issue(row, s);
@@ -1063,7 +1026,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         if (t == 0) {
           const int64_t next = seq.row_of(k + stages);
           if (next >= 0) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            fence_proxy_async();
             issue(next, int(k % stages));
           }
         }
@@ -1165,7 +1128,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         if (t == 0) {
           const int64_t next = seq.row_of(k + stages);
           if (next >= 0) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            fence_proxy_async();
             issue(next, int(k % stages));
           }
         }
@@ -1300,9 +1263,8 @@ __global__ void __launch_bounds__(512) norm_bwd_chunk(const NormParams p, const 
       }
     };
     if (t == 0) {
-      for (int s = 0; s < stages; ++s)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
+      mbar_init_fence();
       for (int s = 0; s < stages; ++s) issue(s, s);
     }
 
@@ -1390,7 +1352,7 @@ __global__ void __launch_bounds__(512) norm_bwd_chunk(const NormParams p, const 
       if (lane % kLanesPer == 0) red[buf][warp][lane / kLanesPer] = v[0];
       __syncthreads();  // partials visible; every thread is past chunk k-1: refill its stage
       if (t == 0 && k > 0) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        fence_proxy_async();
         issue(k - 1 + stages, int((k - 1) % stages));
       }
       float tot = 0.f;  // lane q < K: statistic q of the chunk, summed over the warps in order

@@ -42,6 +42,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/bulk_copy.cuh"
 #include "common/device.h"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
@@ -235,7 +236,7 @@ __device__ __forceinline__ float bwd_partial(const Vec<T, kVec>& g, const Vec<T,
   return acc;
 }
 
-// ---- forward modes 1 and 2 (see softmax_regs) -----------------------------------------------------
+// ---- forward modes 1 and 4 (see softmax_regs) -----------------------------------------------------
 // f over v[0..N) as a pairwise tree (v is overwritten).
 template <int N, typename F>
 __device__ __forceinline__ float tree_reduce(float (&v)[N], F f) {
@@ -250,8 +251,7 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], F f) {
 // (−inf − (−inf)) gives a NaN exponential and so a NaN S and row, as mode 0.
 template <typename T, bool kLog, int kVec, int kIters, int kMode>
 __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const SoftmaxParams& p, int64_t row, bool row_ok,
-                                          int v0, int tpr, int team, RedSmem<float>& smf, int& slot_f,
-                                          RedSmem<MaxSum>& sm, int& slot) {
+                                          int v0, int tpr, int team, RedSmem<float>& smf, int& slot_f) {
   const int n = int(p.n);
   constexpr int kN = kIters * kVec;
   float t[kN];  // pairwise trees: log2(kN) dependent steps instead of kN
@@ -263,40 +263,25 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
 #pragma unroll
   for (int i = 0; i < kIters; ++i) launder(a[i]);  // packed across the reduction: 4 registers per vector
   float e[kLog ? 1 : kIters][kLog ? 1 : kVec];
-  float big_m, scale = 1.f, s = 0.f;
-  if constexpr (kMode == 1 || kMode == 3 || kMode == 4 || kLog) {
-    big_m = team_reduce<MaxOp>(m, tpr, team, smf, slot_f, 1);
+  const float big_m = team_reduce<MaxOp>(m, tpr, team, smf, slot_f, 1);
+  float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < kIters; ++i)
+  for (int i = 0; i < kIters; ++i)
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float ej = ex2((a[i].get(j) - big_m) * kLog2e);
-        if constexpr (!kLog && kMode != 4) e[i][j] = ej;
-        t[i * kVec + j] = ej;
-      }
-    s = tree_reduce(t, [](float u, float v) { return u + v; });
-    if constexpr (kLog || kMode == 4) {
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) launder(a[i]);
+    for (int j = 0; j < kVec; ++j) {
+      const float ej = ex2((a[i].get(j) - big_m) * kLog2e);
+      if constexpr (!kLog && kMode != 4) e[i][j] = ej;
+      t[i * kVec + j] = ej;
     }
-    s = team_reduce<SumOp>(s, tpr, team, smf, slot_f, 1);
-  } else {  // mode 2, softmax
-    const float base = m == -INFINITY ? 0.f : m;
+  s = tree_reduce(t, [](float u, float v) { return u + v; });
+  if constexpr (kLog || kMode == 4) {
 #pragma unroll
-    for (int i = 0; i < kIters; ++i)
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        e[i][j] = ex2((a[i].get(j) - base) * kLog2e);
-        s += e[i][j];
-      }
-    const MaxSum r = team_reduce<MaxSumOp>(MaxSum{m, s}, tpr, team, sm, slot, 1);
-    big_m = r.m;
-    s = r.s;
-    scale = m == -INFINITY ? 0.f : ex2((m - big_m) * kLog2e);
+    for (int i = 0; i < kIters; ++i) launder(a[i]);
   }
+  s = team_reduce<SumOp>(s, tpr, team, smf, slot_f, 1);
   if (!row_ok) return;
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
-  const float k = kLog ? logf(s) : scale / s;
+  const float k = kLog ? logf(s) : 1.f / s;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int c = (v0 + i * tpr) * kVec;
@@ -326,10 +311,9 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
 //   0: one (m, s) reduction; exp is computed twice per element (for s, and for y).
 //   1: a max reduction, then e_j = exp(x_j − M) once per element, a sum reduction, y = e_j / S
 //      (log_softmax: y = x_j − M − log S, exp once per element for S). Two cheap reductions.
-//   3: mode 1 without its register cap (sweeps).
 //   4: (softmax) mode 1 keeping x packed across the sum reduction and computing exp again for y.
-//   2: (softmax; log_softmax takes mode 1) per-thread m_t, e_j = exp(x_j − m_t) once per element,
-//      one (m, s) reduction, y = e_j · exp(m_t − M) / S.
+// (Session 8 also measured a per-thread m_t with one (m, s) reduction, and mode 1 without its register
+// cap: both slower, removed; notes/softmax.md.)
 // Mode 1 with one or two 16-byte vectors per thread asks ptxas for 4 resident 512-thread blocks (32
 // registers): 16384x2048 bf16 2506 -> 2591 GB/s, 4096 2521 -> 2669 against 39 registers (mode 3).
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode>
@@ -374,7 +358,7 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
         }
       }
       if constexpr (!kBwd && kMode != 0) {
-        fwd_modes<T, kLog, kVec, kIters, kMode>(a, p, row, row_ok, v0, tpr, team, smf, slot_f, sm, slot);
+        fwd_modes<T, kLog, kVec, kIters, kMode>(a, p, row, row_ok, v0, tpr, team, smf, slot_f);
         continue;
       }
       typename Op::V part;
@@ -421,6 +405,126 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
       }
     }
     cluster_exit_sync(cluster);
+  }
+}
+
+// ---- the forward row kernel (one row per CTA, compile-time team) -----------------------------------
+// The common forward: 16-byte vectors, n a multiple of kVec, one CTA of kTpr (128..512) threads per
+// row, kIters (1, 2) vectors per thread. Same algorithm as mode 1 of softmax_regs (a max reduction, e =
+// exp(x − M) once per element kept in float registers, a sum reduction, y = e · (1/S)), compiled for
+// this case alone: no cluster, no partial vectors, the team size and warp count known to the compiler
+// (unrolled butterflies), the row's values unpacked to float once. Nsight Compute at 16384x8192 bf16
+// counted ~530 issued instructions per warp and row for softmax_regs (mode 4) against ~325 for
+// Liger's Triton kernel (65.8 vs 46.0 % SM throughput, 2.61 vs 2.95 TB/s): the generic kernel's
+// per-row overhead, not the exps, kept it below the memory rate.
+// 16-bit types: exp(x − M) = ex2(fma(x, log2 e, −M·log2 e)), one FFMA: the exponent's absolute error
+// grows to ~|M|·2^-24 (2e-6 relative in y at |M| = 30, ~1 % of a float16 ulp). float32 keeps
+// ex2((x − M)·log2 e).
+template <int kTpr>
+constexpr int kRowMinBlocks = 2048 / kTpr;  // 32 registers: 2048 resident threads per SM
+template <int kW, typename Op>
+__device__ __forceinline__ float block_reduce(float v, float (&sm)[kW]) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = Op::combine(v, Op::shfl_xor(v, off));
+  if constexpr (kW > 1) {
+    const int lane = int(threadIdx.x) & 31;
+    if (lane == 0) sm[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sm[lane & (kW - 1)];  // every warp reduces the kW partials the same way: identical bits
+#pragma unroll
+    for (int off = kW / 2; off > 0; off >>= 1) v = Op::combine(v, Op::shfl_xor(v, off));
+  }
+  return v;
+}
+
+// Max over the packed values of a thread's vectors: bf16/fp16 pairs with one HMNMX2 per two elements
+// (sm_80+; exact, and like fmaxf it returns the other operand when one is NaN), float32 with FMNMX.
+template <typename T, int kVec, int kIters>
+__device__ __forceinline__ float packed_max(const Vec<T, kVec> (&a)[kIters]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (!std::is_same<T, float>::value && kVec * sizeof(T) == 16) {
+    using H2 = std::conditional_t<std::is_same<T, __nv_bfloat16>::value, __nv_bfloat162, __half2>;
+    constexpr int kW = Vec<T, kVec>::kWords;
+    H2 h[kIters * kW];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i)
+#pragma unroll
+      for (int k = 0; k < kW; ++k) memcpy(&h[i * kW + k], &a[i].w[k], 4);
+#pragma unroll
+    for (int w = 1; w < kIters * kW; w *= 2)
+#pragma unroll
+      for (int i = 0; i + w < kIters * kW; i += 2 * w) h[i] = __hmax2(h[i], h[i + w]);
+    return fmaxf(to_float(h[0].x), to_float(h[0].y));
+  } else  // NOLINT(readability/braces): the float32 / pre-sm_80 path below
+#endif
+  {
+    float t[kIters * kVec];
+#pragma unroll
+    for (int i = 0; i < kIters; ++i)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) t[i * kVec + j] = a[i].get(j);
+    return tree_reduce(t, [](float u, float v) { return fmaxf(u, v); });
+  }
+}
+
+template <typename T, bool kLog, int kVec, int kIters, int kTpr>
+__global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr>) softmax_fwd_row(const SoftmaxParams p) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    pdl_wait();
+    if (p.trigger) pdl_trigger();
+    using V = Vec<T, kVec>;
+    constexpr int kW = kTpr / 32;
+    constexpr int kN = kIters * kVec;
+    constexpr bool kFma = sizeof(T) == 2;
+    __shared__ float red[2][kW];  // max, then sum: one barrier per reduction
+    const int t = int(threadIdx.x);
+    const int n = int(p.n);
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
+      V a[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int c = (t + i * kTpr) * kVec;
+        if (c < n) {
+          a[i] = load_vec<T, kVec>(in + c);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) a[i].set(j, -INFINITY);
+        }
+      }
+      const float m = block_reduce<kW, MaxOp>(packed_max<T, kVec, kIters>(a), red[0]);
+      const float ml = m * kLog2e;
+      float e[kN];  // softmax: kept for y; log_softmax: only summed (x stays packed in a)
+#pragma unroll
+      for (int i = 0; i < kIters; ++i)
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xj = a[i].get(j);
+          e[i * kVec + j] = kFma ? ex2(fmaf(xj, kLog2e, -ml)) : ex2((xj - m) * kLog2e);
+        }
+      float part[kIters];  // per vector a pairwise tree, then over the vectors (fewer live registers)
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        float v[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j] = e[i * kVec + j];
+        part[i] = tree_reduce(v, [](float u, float w) { return u + w; });
+      }
+      const float s = block_reduce<kW, SumOp>(tree_reduce(part, [](float u, float w) { return u + w; }), red[1]);
+      const float k = kLog ? logf(s) : 1.f / s;
+      T* out = static_cast<T*>(p.out) + row * p.out_stride;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int c = (t + i * kTpr) * kVec;
+        if (c >= n) continue;
+        float f[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) f[j] = kLog ? (a[i].get(j) - m) - k : e[i * kVec + j] * k;
+        store_vec<T, kVec>(out + c, V::from(f));
+      }
+    }
   }
 }
 
@@ -544,6 +648,121 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
   }
 }
 
+// ---- the bulk-copy kernel (sm_90) -----------------------------------------------------------------
+// A persistent grid; each CTA owns a slice of n / C columns of the rows it visits (C CTAs of a cluster
+// per row; C = 1: the whole row). Thread 0 streams this CTA's slices of its next S rows into shared
+// memory with cp.async.bulk (common/bulk_copy.cuh): while one row is reduced and written, the next
+// S − 1 are in flight from DRAM, and no registers hold row data, so the load, reduce and write phases
+// of a CTA overlap without occupancy (the register kernel's two-reduction critical path sits between
+// its loads and stores). Forward: per thread (m, s) over chunks of two vectors (one pass over shared
+// memory), one (m, s) reduction over the cluster, then y from shared memory (a second pass).
+// Backward: g and y slices, one Σ reduction. Shared memory per CTA: S · (1 or 2) · slice bytes.
+constexpr int kBulkMaxStages = 4;
+constexpr int kBulkMaxTeam = 512;
+template <typename T, bool kLog, bool kBwd, int kVec>
+__global__ void __launch_bounds__(kBulkMaxTeam)
+    softmax_bulk(const SoftmaxParams p, const int cluster, const int stages) {
+  if constexpr (!arch_supports<T>() || !kHasBulk) {
+    __trap();
+  } else {
+    pdl_wait();
+    using V = Vec<T, kVec>;
+    using Op = std::conditional_t<kBwd, SumOp, MaxSumOp>;
+    constexpr int kBuf = kBwd ? 2 : 1;  // backward: g, then y
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
+    __shared__ RedSmem<typename Op::V> sm;
+    int slot = 0;
+    const int tpr = int(blockDim.x), t = int(threadIdx.x);
+    const int slice = int(p.n / cluster);  // the host guarantees C | n and 16-byte slices
+    const int col0 = cluster_rank(cluster) * slice;
+    const int svec = slice / kVec;
+    const uint32_t slice_bytes = uint32_t(slice) * uint32_t(sizeof(T));
+    T* const stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][kBuf][slice]
+    const int64_t step = gridDim.x / cluster;
+    const int64_t first = blockIdx.x / cluster;
+    auto issue = [&](int64_t row, int s) {  // thread 0 only
+      mbar_expect(&bars[s], slice_bytes * kBuf);
+      T* dst = stage_base + int64_t(s) * kBuf * slice;
+      bulk_load_row(dst, static_cast<const T*>(p.in) + row * p.in_stride + col0, slice_bytes, &bars[s]);
+      if constexpr (kBwd)
+        bulk_load_row(dst + slice, static_cast<const T*>(p.y) + row * p.y_stride + col0, slice_bytes, &bars[s]);
+    };
+    if (t == 0) {
+      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
+      mbar_init_fence();
+      for (int s = 0; s < stages; ++s) {
+        const int64_t row = first + int64_t(s) * step;
+        if (row < p.rows) issue(row, s);
+      }
+    }
+    __syncthreads();
+    int64_t k = 0;  // rows done by this CTA
+    for (int64_t row = first; row < p.rows; row += step, ++k) {
+      const int s = int(k % stages);
+      mbar_wait(&bars[s], uint32_t((k / stages) & 1));
+      const T* xs = stage_base + int64_t(s) * kBuf * slice;
+      typename Op::V part;
+      if constexpr (kBwd) {
+        float acc = 0.f;
+        for (int v = t; v < svec; v += tpr)
+          acc += bwd_partial<T, kLog, kVec>(*reinterpret_cast<const V*>(xs + v * kVec),
+                                            *reinterpret_cast<const V*>(xs + slice + v * kVec));
+        part = acc;
+      } else {  // one pass over shared memory: (m, s) per chunk of two vectors, combined per chunk
+        part = MaxSumOp::identity();
+        for (int v = t; v < svec; v += 2 * tpr) {
+          V a[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            if (v + u * tpr < svec) {
+              a[u] = *reinterpret_cast<const V*>(xs + (v + u * tpr) * kVec);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) a[u].set(j, -INFINITY);
+            }
+          }
+          float cm = -INFINITY;
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) cm = fmaxf(cm, a[u].get(j));
+          const float base = cm == -INFINITY ? 0.f : cm;
+          float cs = 0.f;
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) cs += ex2((a[u].get(j) - base) * kLog2e);
+          part = MaxSumOp::combine(part, MaxSum{cm, cs});
+        }
+      }
+      const typename Op::V r = team_reduce<Op>(part, tpr, 0, sm, slot, cluster);  // (a barrier)
+      float kk = 0.f;
+      if constexpr (!kBwd) kk = kLog ? logf(r.s) : 1.f / r.s;
+      T* out = static_cast<T*>(p.out) + row * p.out_stride + col0;
+      for (int v = t; v < svec; v += tpr) {
+        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
+        float f[kVec];
+        if constexpr (kBwd) {
+          bwd_out<T, kLog, kVec>(a, *reinterpret_cast<const V*>(xs + slice + v * kVec), r, f);
+        } else {
+          fwd_out<T, kLog, kVec>(a, r.m, kk, f);
+        }
+        store_vec<T, kVec>(out + v * kVec, V::from(f));
+      }
+      __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
+      if (t == 0) {
+        const int64_t next = row + int64_t(stages) * step;
+        if (next < p.rows) {
+          fence_proxy_async();
+          issue(next, s);
+        }
+      }
+    }
+    cluster_exit_sync(cluster);
+  }
+}
+
 // ---- launch plan ----------------------------------------------------------------------------------
 inline int pow2_ceil(int64_t v) {
   int p = 1;
@@ -616,24 +835,86 @@ Plan make_plan(const SoftmaxParams& p) {
   return pl;
 }
 
-// Clusters resident at once for (kernel, cluster size, block), cached: 0 when the shape cannot run.
-inline int cached_active_clusters(const void* kernel, int cluster, int block, cudaLaunchConfig_t cfg) {
+// Clusters (cluster = 1: CTAs) of `kernel` resident at once for (cluster size, block, dynamic shared
+// memory), cached (the runtime queries cost microseconds, which a decode-sized call cannot afford):
+// 0 when the shape cannot run. A kernel using dynamic shared memory gets its limit raised to
+// kBulkMaxSmem on the first query (static + dynamic over 48 KB needs the attribute): one value for
+// every shape, as the attribute belongs to the kernel, not to a launch (raising it per shape to that
+// shape's size broke a later launch of a larger cached shape: "invalid argument").
+constexpr int64_t kBulkMaxSmem = 200 * 1024;
+inline int cached_active_clusters(const void* kernel, int cluster, int block, cudaLaunchConfig_t cfg, int sm_count) {
   struct Key {
     const void* k;
-    int c, b, v;
+    int c, b;
+    size_t smem;
+    int v;
   };
   static std::mutex mu;
   static std::vector<Key> cache;
   std::lock_guard<std::mutex> lock(mu);
+  const size_t smem = cfg.dynamicSmemBytes;
   for (const Key& e : cache)
-    if (e.k == kernel && e.c == cluster && e.b == block) return e.v;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    clusters = 0;
+    if (e.k == kernel && e.c == cluster && e.b == block && e.smem == smem) return e.v;
+  int v = 0;
+  cudaError_t err = cudaSuccess;
+  if (smem > 0) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkMaxSmem));
+  if (err == cudaSuccess) {
+    if (cluster > 1) {
+      err = cudaOccupancyMaxActiveClusters(&v, kernel, &cfg);
+    } else {
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, block, smem);
+      v *= sm_count;
+    }
   }
-  cache.push_back({kernel, cluster, block, clusters});
-  return clusters;
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    v = 0;
+  }
+  cache.push_back({kernel, cluster, block, smem, v});
+  return v;
+}
+
+// The bulk-copy kernel's plan (sm_90, 16-byte vectors): C = ceil(row bytes / 64 KB) CTAs per row
+// (trimmed to C <= 8, raised until C | n with 16-byte slices), S = 64 KB / (slice · buffers) stages
+// (2..4), tpr = pow2(vectors per slice / 2) in [128, 512]; a persistent grid of the resident clusters.
+// Slices of 64 KB (one CTA of 2 x 64 KB stages per SM) measured ahead of 32 KB (three CTAs per SM, twice
+// the CTAs per row), forward GB/s bf16: 4096x131072 2376 vs 2270, 4096x65536 2505 vs 2505, 2048x262144
+// 2292 vs 2294 (the streaming kernel: 2043 / 2181 / 1843). KF_TUNE: sm_bulk_slice, sm_bulk_smem,
+// sm_bulk_vpt.
+constexpr int kBulkSliceBytes = 64 * 1024;
+constexpr int kBulkStageBudget = 64 * 1024;
+
+template <typename T, bool kLog, bool kBwd, int kVec>
+bool try_bulk(const SoftmaxParams& p, bool pdl, cudaStream_t stream, Status* st) {
+  if constexpr (kVec * sizeof(T) != 16) {
+    return false;
+  } else {
+    if (p.capability < 90) return false;
+    constexpr int kBuf = kBwd ? 2 : 1;
+    const int64_t row_bytes = p.n * int64_t(sizeof(T));
+    const int64_t slice_cap = std::max(1024, tune("sm_bulk_slice", kBulkSliceBytes));
+    int cluster = int(std::min<int64_t>(kMaxCluster, ceil_div(row_bytes, slice_cap)));
+    while (cluster <= kMaxCluster && (p.n % cluster != 0 || ((p.n / cluster) * int64_t(sizeof(T))) % 16 != 0))
+      ++cluster;
+    if (cluster > kMaxCluster) return false;
+    const int64_t slice_bytes = row_bytes / cluster;
+    const int64_t budget = tune("sm_bulk_smem", kBulkStageBudget);
+    const int stages = int(std::min<int64_t>(kBulkMaxStages, std::max<int64_t>(2, budget / (slice_bytes * kBuf))));
+    const int64_t smem = int64_t(stages) * kBuf * slice_bytes;
+    if (smem > kBulkMaxSmem) return false;
+    const int64_t svec = (p.n / cluster) / kVec;
+    const int tpr =
+        std::min(kBulkMaxTeam, std::max(128, pow2_ceil(ceil_div(svec, std::max(1, tune("sm_bulk_vpt", 2))))));
+    auto kernel = softmax_bulk<T, kLog, kBwd, kVec>;
+    Launch probe(dim3(unsigned(cluster)), dim3(unsigned(tpr)), size_t(smem), stream, false, cluster);
+    const int active =
+        cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, tpr, probe.cfg, p.sm_count);
+    if (active < 1) return false;
+    const int64_t units = std::min<int64_t>(p.rows, active);
+    Launch l(dim3(unsigned(units * cluster)), dim3(unsigned(tpr)), size_t(smem), stream, pdl, cluster);
+    *st = launched(l(kernel, p, cluster, stages), "softmax (bulk)");
+    return true;
+  }
 }
 
 template <typename T, bool kLog, bool kBwd, int kVec>
@@ -649,7 +930,8 @@ Status launch_stream(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
     // persistent: as many clusters as are resident at once (fewer than blocks / cluster where a
     // GPC's SM count is not a multiple of the cluster size; a second wave doubled the time)
     Launch probe(dim3(unsigned(blocks)), dim3(kStreamTeam), 0, stream, false, cluster);
-    const int active = cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, kStreamTeam, probe.cfg);
+    const int active =
+        cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, kStreamTeam, probe.cfg, p.sm_count);
     const int64_t units = std::min<int64_t>({p.rows, blocks / cluster, int64_t(active) * bps});
     if (units >= 1) {
       Launch l(dim3(unsigned(units * cluster)), dim3(kStreamTeam), 0, stream, pdl, cluster);
@@ -671,15 +953,49 @@ auto pick_regs_kernel(const Plan& pl) {
     const int def = (!kLog && pl.tpr >= kMaxTeam) ? 4 : 1;
     const int mode = pl.cluster > 1 ? 0 : tune("sm_fwd_mode", def);
     if (mode == 1) return softmax_regs<T, kLog, kBwd, kVec, kIters, 1>;
-    if (mode == 2) return softmax_regs < T, kLog, kBwd, kVec, kIters, kLog ? 1 : 2 > ;
-    if (mode == 3) return softmax_regs<T, kLog, kBwd, kVec, kIters, 3>;
     if (mode == 4) return softmax_regs < T, kLog, kBwd, kVec, kIters, kLog ? 1 : 4 > ;
   }
   return softmax_regs<T, kLog, kBwd, kVec, kIters, 0>;
 }
 
+// softmax_fwd_row for a forward one-CTA plan with 16-byte vectors, n % kVec == 0, 128..512 threads
+// per row and 1..2 vectors per thread (KF_TUNE sm_row=0: softmax_regs instead).
+template <typename T, bool kLog, int kVec, int kIters, int kTpr>
+Status launch_fwd_row(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
+  const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
+  SoftmaxParams q = p;  // the whole grid resident at once: let the next kernel in
+  q.trigger = pdl && grid <= p.sm_count;
+  Launch l(dim3(unsigned(grid)), dim3(kTpr), 0, stream, pdl);
+  return launched(l(softmax_fwd_row<T, kLog, kVec, kIters, kTpr>, q), "softmax (row)");
+}
+template <typename T, bool kLog, int kVec, int kIters>
+bool try_fwd_row(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_t stream, Status* st) {
+  if constexpr (kVec * sizeof(T) != 16 || kIters > 2) {
+    return false;
+  } else {
+    if (pl.cluster != 1 || p.n % kVec != 0 || tune("sm_row", 1) == 0) return false;
+    switch (pl.tpr) {
+      case 128:
+        *st = launch_fwd_row<T, kLog, kVec, kIters, 128>(p, pdl, stream);
+        return true;
+      case 256:
+        *st = launch_fwd_row<T, kLog, kVec, kIters, 256>(p, pdl, stream);
+        return true;
+      case 512:
+        *st = launch_fwd_row<T, kLog, kVec, kIters, 512>(p, pdl, stream);
+        return true;
+      default:
+        return false;
+    }
+  }
+}
+
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters>
 Status launch_regs(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_t stream) {
+  if constexpr (!kBwd) {
+    Status st;
+    if (try_fwd_row<T, kLog, kVec, kIters>(p, pl, pdl, stream, &st)) return st;
+  }
   auto kernel = pick_regs_kernel<T, kLog, kBwd, kVec, kIters>(pl);
   const int block = pl.cluster > 1 ? pl.tpr : std::max(pl.tpr, kMinBlock);
   const int rpb = block / pl.tpr;
@@ -687,7 +1003,7 @@ Status launch_regs(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_
   const dim3 grid(unsigned(units * pl.cluster));
   if (pl.cluster > 1) {
     Launch probe(grid, dim3(block), 0, stream, false, pl.cluster);
-    if (cached_active_clusters(reinterpret_cast<const void*>(kernel), pl.cluster, block, probe.cfg) < 1)
+    if (cached_active_clusters(reinterpret_cast<const void*>(kernel), pl.cluster, block, probe.cfg, p.sm_count) < 1)
       return launch_stream<T, kLog, kBwd, kVec>(p, pdl, stream);  // no room for this cluster shape
     Launch l(grid, dim3(block), 0, stream, pdl, pl.cluster);
     return launched(l(kernel, p, log2_of(pl.tpr), pl.cluster), "softmax (cluster)");
@@ -704,6 +1020,18 @@ Status with_vec(const SoftmaxParams& p, cudaStream_t stream) {
   dev.capability = p.capability;
   const bool pdl = use_pdl(dev);
   const Plan pl = make_plan<T, kBwd, kVec>(p);
+  // The bulk-copy kernel (sm_90) for the rows no one-CTA register kernel holds (forward; backward with
+  // KF_TUNE sm_bulk_bwd=1 until measured), or from KF_TUNE sm_bulk_min_row bytes (sweeps); not for
+  // grids under one wave of rows (decode: nothing to overlap).
+  const int64_t row_bytes = p.n * int64_t(sizeof(T));
+  const bool long_row = pl.tpr == 0 || pl.cluster > 1;
+  const bool bulk =
+      tune("sm_bulk", 1) != 0 && p.rows >= tune("sm_bulk_min_rows", p.sm_count) &&
+      ((long_row && (!kBwd || tune("sm_bulk_bwd", 0) != 0)) || row_bytes >= tune("sm_bulk_min_row", INT_MAX));
+  if (bulk) {
+    Status st;
+    if (try_bulk<T, kLog, kBwd, kVec>(p, pdl, stream, &st)) return st;
+  }
   switch (pl.tpr == 0 ? 0 : pl.iters) {
     case 1:
       return launch_regs<T, kLog, kBwd, kVec, 1>(p, pl, pdl, stream);

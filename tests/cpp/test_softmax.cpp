@@ -5,9 +5,11 @@
 // element is compared with the reference (NaN never passes), inputs must come back unchanged, and
 // bytes outside each output view (row padding, base offset, a guard after the last row) must stay
 // untouched. Shapes are chosen per code path (notes/softmax.md): 1, odd and prime lengths (partial
-// last vector), short rows packed several per block, 1024 / 4096 / 8191, one-CTA rows up to 32 K,
+// last vector), short rows packed several per block, 1024 / 4096 / 8191, one-CTA rows up to 32 K
+// (the forward row kernel: rows filling its team, 1544 / 3000 leaving vectors of it empty),
 // cluster rows (65536, 131072, 262144 bf16 on sm_90), streaming rows (262144 float32, unaligned
-// 65536), decode (1 row), many rows, no rows. Layouts: contiguous, row-padded, odd row stride, base
+// 65536), the bulk-copy kernel (long rows, more rows than SMs), decode (1 row), many rows, no rows. Layouts:
+// contiguous, row-padded, odd row stride, base
 // + 1 element (scalar path). Tests skip without a GPU, and fail instead when KF_REQUIRE_GPU=1.
 //
 // Tolerance: outputs and reference are both rounded to the dtype, so a correct kernel is within
@@ -30,9 +32,9 @@ namespace ref = kernelforge::ref;
 struct Shape {
   int64_t rows, n;
 };
-const Shape kShapes[] = {{1, 1},      {3, 7},      {5, 127},   {129, 33},  {4, 1024},  {1, 4096},
-                         {7, 4096},   {3, 8191},   {33, 2048}, {2, 16384}, {2, 32768}, {2, 65536},
-                         {2, 131072}, {1, 262144}, {0, 4096},  {5, 0},     {300, 520}};
+const Shape kShapes[] = {{1, 1},    {3, 7},     {5, 127},   {129, 33},   {4, 1024},  {1, 4096},   {7, 4096},
+                         {3, 8191}, {33, 2048}, {2, 16384}, {2, 32768},  {2, 65536}, {2, 131072}, {1, 262144},
+                         {0, 4096}, {5, 0},     {300, 520}, {200, 1544}, {5, 3000},  {140, 4096}};
 
 enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned };
 const char* layout_name(LayoutKind l) {
@@ -331,6 +333,22 @@ INSTANTIATE_TEST_SUITE_P(All, SoftmaxGpuSpecial,
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const DType t = std::get<0>(info.param);
                            return std::string(t == DType::kFloat32 ? "fp32" : t == DType::kFloat16 ? "fp16" : "bf16");
+                         });
+
+// The bulk-copy kernel (sm_90) with its default plan: long rows and more rows than SMs (H100/H200:
+// 132; B200: 148), so the persistent grid loops over rows and reuses its pipeline stages: bf16 65536
+// -> 2 CTAs of 64 KB slices, float32 -> 4 CTAs, 2 stages each. ctest softmax_gpu_bulk runs every
+// SoftmaxGpu test with the bulk kernel forced (any row length and count, the backward too).
+INSTANTIATE_TEST_SUITE_P(Bulk, SoftmaxGpu,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16),
+                                            ::testing::Values(Shape{140, 65536}),
+                                            ::testing::Values(LayoutKind::kContiguous)),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const DType t = std::get<0>(info.param);
+                           const Shape s = std::get<1>(info.param);
+                           return std::string(t == DType::kFloat32 ? "fp32" : "bf16") + "_" + std::to_string(s.rows) +
+                                  "x" + std::to_string(s.n) +
+                                  (std::get<2>(info.param) == LayoutKind::kContiguous ? "_contiguous" : "_padded");
                          });
 
 // More rows than a grid holds in one pass at once, and a 1-D view; a 3-D view with a row stride.
