@@ -80,8 +80,17 @@ class SoftmaxFn : public torch::autograd::Function<SoftmaxFn<kLog>> {
   }
 };
 
-Tensor softmax_autograd(const Tensor& x) { return SoftmaxFn<false>::apply(x); }
-Tensor log_softmax_autograd(const Tensor& x) { return SoftmaxFn<true>::apply(x); }
+// Without a gradient to record (no_grad / inference, or x not requiring one) the op goes straight to
+// the kernel: no autograd Function, context or saved tensor on the host path of a decode-sized call.
+template <bool kLog>
+Tensor softmax_autograd(const Tensor& x) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = op_handle<Tensor(const Tensor&)>(kLog ? "kernelforge::log_softmax" : "kernelforge::softmax");
+    return op.call(x);
+  }
+  return SoftmaxFn<kLog>::apply(x);
+}
 
 template <bool kCuda>
 void register_impls(torch::Library& m) {
@@ -106,6 +115,6 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
 TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) { register_impls<true>(m); }
 TORCH_LIBRARY_IMPL(kernelforge, CPU, m) { register_impls<false>(m); }
 TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
-  m.impl("softmax", &softmax_autograd);
-  m.impl("log_softmax", &log_softmax_autograd);
+  m.impl("softmax", &softmax_autograd<false>);
+  m.impl("log_softmax", &softmax_autograd<true>);
 }
