@@ -29,6 +29,17 @@ __device__ __forceinline__ constexpr bool arch_supports() {
 #endif
 }
 
+// Resident threads per SM of the architecture being compiled: a minimum block count asked of the
+// compiler (__launch_bounds__) must fit it, or ptxas ignores it with a warning. sm_75 1024,
+// sm_86/87/89 1536, sm_80/sm_90 2048.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kSmThreads = 1024;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ > 800 && __CUDA_ARCH__ < 900
+constexpr int kSmThreads = 1536;
+#else
+constexpr int kSmThreads = 2048;
+#endif
+
 // The launch error of the last kernel launch, if any, as a Status naming `what`.
 inline Status check_launch(const char* what) {
   cudaError_t err = cudaGetLastError();

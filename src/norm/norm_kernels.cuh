@@ -460,15 +460,7 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 // 8+): x takes 4 registers per slot and the rest ~24-40; capping the count raises resident threads,
 // and so bytes in flight per SM. Measured in notes/norm.md. The kernel's blocks have <= 256 threads.
 constexpr int kFwdRowMaxBlock = 256;
-// Resident threads per SM of the architecture being compiled (the block count asked of the compiler
-// must fit it): sm_75 1024, sm_86/87/89 1536, sm_80/sm_90 2048.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-constexpr int kSmThreads = 1024;
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ > 800 && __CUDA_ARCH__ < 900
-constexpr int kSmThreads = 1536;
-#else
-constexpr int kSmThreads = 2048;
-#endif
+// kSmThreads (common/launch.cuh): resident threads per SM of the architecture being compiled.
 template <int kRegs>
 constexpr int kFwdRowMinBlocks = std::min(65536 / (kFwdRowMaxBlock * kRegs), kSmThreads / kFwdRowMaxBlock);
 // Registers per thread by op (rows) and 16-byte x slots per thread 1 / 2 / 4 (columns); 8+ slots: 128.

@@ -317,7 +317,9 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
 // Mode 1 with one or two 16-byte vectors per thread asks ptxas for 4 resident 512-thread blocks (32
 // registers): 16384x2048 bf16 2506 -> 2591 GB/s, 4096 2521 -> 2669 against 39 registers (mode 3).
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode>
-constexpr int kRegsMinBlocks = ((kMode == 1 || kMode == 4) && kVec * sizeof(T) == 16 && kIters <= 2) ? 4 : 0;
+constexpr int kRegsMinBlocks = ((kMode == 1 || kMode == 4) && kVec * sizeof(T) == 16 && kIters <= 2)
+                                   ? kSmThreads / kMaxTeam
+                                   : 0;
 template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode = 0>
 __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, kIters, kMode>)
     softmax_regs(const SoftmaxParams p, const int tpr_shift, const int cluster) {
@@ -417,11 +419,10 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
 // counted ~530 issued instructions per warp and row for softmax_regs (mode 4) against ~325 for
 // Liger's Triton kernel (65.8 vs 46.0 % SM throughput, 2.61 vs 2.95 TB/s): the generic kernel's
 // per-row overhead, not the exps, kept it below the memory rate.
-// 16-bit types: exp(x − M) = ex2(fma(x, log2 e, −M·log2 e)), one FFMA: the exponent's absolute error
-// grows to ~|M|·2^-24 (2e-6 relative in y at |M| = 30, ~1 % of a float16 ulp). float32 keeps
-// ex2((x − M)·log2 e).
+// exp(x − M) = ex2((x − M)·log2 e): x − M first. (A single FFMA, ex2(fma(x, log2 e, −M·log2 e)), has an
+// exponent error of ~|M|·2^-24 absolute: at |M| = 1e30 or 6e4 the special-value tests failed.)
 template <int kTpr>
-constexpr int kRowMinBlocks = 2048 / kTpr;  // 32 registers: 2048 resident threads per SM
+constexpr int kRowMinBlocks = kSmThreads / kTpr;  // every resident thread (sm_90: 2048, 32 registers)
 template <int kW, typename Op>
 __device__ __forceinline__ float block_reduce(float v, float (&sm)[kW]) {
 #pragma unroll
@@ -477,7 +478,6 @@ __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr>) softmax_fwd_row(con
     using V = Vec<T, kVec>;
     constexpr int kW = kTpr / 32;
     constexpr int kN = kIters * kVec;
-    constexpr bool kFma = sizeof(T) == 2;
     __shared__ float red[2][kW];  // max, then sum: one barrier per reduction
     const int t = int(threadIdx.x);
     const int n = int(p.n);
@@ -495,14 +495,13 @@ __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr>) softmax_fwd_row(con
         }
       }
       const float m = block_reduce<kW, MaxOp>(packed_max<T, kVec, kIters>(a), red[0]);
-      const float ml = m * kLog2e;
       float e[kN];  // softmax: kept for y; log_softmax: only summed (x stays packed in a)
 #pragma unroll
       for (int i = 0; i < kIters; ++i)
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float xj = a[i].get(j);
-          e[i * kVec + j] = kFma ? ex2(fmaf(xj, kLog2e, -ml)) : ex2((xj - m) * kLog2e);
+          e[i * kVec + j] = ex2((xj - m) * kLog2e);
         }
       float part[kIters];  // per vector a pairwise tree, then over the vectors (fewer live registers)
 #pragma unroll
@@ -763,6 +762,109 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
   }
 }
 
+// The forward of the bulk-copy pipeline with the slice held in registers: each thread copies its
+// kIters vectors (v = t + i·tpr) of the stage to registers, so the stage is free again as soon as the
+// (m, s) reduction's barrier has passed: thread 0 refills it with the row S ahead right there, and the
+// row's writes overlap the next loads (the generic kernel above refills only after its output pass).
+// Per thread: max over the packed values, s_t = Σ exp(x − m_t), one (m, s) reduction over the cluster,
+// y from registers (exp recomputed).
+template <typename T, bool kLog, int kVec, int kIters>
+__global__ void __launch_bounds__(kBulkMaxTeam, 1)
+    softmax_bulk_fwd(const SoftmaxParams p, const int cluster, const int stages) {
+  if constexpr (!arch_supports<T>() || !kHasBulk) {
+    __trap();
+  } else {
+    pdl_wait();
+    using V = Vec<T, kVec>;
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
+    __shared__ RedSmem<MaxSum> sm;
+    int slot = 0;
+    const int tpr = int(blockDim.x), t = int(threadIdx.x);
+    const int slice = int(p.n / cluster);  // the host guarantees C | n, 16-byte slices, svec <= tpr·kIters
+    const int col0 = cluster_rank(cluster) * slice;
+    const int svec = slice / kVec;
+    const uint32_t slice_bytes = uint32_t(slice) * uint32_t(sizeof(T));
+    T* const stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][slice]
+    const int64_t step = gridDim.x / cluster;
+    const int64_t first = blockIdx.x / cluster;
+    auto issue = [&](int64_t row, int s) {  // thread 0 only
+      mbar_expect(&bars[s], slice_bytes);
+      bulk_load_row(stage_base + int64_t(s) * slice, static_cast<const T*>(p.in) + row * p.in_stride + col0,
+                    slice_bytes, &bars[s]);
+    };
+    if (t == 0) {
+      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
+      mbar_init_fence();
+      for (int s = 0; s < stages; ++s) {
+        const int64_t row = first + int64_t(s) * step;
+        if (row < p.rows) issue(row, s);
+      }
+    }
+    __syncthreads();
+    int64_t k = 0;  // rows done by this CTA
+    for (int64_t row = first; row < p.rows; row += step, ++k) {
+      const int s = int(k % stages);
+      mbar_wait(&bars[s], uint32_t((k / stages) & 1));
+      const T* xs = stage_base + int64_t(s) * slice;
+      V a[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int v = t + i * tpr;
+        if (v < svec) {
+          a[i] = *reinterpret_cast<const V*>(xs + v * kVec);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) a[i].set(j, -INFINITY);
+        }
+      }
+      const float mt = packed_max<T, kVec, kIters>(a);
+      const float base = mt == -INFINITY ? 0.f : mt;  // an all -inf part adds exp(-inf) = 0
+      float part[kIters];
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        float e[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xj = a[i].get(j);
+          e[j] = ex2((xj - base) * kLog2e);
+        }
+        part[i] = tree_reduce(e, [](float u, float w) { return u + w; });
+      }
+      const float st = tree_reduce(part, [](float u, float w) { return u + w; });
+      const MaxSum r = team_reduce<MaxSumOp>(MaxSum{mt, st}, tpr, 0, sm, slot, cluster);
+      // team_reduce's barrier: every thread of this CTA has read stage s; refill it at once
+      if (t == 0) {
+        const int64_t next = row + int64_t(stages) * step;
+        if (next < p.rows) {
+          fence_proxy_async();
+          issue(next, s);
+        }
+      }
+      const float m = r.m;
+      const float kk = kLog ? logf(r.s) : 1.f / r.s;
+      T* out = static_cast<T*>(p.out) + row * p.out_stride + col0;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int v = t + i * tpr;
+        if (v >= svec) continue;
+        float f[kVec];
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xj = a[i].get(j);
+          if constexpr (kLog) {
+            f[j] = (xj - m) - kk;
+          } else {
+            f[j] = ex2((xj - m) * kLog2e) * kk;
+          }
+        }
+        store_vec<T, kVec>(out + v * kVec, V::from(f));
+      }
+    }
+    cluster_exit_sync(cluster);
+  }
+}
+
 // ---- launch plan ----------------------------------------------------------------------------------
 inline int pow2_ceil(int64_t v) {
   int p = 1;
@@ -884,6 +986,19 @@ inline int cached_active_clusters(const void* kernel, int cluster, int block, cu
 constexpr int kBulkSliceBytes = 64 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;
 
+// One persistent launch of a bulk-copy kernel: as many clusters as are resident at once (at most one
+// per row); false when the shape cannot run (no resident cluster).
+inline bool launch_bulk(void (*kernel)(SoftmaxParams, int, int), const SoftmaxParams& p, int cluster, int tpr,
+                        int stages, int64_t smem, bool pdl, cudaStream_t stream, Status* st) {
+  Launch probe(dim3(unsigned(cluster)), dim3(unsigned(tpr)), size_t(smem), stream, false, cluster);
+  const int active = cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, tpr, probe.cfg, p.sm_count);
+  if (active < 1) return false;
+  const int64_t units = std::min<int64_t>(p.rows, active);
+  Launch l(dim3(unsigned(units * cluster)), dim3(unsigned(tpr)), size_t(smem), stream, pdl, cluster);
+  *st = launched(l(kernel, p, cluster, stages), "softmax (bulk)");
+  return true;
+}
+
 template <typename T, bool kLog, bool kBwd, int kVec>
 bool try_bulk(const SoftmaxParams& p, bool pdl, cudaStream_t stream, Status* st) {
   if constexpr (kVec * sizeof(T) != 16) {
@@ -905,15 +1020,21 @@ bool try_bulk(const SoftmaxParams& p, bool pdl, cudaStream_t stream, Status* st)
     const int64_t svec = (p.n / cluster) / kVec;
     const int tpr =
         std::min(kBulkMaxTeam, std::max(128, pow2_ceil(ceil_div(svec, std::max(1, tune("sm_bulk_vpt", 2))))));
-    auto kernel = softmax_bulk<T, kLog, kBwd, kVec>;
-    Launch probe(dim3(unsigned(cluster)), dim3(unsigned(tpr)), size_t(smem), stream, false, cluster);
-    const int active =
-        cached_active_clusters(reinterpret_cast<const void*>(kernel), cluster, tpr, probe.cfg, p.sm_count);
-    if (active < 1) return false;
-    const int64_t units = std::min<int64_t>(p.rows, active);
-    Launch l(dim3(unsigned(units * cluster)), dim3(unsigned(tpr)), size_t(smem), stream, pdl, cluster);
-    *st = launched(l(kernel, p, cluster, stages), "softmax (bulk)");
-    return true;
+    // forward slices of up to 8 vectors per thread: the register-held variant (KF_TUNE sm_bulk_regs=0 off)
+    const int iters = pow2_ceil(ceil_div(svec, tpr));
+    if (!kBwd && iters <= 8 && tune("sm_bulk_regs", 1) != 0) {
+      switch (iters) {
+        case 1:
+          return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 1>, p, cluster, tpr, stages, smem, pdl, stream, st);
+        case 2:
+          return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 2>, p, cluster, tpr, stages, smem, pdl, stream, st);
+        case 4:
+          return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 4>, p, cluster, tpr, stages, smem, pdl, stream, st);
+        default:
+          return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 8>, p, cluster, tpr, stages, smem, pdl, stream, st);
+      }
+    }
+    return launch_bulk(softmax_bulk<T, kLog, kBwd, kVec>, p, cluster, tpr, stages, smem, pdl, stream, st);
   }
 }
 

@@ -286,7 +286,8 @@ TEST_P(SoftmaxGpuSpecial, NonFinite) {
   const std::vector<std::vector<double>> patterns = {
       {1.0, nan, 2.0, 3.0},     {1.0, inf, 2.0, 3.0}, {-inf, -inf, -inf, -inf},     {-inf, 1.0, -inf, 2.0},
       {huge, -huge, 0.0, huge}, {5.0, 5.0, 5.0, 5.0}, {-huge, -huge, -huge, -huge}, {0.0, -0.0, 1e-3, -1e-3}};
-  for (int64_t n : {int64_t(4), int64_t(4099), N()}) {
+  // 4096: the forward row kernel (eight rows: one vector per thread); N: cluster / bulk / streaming
+  for (int64_t n : {int64_t(4), int64_t(4096), int64_t(4099), N()}) {
     const int64_t rows = int64_t(patterns.size());
     HostTensor x(t, {rows, n}), g(t, {rows, n});
     Rng rng(seed("special" + std::to_string(n)));
