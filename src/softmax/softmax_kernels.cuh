@@ -647,45 +647,41 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
   }
 }
 
-// ---- the bulk-copy kernel (sm_90) -----------------------------------------------------------------
+// ---- the bulk-copy kernels (sm_90) ----------------------------------------------------------------
 // A persistent grid; each CTA owns a slice of n / C columns of the rows it visits (C CTAs of a cluster
 // per row; C = 1: the whole row). Thread 0 streams this CTA's slices of its next S rows into shared
 // memory with cp.async.bulk (common/bulk_copy.cuh): while one row is reduced and written, the next
-// S − 1 are in flight from DRAM, and no registers hold row data, so the load, reduce and write phases
-// of a CTA overlap without occupancy (the register kernel's two-reduction critical path sits between
-// its loads and stores). Forward: per thread (m, s) over chunks of two vectors (one pass over shared
-// memory), one (m, s) reduction over the cluster, then y from shared memory (a second pass).
-// Backward: g and y slices, one Σ reduction. Shared memory per CTA: S · (1 or 2) · slice bytes.
+// S − 1 are in flight from DRAM, so the load, reduce and write phases of a CTA overlap without
+// occupancy. Shared memory per CTA: S · (1 forward, 2 backward) · slice bytes.
+// Backward (softmax_bulk_bwd; off by default, KF_TUNE sm_bulk_bwd=1: slower than the register cluster
+// so far): g and y slices, one Σ reduction, dx from shared memory.
 constexpr int kBulkMaxStages = 4;
 constexpr int kBulkMaxTeam = 512;
-template <typename T, bool kLog, bool kBwd, int kVec>
+template <typename T, bool kLog, int kVec>
 __global__ void __launch_bounds__(kBulkMaxTeam)
-    softmax_bulk(const SoftmaxParams p, const int cluster, const int stages) {
+    softmax_bulk_bwd(const SoftmaxParams p, const int cluster, const int stages) {
   if constexpr (!arch_supports<T>() || !kHasBulk) {
     __trap();
   } else {
     pdl_wait();
     using V = Vec<T, kVec>;
-    using Op = std::conditional_t<kBwd, SumOp, MaxSumOp>;
-    constexpr int kBuf = kBwd ? 2 : 1;  // backward: g, then y
     extern __shared__ __align__(128) unsigned char dyn_smem[];
     __shared__ __align__(8) uint64_t bars[kBulkMaxStages];
-    __shared__ RedSmem<typename Op::V> sm;
+    __shared__ RedSmem<float> sm;
     int slot = 0;
     const int tpr = int(blockDim.x), t = int(threadIdx.x);
     const int slice = int(p.n / cluster);  // the host guarantees C | n and 16-byte slices
     const int col0 = cluster_rank(cluster) * slice;
     const int svec = slice / kVec;
     const uint32_t slice_bytes = uint32_t(slice) * uint32_t(sizeof(T));
-    T* const stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][kBuf][slice]
+    T* const stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][g, y][slice]
     const int64_t step = gridDim.x / cluster;
     const int64_t first = blockIdx.x / cluster;
     auto issue = [&](int64_t row, int s) {  // thread 0 only
-      mbar_expect(&bars[s], slice_bytes * kBuf);
-      T* dst = stage_base + int64_t(s) * kBuf * slice;
+      mbar_expect(&bars[s], slice_bytes * 2);
+      T* dst = stage_base + int64_t(s) * 2 * slice;
       bulk_load_row(dst, static_cast<const T*>(p.in) + row * p.in_stride + col0, slice_bytes, &bars[s]);
-      if constexpr (kBwd)
-        bulk_load_row(dst + slice, static_cast<const T*>(p.y) + row * p.y_stride + col0, slice_bytes, &bars[s]);
+      bulk_load_row(dst + slice, static_cast<const T*>(p.y) + row * p.y_stride + col0, slice_bytes, &bars[s]);
     };
     if (t == 0) {
       for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
@@ -700,53 +696,17 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
     for (int64_t row = first; row < p.rows; row += step, ++k) {
       const int s = int(k % stages);
       mbar_wait(&bars[s], uint32_t((k / stages) & 1));
-      const T* xs = stage_base + int64_t(s) * kBuf * slice;
-      typename Op::V part;
-      if constexpr (kBwd) {
-        float acc = 0.f;
-        for (int v = t; v < svec; v += tpr)
-          acc += bwd_partial<T, kLog, kVec>(*reinterpret_cast<const V*>(xs + v * kVec),
-                                            *reinterpret_cast<const V*>(xs + slice + v * kVec));
-        part = acc;
-      } else {  // one pass over shared memory: (m, s) per chunk of two vectors, combined per chunk
-        part = MaxSumOp::identity();
-        for (int v = t; v < svec; v += 2 * tpr) {
-          V a[2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            if (v + u * tpr < svec) {
-              a[u] = *reinterpret_cast<const V*>(xs + (v + u * tpr) * kVec);
-            } else {
-#pragma unroll
-              for (int j = 0; j < kVec; ++j) a[u].set(j, -INFINITY);
-            }
-          }
-          float cm = -INFINITY;
-#pragma unroll
-          for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) cm = fmaxf(cm, a[u].get(j));
-          const float base = cm == -INFINITY ? 0.f : cm;
-          float cs = 0.f;
-#pragma unroll
-          for (int u = 0; u < 2; ++u)
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) cs += ex2((a[u].get(j) - base) * kLog2e);
-          part = MaxSumOp::combine(part, MaxSum{cm, cs});
-        }
-      }
-      const typename Op::V r = team_reduce<Op>(part, tpr, 0, sm, slot, cluster);  // (a barrier)
-      float kk = 0.f;
-      if constexpr (!kBwd) kk = kLog ? logf(r.s) : 1.f / r.s;
+      const T* gs = stage_base + int64_t(s) * 2 * slice;
+      float acc = 0.f;
+      for (int v = t; v < svec; v += tpr)
+        acc += bwd_partial<T, kLog, kVec>(*reinterpret_cast<const V*>(gs + v * kVec),
+                                          *reinterpret_cast<const V*>(gs + slice + v * kVec));
+      const float r = team_reduce<SumOp>(acc, tpr, 0, sm, slot, cluster);  // (a barrier)
       T* out = static_cast<T*>(p.out) + row * p.out_stride + col0;
       for (int v = t; v < svec; v += tpr) {
-        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
         float f[kVec];
-        if constexpr (kBwd) {
-          bwd_out<T, kLog, kVec>(a, *reinterpret_cast<const V*>(xs + slice + v * kVec), r, f);
-        } else {
-          fwd_out<T, kLog, kVec>(a, r.m, kk, f);
-        }
+        bwd_out<T, kLog, kVec>(*reinterpret_cast<const V*>(gs + v * kVec),
+                               *reinterpret_cast<const V*>(gs + slice + v * kVec), r, f);
         store_vec<T, kVec>(out + v * kVec, V::from(f));
       }
       __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
@@ -762,10 +722,11 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
   }
 }
 
-// The forward of the bulk-copy pipeline with the slice held in registers: each thread copies its
-// kIters vectors (v = t + i·tpr) of the stage to registers, so the stage is free again as soon as the
-// (m, s) reduction's barrier has passed: thread 0 refills it with the row S ahead right there, and the
-// row's writes overlap the next loads (the generic kernel above refills only after its output pass).
+// Forward (softmax_bulk_fwd), the slice held in registers: each thread copies its kIters (<= 8) vectors
+// (v = t + i·tpr) of the stage to registers, so the stage is free again as soon as the (m, s)
+// reduction's barrier has passed: thread 0 refills it with the row S ahead right there, and the row's
+// writes overlap the next loads (refilling after the output pass, as the backward does, measured
+// 2358 vs 2682 GB/s at 4096x131072: notes/softmax.md).
 // Per thread: max over the packed values, s_t = Σ exp(x − m_t), one (m, s) reduction over the cluster,
 // y from registers (exp recomputed).
 template <typename T, bool kLog, int kVec, int kIters>
@@ -1020,21 +981,22 @@ bool try_bulk(const SoftmaxParams& p, bool pdl, cudaStream_t stream, Status* st)
     const int64_t svec = (p.n / cluster) / kVec;
     const int tpr =
         std::min(kBulkMaxTeam, std::max(128, pow2_ceil(ceil_div(svec, std::max(1, tune("sm_bulk_vpt", 2))))));
-    // forward slices of up to 8 vectors per thread: the register-held variant (KF_TUNE sm_bulk_regs=0 off)
-    const int iters = pow2_ceil(ceil_div(svec, tpr));
-    if (!kBwd && iters <= 8 && tune("sm_bulk_regs", 1) != 0) {
-      switch (iters) {
+    if constexpr (kBwd) {
+      return launch_bulk(softmax_bulk_bwd<T, kLog, kVec>, p, cluster, tpr, stages, smem, pdl, stream, st);
+    } else {
+      switch (pow2_ceil(ceil_div(svec, tpr))) {  // vectors per thread: at most 8 (64 KB slices, 512 threads)
         case 1:
           return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 1>, p, cluster, tpr, stages, smem, pdl, stream, st);
         case 2:
           return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 2>, p, cluster, tpr, stages, smem, pdl, stream, st);
         case 4:
           return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 4>, p, cluster, tpr, stages, smem, pdl, stream, st);
-        default:
+        case 8:
           return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 8>, p, cluster, tpr, stages, smem, pdl, stream, st);
+        default:
+          return false;  // larger slices (KF_TUNE sm_bulk_slice): the plan's other kernels
       }
     }
-    return launch_bulk(softmax_bulk<T, kLog, kBwd, kVec>, p, cluster, tpr, stages, smem, pdl, stream, st);
   }
 }
 
