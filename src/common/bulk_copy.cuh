@@ -71,4 +71,25 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// The pipeline's two steps, by thread 0 of the CTA (the others return at once):
+//   start:  initialise `stages` barriers and issue(row_of(s), s) for s < stages (row_of < 0: no row);
+//           a __syncthreads must follow before any thread waits on a barrier;
+//   refill: after a __syncthreads that follows every read of stage s, issue(row, s) (row < 0: none).
+template <typename RowOf, typename Issue>
+__device__ __forceinline__ void bulk_pipeline_start(uint64_t* bars, int stages, RowOf row_of, Issue issue) {
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
+  mbar_init_fence();
+  for (int s = 0; s < stages; ++s) {
+    const int64_t row = row_of(s);
+    if (row >= 0) issue(row, s);
+  }
+}
+template <typename Issue>
+__device__ __forceinline__ void bulk_pipeline_refill(int64_t row, int s, Issue issue) {
+  if (threadIdx.x != 0 || row < 0) return;
+  fence_proxy_async();
+  issue(row, s);
+}
+
 }  // namespace kernelforge

@@ -704,14 +704,9 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
         bulk_load_row(dst + slice, static_cast<const T*>(p.residual) + row * p.res_stride + col0, slice_bytes,
                       &bars[s]);
     };
-    if (t == 0) {
-      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
-      mbar_init_fence();
-      for (int s = 0; s < stages; ++s) {
-        const int64_t row = first + int64_t(s) * step;
-        if (row < p.rows) issue(row, s);
-      }
-    }
+    // rows first, first + step, ...: the s-th is this CTA's s-th row (none past the last row)
+    auto row_of = [&](int64_t s) { return first + s * step < p.rows ? first + s * step : int64_t(-1); };
+    bulk_pipeline_start(bars, stages, row_of, issue);
     __syncthreads();
 
     int64_t k = 0;  // rows done by this CTA
@@ -767,13 +762,7 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
                            fwd_out<T, kOp, kVec>(a, mean, rstd, p, wv, bv, scv, shv));
       }
       __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
-      if (t == 0) {
-        const int64_t next = row + int64_t(stages) * step;
-        if (next < p.rows) {
-          fence_proxy_async();
-          issue(next, s);
-        }
-      }
+      bulk_pipeline_refill(row_of(k + stages), s, issue);
     }
     cluster_exit_sync(cluster);
 #endif
@@ -952,14 +941,8 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
       if (p.dsum) bulk_load_row(dst + 2 * n, static_cast<const T*>(p.dsum) + row * p.dsum_stride, row_bytes, &bars[s]);
     };
     if constexpr (kBulk) {
-      if (t == 0) {
-        for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
-        mbar_init_fence();
-        for (int s = 0; s < stages; ++s) {
-          const int64_t row = seq.row_of(s);
-          if (row >= 0) issue(row, s);
-        }
-      }
+      bulk_pipeline_start(
+          bars, stages, [&](int64_t s) { return seq.row_of(s); }, issue);
       __syncthreads();
     }
 
@@ -1015,13 +998,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
       }
       if constexpr (kBulk && !kReread) {
         __syncthreads();  // the stage is in registers now: refill it with the row `stages` ahead
-        if (t == 0) {
-          const int64_t next = seq.row_of(k + stages);
-          if (next >= 0) {
-            fence_proxy_async();
-            issue(next, int(k % stages));
-          }
-        }
+        bulk_pipeline_refill(seq.row_of(k + stages), int(k % stages), issue);
       }
       auto X = [&](int i) -> V {
         if constexpr (kReread)
@@ -1117,13 +1094,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
       }
       if constexpr (kReread) {
         __syncthreads();  // every thread is done with this stage: refill it with the row `stages` ahead
-        if (t == 0) {
-          const int64_t next = seq.row_of(k + stages);
-          if (next >= 0) {
-            fence_proxy_async();
-            issue(next, int(k % stages));
-          }
-        }
+        bulk_pipeline_refill(seq.row_of(k + stages), int(k % stages), issue);
       }
       if (per_group && k - div_nonneg(k, wk.group_rows) * wk.group_rows ==
                            wk.group_rows - 1) {  // end of a group owned by this block

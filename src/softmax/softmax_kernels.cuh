@@ -684,14 +684,9 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
       bulk_load_row(dst, static_cast<const T*>(p.in) + row * p.in_stride + col0, slice_bytes, &bars[s]);
       bulk_load_row(dst + slice, static_cast<const T*>(p.y) + row * p.y_stride + col0, slice_bytes, &bars[s]);
     };
-    if (t == 0) {
-      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
-      mbar_init_fence();
-      for (int s = 0; s < stages; ++s) {
-        const int64_t row = first + int64_t(s) * step;
-        if (row < p.rows) issue(row, s);
-      }
-    }
+    // rows first, first + step, ...: the s-th is this CTA's s-th row (none past the last row)
+    auto row_of = [&](int64_t s) { return first + s * step < p.rows ? first + s * step : int64_t(-1); };
+    bulk_pipeline_start(bars, stages, row_of, issue);
     __syncthreads();
     int64_t k = 0;  // rows done by this CTA
     for (int64_t row = first; row < p.rows; row += step, ++k) {
@@ -711,13 +706,7 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
         store_vec<T, kVec>(out + v * kVec, V::from(f));
       }
       __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
-      if (t == 0) {
-        const int64_t next = row + int64_t(stages) * step;
-        if (next < p.rows) {
-          fence_proxy_async();
-          issue(next, s);
-        }
-      }
+      bulk_pipeline_refill(row_of(k + stages), s, issue);
     }
     cluster_exit_sync(cluster);
   }
@@ -755,14 +744,9 @@ __global__ void __launch_bounds__(kBulkMaxTeam, 1)
       bulk_load_row(stage_base + int64_t(s) * slice, static_cast<const T*>(p.in) + row * p.in_stride + col0,
                     slice_bytes, &bars[s]);
     };
-    if (t == 0) {
-      for (int s = 0; s < stages; ++s) mbar_init(&bars[s]);
-      mbar_init_fence();
-      for (int s = 0; s < stages; ++s) {
-        const int64_t row = first + int64_t(s) * step;
-        if (row < p.rows) issue(row, s);
-      }
-    }
+    // rows first, first + step, ...: the s-th is this CTA's s-th row (none past the last row)
+    auto row_of = [&](int64_t s) { return first + s * step < p.rows ? first + s * step : int64_t(-1); };
+    bulk_pipeline_start(bars, stages, row_of, issue);
     __syncthreads();
     int64_t k = 0;  // rows done by this CTA
     for (int64_t row = first; row < p.rows; row += step, ++k) {
@@ -796,13 +780,7 @@ __global__ void __launch_bounds__(kBulkMaxTeam, 1)
       const float st = tree_reduce(part, [](float u, float w) { return u + w; });
       const MaxSum r = team_reduce<MaxSumOp>(MaxSum{mt, st}, tpr, 0, sm, slot, cluster);
       // team_reduce's barrier: every thread of this CTA has read stage s; refill it at once
-      if (t == 0) {
-        const int64_t next = row + int64_t(stages) * step;
-        if (next < p.rows) {
-          fence_proxy_async();
-          issue(next, s);
-        }
-      }
+      bulk_pipeline_refill(row_of(k + stages), s, issue);
       const float m = r.m;
       const float kk = kLog ? logf(r.s) : 1.f / r.s;
       T* out = static_cast<T*>(p.out) + row * p.out_stride + col0;
