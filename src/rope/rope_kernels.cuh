@@ -22,6 +22,9 @@
 // flight per thread, ~50 KB per SM at 5 blocks of 160 threads; Little's law asks ~14 KB).
 //   B=4 S=4096 Hq=32 Hk=8 D=128 bf16 rotate-half: 8 units (8 pairs of 16 B vectors), ty = 20 (2
 //   heads each), block 160 threads, grid 16384 blocks.
+// Decode steps (at most kFlatMaxTokens tokens) take the flat kernel instead: one thread per (token,
+// head, unit), its x loads and cos/sin loads issued together (one memory round trip per call where
+// the token kernel takes two: it loads cos/sin before its head loop).
 // Vector width, once per launch: 16 B when every q/k/out base pointer is 16-byte aligned, every
 // (batch, seq, head) stride a multiple of 16 B, the cos/sin pointers and row strides too, and
 // R/2 (rotate-half) or R (interleaved) a multiple of the vector; otherwise one element per access.
@@ -58,6 +61,9 @@ constexpr int kMaxBlockZ = 64;                           // CUDA's limit for blo
 // block. Under kFewTokens tokens (decode) a thread takes as few heads as fit, for latency.
 constexpr int kMinHeadsPerThread = 8;
 constexpr int64_t kFewTokens = 1024;
+// Up to kFlatMaxTokens tokens (decode steps) the flat kernel runs instead: one thread per (token,
+// head, unit), every load issued before the first use (KF_TUNE rope_flat_max overrides).
+constexpr int64_t kFlatMaxTokens = 256;
 
 // kVec values of cos/sin (dtype CS) at p as float32. CS = float with kVec >= 4: 16-byte loads;
 // CS = T (16-bit) with kVec = 8: one 16-byte load.
@@ -100,7 +106,111 @@ __device__ __forceinline__ HeadPtrs<T> head_ptrs(const RopeParams& p, int h, int
   return {in, out, isk ? k.inplace : a.inplace};
 }
 
-// ---- kernel ------------------------------------------------------------------------------------
+// Columns of rotation unit u: vector a at *ca, vector b at *cb (cb == ca when the pairs lie inside
+// one vector).
+template <bool kInterleaved, int kVec>
+__device__ __forceinline__ void unit_cols(int u, int R, int* ca, int* cb) {
+  constexpr bool kPacked = kInterleaved && kVec > 1;
+  *ca = kPacked ? u * kVec : (kInterleaved ? 2 * u : u * kVec);
+  *cb = kPacked ? *ca : (kInterleaved ? *ca + 1 : *ca + R / 2);
+}
+
+// The cos c and "effective sin" e of a unit's pairs (formula at the kernel), float32; NaN when the
+// token's position is out of range (`bad`: cos/sin are not read).
+template <typename CS, bool kInterleaved, int kVec>
+struct UnitCS {
+  float ca[kVec], cb[kVec], ea[kVec], eb[kVec];
+  __device__ __forceinline__ void load(const CS* cosr, const CS* sinr, int a, int b, bool backward, bool bad) {
+    constexpr bool kPacked = kInterleaved && kVec > 1;
+    if (bad) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) ca[j] = cb[j] = ea[j] = eb[j] = __int_as_float(0x7fffffff);
+    } else if constexpr (kPacked) {
+      float sv[kVec];
+      load_cs<CS, kVec>(cosr + a, ca);
+      load_cs<CS, kVec>(sinr + a, sv);
+#pragma unroll
+      for (int j = 0; j < kVec; j += 2) {  // pair (j, j + 1): ea/eb hold e of the first/second member
+        ea[j] = backward ? sv[j + 1] : -sv[j];
+        eb[j] = backward ? -sv[j] : sv[j + 1];
+        cb[j] = ca[j + 1];
+        ea[j + 1] = eb[j + 1] = cb[j + 1] = 0.f;  // unused
+      }
+    } else {
+      float sa[kVec], sb[kVec];
+      load_cs<CS, kVec>(cosr + a, ca);
+      load_cs<CS, kVec>(cosr + b, cb);
+      load_cs<CS, kVec>(sinr + a, sa);
+      load_cs<CS, kVec>(sinr + b, sb);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        ea[j] = backward ? sb[j] : -sa[j];
+        eb[j] = backward ? -sa[j] : sb[j];
+      }
+    }
+  }
+};
+
+// out_a = x_a c_a + x_b e_a, out_b = x_b c_b + x_a e_b for the unit's pairs, rounded once to T and
+// stored at out + ca (and out + cb).
+template <typename T, typename CS, bool kInterleaved, int kVec>
+__device__ __forceinline__ void rotate_store(const Vec<T, kVec>& xa, const Vec<T, kVec>& xb,
+                                             const UnitCS<CS, kInterleaved, kVec>& c, T* out, int ca, int cb) {
+  using V = Vec<T, kVec>;
+  if constexpr (kInterleaved && kVec > 1) {
+    float o[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; j += 2) {
+      const float x0 = xa.get(j), x1 = xa.get(j + 1);
+      o[j] = fmaf(x1, c.ea[j], x0 * c.ca[j]);
+      o[j + 1] = fmaf(x0, c.eb[j], x1 * c.cb[j]);
+    }
+    store_vec<T, kVec>(out + ca, V::from(o));
+  } else {
+    float oa[kVec], ob[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float x0 = xa.get(j), x1 = xb.get(j);
+      oa[j] = fmaf(x1, c.ea[j], x0 * c.ca[j]);
+      ob[j] = fmaf(x0, c.eb[j], x1 * c.cb[j]);
+    }
+    store_vec<T, kVec>(out + ca, V::from(oa));
+    store_vec<T, kVec>(out + cb, V::from(ob));
+  }
+}
+
+// The cos/sin rows of token (b, s) (through the position ids when given); *bad when the position is
+// out of range (the rows then point at row 0 and must not be read).
+template <typename CS>
+__device__ __forceinline__ void token_cs(const RopeParams& p, int64_t b, int64_t s, const CS** cosr, const CS** sinr,
+                                         bool* bad) {
+  const CS* cos_base = static_cast<const CS*>(p.cos);
+  const CS* sin_base = static_cast<const CS*>(p.sin);
+  *bad = false;
+  if (p.pos != nullptr) {
+    const int64_t v = p.pos[b * p.pos_sb + s * p.pos_ss];
+    *bad = v < 0 || v >= p.max_pos;
+    const int64_t row = *bad ? 0 : v;
+    *cosr = cos_base + row * p.cos_ss;
+    *sinr = sin_base + row * p.sin_ss;
+  } else {
+    *cosr = cos_base + b * p.cos_sb + s * p.cos_ss;
+    *sinr = sin_base + b * p.sin_sb + s * p.sin_ss;
+  }
+}
+
+// Passthrough unit at column c (>= R) of one head: copied unless rotated in place.
+template <typename T, int kVec>
+__device__ __forceinline__ void pass_unit(const HeadPtrs<T>& hp, int c, int D) {
+  if (hp.inplace) return;
+  if (c + kVec <= D) {
+    store_vec<T, kVec>(hp.out + c, load_vec<T, kVec>(hp.in + c));
+  } else {
+    for (int k = c; k < D; ++k) hp.out[k] = hp.in[k];
+  }
+}
+
+// ---- kernels -----------------------------------------------------------------------------------
 // For each pair (a, b) with cos c and "effective sin" e (forward: e_a = -sin_a, e_b = sin_b;
 // backward: e_a = sin_b, e_b = -sin_a):  out_a = x_a c_a + x_b e_a,  out_b = x_b c_b + x_a e_b.
 template <typename T, typename CS, bool kInterleaved, int kVec>
@@ -116,57 +226,20 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p, cons
     const int R = p.rot_dim, D = p.head_dim;
     const int64_t tokens = p.batch * p.seq;
     const int ty = int(blockDim.y);
-    const CS* cos_base = static_cast<const CS*>(p.cos);
-    const CS* sin_base = static_cast<const CS*>(p.sin);
     for (int64_t tok = int64_t(blockIdx.x) * blockDim.z + threadIdx.z; tok < tokens;
          tok += int64_t(gridDim.x) * blockDim.z) {
       // 32-bit division where it fits (the 64-bit one is a ~100-instruction subroutine per token)
       const int64_t b = tokens <= UINT32_MAX ? int64_t(uint32_t(tok) / uint32_t(p.seq)) : tok / p.seq;
       const int64_t s = tok - b * p.seq;
-      bool bad = false;
+      bool bad;
       const CS *cosr, *sinr;
-      if (p.pos != nullptr) {
-        const int64_t v = p.pos[b * p.pos_sb + s * p.pos_ss];
-        bad = v < 0 || v >= p.max_pos;
-        const int64_t row = bad ? 0 : v;
-        cosr = cos_base + row * p.cos_ss;
-        sinr = sin_base + row * p.sin_ss;
-      } else {
-        cosr = cos_base + b * p.cos_sb + s * p.cos_ss;
-        sinr = sin_base + b * p.sin_sb + s * p.sin_ss;
-      }
+      token_cs<CS>(p, b, s, &cosr, &sinr, &bad);
       for (int u = threadIdx.x; u < units; u += blockDim.x) {
         if (u < units_rot) {
-          // columns of the unit: vector a at ca, vector b at cb (cb == ca when packed)
-          const int ca = kPacked ? u * kVec : (kInterleaved ? 2 * u : u * kVec);
-          const int cb = kPacked ? ca : (kInterleaved ? ca + 1 : ca + R / 2);
-          float ca_[kVec], cb_[kVec], ea[kVec], eb[kVec];
-          if (bad) {
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) ca_[j] = cb_[j] = ea[j] = eb[j] = __int_as_float(0x7fffffff);
-          } else if constexpr (kPacked) {
-            float sv[kVec];
-            load_cs<CS, kVec>(cosr + ca, ca_);
-            load_cs<CS, kVec>(sinr + ca, sv);
-#pragma unroll
-            for (int j = 0; j < kVec; j += 2) {  // pair (j, j + 1): ea/eb hold e of the first/second member
-              ea[j] = p.backward ? sv[j + 1] : -sv[j];
-              eb[j] = p.backward ? -sv[j] : sv[j + 1];
-              cb_[j] = ca_[j + 1];
-              ea[j + 1] = eb[j + 1] = cb_[j + 1] = 0.f;  // unused
-            }
-          } else {
-            float sa[kVec], sb[kVec];
-            load_cs<CS, kVec>(cosr + ca, ca_);
-            load_cs<CS, kVec>(cosr + cb, cb_);
-            load_cs<CS, kVec>(sinr + ca, sa);
-            load_cs<CS, kVec>(sinr + cb, sb);
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              ea[j] = p.backward ? sb[j] : -sa[j];
-              eb[j] = p.backward ? -sa[j] : sb[j];
-            }
-          }
+          int ca, cb;
+          unit_cols<kInterleaved, kVec>(u, R, &ca, &cb);
+          UnitCS<CS, kInterleaved, kVec> c;
+          c.load(cosr, sinr, ca, cb, p.backward, bad);
           for (int h0 = threadIdx.y; h0 < heads; h0 += kHeadsInFlight * ty) {
             V xa[kHeadsInFlight], xb[kHeadsInFlight];
             HeadPtrs<T> hp[kHeadsInFlight];
@@ -184,42 +257,54 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p, cons
 #pragma unroll
             for (int i = 0; i < kHeadsInFlight; ++i) {
               if (h0 + i * ty >= heads) break;
-              if constexpr (kPacked) {
-                float o[kVec];
-#pragma unroll
-                for (int j = 0; j < kVec; j += 2) {
-                  const float x0 = xa[i].get(j), x1 = xa[i].get(j + 1);
-                  o[j] = fmaf(x1, ea[j], x0 * ca_[j]);
-                  o[j + 1] = fmaf(x0, eb[j], x1 * cb_[j]);
-                }
-                store_vec<T, kVec>(hp[i].out + ca, V::from(o));
-              } else {
-                float oa[kVec], ob[kVec];
-#pragma unroll
-                for (int j = 0; j < kVec; ++j) {
-                  const float x0 = xa[i].get(j), x1 = xb[i].get(j);
-                  oa[j] = fmaf(x1, ea[j], x0 * ca_[j]);
-                  ob[j] = fmaf(x0, eb[j], x1 * cb_[j]);
-                }
-                store_vec<T, kVec>(hp[i].out + ca, V::from(oa));
-                store_vec<T, kVec>(hp[i].out + cb, V::from(ob));
-              }
+              rotate_store<T, CS, kInterleaved, kVec>(xa[i], xb[i], c, hp[i].out, ca, cb);
             }
           }
         } else {  // passthrough columns R..D-1
           const int c = R + (u - units_rot) * kVec;
-          for (int h = threadIdx.y; h < heads; h += ty) {
-            const HeadPtrs<T> hp = head_ptrs<T>(p, h, b, s);
-            if (hp.inplace) continue;
-            if (c + kVec <= D) {
-              store_vec<T, kVec>(hp.out + c, load_vec<T, kVec>(hp.in + c));
-            } else {
-              for (int k = c; k < D; ++k) hp.out[k] = hp.in[k];
-            }
-          }
+          for (int h = threadIdx.y; h < heads; h += ty) pass_unit<T, kVec>(head_ptrs<T>(p, h, b, s), c, D);
         }
       }
     }
+  }
+}
+
+// Decode steps (at most kFlatMaxTokens tokens): one thread per (token, head, unit) item, item i =
+// (tok · heads + h) · units + u (< 2^31, checked by the launcher). The token kernel above loads a
+// token's cos/sin before its head loop, so its x loads wait for them: two memory round trips. Here
+// the x loads are issued first and the cos/sin loads right after, with nothing between: one round
+// trip (plus the position id's when given). Same arithmetic, same rounding as the token kernel.
+template <typename T, typename CS, bool kInterleaved, int kVec>
+__global__ void __launch_bounds__(kThreads) rope_flat_kernel(const RopeParams p, const int units_rot, const int units) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    pdl_wait();
+    if (p.trigger) pdl_trigger();
+    constexpr bool kPacked = kInterleaved && kVec > 1;
+    using V = Vec<T, kVec>;
+    const uint32_t heads = uint32_t(p.t[0].heads + p.t[1].heads);
+    const uint32_t items = uint32_t(p.batch * p.seq) * heads * uint32_t(units);
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= items) return;
+    const uint32_t u = i % uint32_t(units), th = i / uint32_t(units);
+    const uint32_t h = th % heads, tok = th / heads;
+    const int64_t b = tok / uint32_t(p.seq), s = tok - b * p.seq;
+    const HeadPtrs<T> hp = head_ptrs<T>(p, int(h), b, s);
+    if (int(u) >= units_rot) {
+      pass_unit<T, kVec>(hp, p.rot_dim + (int(u) - units_rot) * kVec, p.head_dim);
+      return;
+    }
+    int ca, cb;
+    unit_cols<kInterleaved, kVec>(int(u), p.rot_dim, &ca, &cb);
+    const V xa = load_vec<T, kVec>(hp.in + ca);
+    const V xb = kPacked ? xa : load_vec<T, kVec>(hp.in + cb);
+    bool bad;
+    const CS *cosr, *sinr;
+    token_cs<CS>(p, b, s, &cosr, &sinr, &bad);
+    UnitCS<CS, kInterleaved, kVec> c;
+    c.load(cosr, sinr, ca, cb, p.backward, bad);
+    rotate_store<T, CS, kInterleaved, kVec>(xa, xb, c, hp.out, ca, cb);
   }
 }
 
@@ -266,17 +351,32 @@ inline Plan plan(const RopeParams& p, int vec) {
   return {dim3(unsigned(blocks)), dim3(unsigned(tx), unsigned(ty), unsigned(tz)), units_rot, units};
 }
 
+// The flat kernel's grid (0 blocks: the token kernel runs), for a call of at most kFlatMaxTokens
+// tokens (KF_TUNE rope_flat_max) whose items fit 32-bit indexing.
+inline int64_t flat_blocks(const RopeParams& p, int units) {
+  const int64_t tokens = p.batch * p.seq;
+  if (tokens > tune("rope_flat_max", int(kFlatMaxTokens))) return 0;
+  const int64_t items = tokens * (p.t[0].heads + p.t[1].heads) * units;
+  return items < (int64_t(1) << 31) ? ceil_div(items, kThreads) : 0;
+}
+
 template <typename T, typename CS, bool kInterleaved, int kVec>
 Status launch(const RopeParams& p, cudaStream_t stream) {
   const Plan g = plan(p, kVec);
   DeviceInfo dev;
   dev.capability = p.capability;
   const bool pdl = use_pdl(dev);
+  const char* what = p.backward ? "apply_rope_backward" : "apply_rope";
   RopeParams q = p;  // a grid of at most one block per SM is resident at once: let the next kernel in
+  const int64_t flat = flat_blocks(p, g.units);
+  if (flat > 0) {
+    q.trigger = pdl && flat <= p.sm_count;
+    Launch l(dim3(unsigned(flat)), dim3(kThreads), 0, stream, pdl);
+    return launched(l(rope_flat_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units), what);
+  }
   q.trigger = pdl && int64_t(g.grid.x) <= p.sm_count;
   Launch l(g.grid, g.block, 0, stream, pdl);
-  return launched(l(rope_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units),
-                  p.backward ? "apply_rope_backward" : "apply_rope");
+  return launched(l(rope_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units), what);
 }
 
 template <typename T, typename CS>

@@ -1,0 +1,70 @@
+"""Developer tool: apply_rope forward on q and k as HF hands them over ([B, H, S, D] views of
+[B, S, H, D] memory, cos/sin [B, S, D] in q's dtype, 32/8 heads of 128, bf16), CUDA-graph replay
+time per call (100 calls per graph, median of 20 replays, no L2 flush: the decode metric of
+`kforge bench`), optionally Liger's. For the flat/token kernel crossover (KF_TUNE is read once per
+process: one process per setting):
+
+    KF_TUNE=rope_flat_max=0 PYTHONPATH=python python3 scripts/prof_rope.py [--tokens 1,8,64,256] [--liger]
+"""
+import argparse
+import os
+import statistics
+
+import torch
+
+import kernelforge as kf
+
+
+def graph_us(fn, calls=100, replays=20):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1e3 / calls)
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1,8,64,128,256,512,1024")
+    ap.add_argument("--liger", action="store_true")
+    a = ap.parse_args()
+    tag = os.environ.get("KF_TUNE", "default")
+    hq, hk, d = 32, 8, 128
+    for t in (int(v) for v in a.tokens.split(",")):
+        b, s = (t, 1) if t <= 64 else (1, t)
+        dt = torch.bfloat16
+        q = torch.randn(b, s, hq, d, device="cuda", dtype=dt).transpose(1, 2)
+        k = torch.randn(b, s, hk, d, device="cuda", dtype=dt).transpose(1, 2)
+        ang = torch.rand(b, s, d // 2, device="cuda") * 6.28
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(dt)
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(dt)
+        fns = {"kf": lambda: kf.apply_rope(q, k, cos, sin, layout="bhsd")}
+        if a.liger:
+            from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+            qc, kc = q.clone(), k.clone()
+            fns["liger"] = lambda: liger_rotary_pos_emb(qc, kc, cos, sin)
+        with torch.no_grad():
+            for name, fn in fns.items():
+                print(f"{tag:20s} tokens {t:6d} {name:6s} {graph_us(fn):7.2f} us/call (graph)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
