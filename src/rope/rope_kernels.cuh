@@ -22,13 +22,12 @@
 // flight per thread, ~50 KB per SM at 5 blocks of 160 threads; Little's law asks ~14 KB).
 //   B=4 S=4096 Hq=32 Hk=8 D=128 bf16 rotate-half: 8 units (8 pairs of 16 B vectors), ty = 20 (2
 //   heads each), block 160 threads, grid 16384 blocks.
-// Decode steps (at most kFlatMaxTokens tokens) take the flat kernel instead: one thread per (token,
-// head, unit), its x loads and cos/sin loads issued together (one memory round trip per call where
-// the token kernel takes two: it loads cos/sin before its head loop).
-// Vector width, once per launch: 16 B when every q/k/out base pointer is 16-byte aligned, every
-// (batch, seq, head) stride a multiple of 16 B, the cos/sin pointers and row strides too, and
-// R/2 (rotate-half) or R (interleaved) a multiple of the vector; otherwise one element per access.
-// A head_dim that is not a multiple of the vector ends with a partial passthrough vector done
+// Decode steps (at most kFlatMaxTokens tokens) take the flat kernel instead: a block per token (and
+// group of heads), a thread per (head, unit), its x loads and cos/sin loads issued together (one memory round trip per
+// call where the token kernel takes two: it loads cos/sin before its head loop). Vector width, once per launch: 16 B
+// when every q/k/out base pointer is 16-byte aligned, every (batch, seq, head) stride a multiple of 16 B, the cos/sin
+// pointers and row strides too, and R/2 (rotate-half) or R (interleaved) a multiple of the vector; otherwise one
+// element per access. A head_dim that is not a multiple of the vector ends with a partial passthrough vector done
 // element by element. Offsets are 64-bit.
 // Math: float32; out = fmaf(x_partner, ±sin, x · cos), rounded once to T.
 // Position ids out of range: cos/sin are not read; the token's rotated columns become NaN.
@@ -61,8 +60,8 @@ constexpr int kMaxBlockZ = 64;                           // CUDA's limit for blo
 // block. Under kFewTokens tokens (decode) a thread takes as few heads as fit, for latency.
 constexpr int kMinHeadsPerThread = 8;
 constexpr int64_t kFewTokens = 1024;
-// Up to kFlatMaxTokens tokens (decode steps) the flat kernel runs instead: one thread per (token,
-// head, unit), every load issued before the first use (KF_TUNE rope_flat_max overrides).
+// Up to kFlatMaxTokens tokens (decode steps) the flat kernel runs instead: a block per token, a
+// thread per (head, unit), every load issued before the first use (KF_TUNE rope_flat_max overrides).
 constexpr int64_t kFlatMaxTokens = 256;
 
 // kVec values of cos/sin (dtype CS) at p as float32. CS = float with kVec >= 4: 16-byte loads;
@@ -269,11 +268,11 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p, cons
   }
 }
 
-// Decode steps (at most kFlatMaxTokens tokens): one thread per (token, head, unit) item, item i =
-// (tok · heads + h) · units + u (< 2^31, checked by the launcher). The token kernel above loads a
-// token's cos/sin before its head loop, so its x loads wait for them: two memory round trips. Here
-// the x loads are issued first and the cos/sin loads right after, with nothing between: one round
-// trip (plus the position id's when given). Same arithmetic, same rounding as the token kernel.
+// Decode steps (at most kFlatMaxTokens tokens): block (x, y) = (token, group of blockDim.y heads),
+// thread (x, y) = (unit, head in the group); no integer division but the token's b = tok / seq. The
+// token kernel above loads a token's cos/sin before its head loop, so its x loads wait for them: two
+// memory round trips. Here the x loads are issued first and the cos/sin loads right after, with
+// nothing between: one round trip (plus the position id's when given). Same arithmetic and rounding.
 template <typename T, typename CS, bool kInterleaved, int kVec>
 __global__ void __launch_bounds__(kThreads) rope_flat_kernel(const RopeParams p, const int units_rot, const int units) {
   if constexpr (!arch_supports<T>()) {
@@ -283,28 +282,27 @@ __global__ void __launch_bounds__(kThreads) rope_flat_kernel(const RopeParams p,
     if (p.trigger) pdl_trigger();
     constexpr bool kPacked = kInterleaved && kVec > 1;
     using V = Vec<T, kVec>;
-    const uint32_t heads = uint32_t(p.t[0].heads + p.t[1].heads);
-    const uint32_t items = uint32_t(p.batch * p.seq) * heads * uint32_t(units);
-    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= items) return;
-    const uint32_t u = i % uint32_t(units), th = i / uint32_t(units);
-    const uint32_t h = th % heads, tok = th / heads;
+    const int h = int(blockIdx.y * blockDim.y + threadIdx.y);
+    if (h >= p.t[0].heads + p.t[1].heads) return;
+    const uint32_t tok = blockIdx.x;
     const int64_t b = tok / uint32_t(p.seq), s = tok - b * p.seq;
-    const HeadPtrs<T> hp = head_ptrs<T>(p, int(h), b, s);
-    if (int(u) >= units_rot) {
-      pass_unit<T, kVec>(hp, p.rot_dim + (int(u) - units_rot) * kVec, p.head_dim);
-      return;
+    const HeadPtrs<T> hp = head_ptrs<T>(p, h, b, s);
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+      if (u >= units_rot) {
+        pass_unit<T, kVec>(hp, p.rot_dim + (u - units_rot) * kVec, p.head_dim);
+        continue;
+      }
+      int ca, cb;
+      unit_cols<kInterleaved, kVec>(u, p.rot_dim, &ca, &cb);
+      const V xa = load_vec<T, kVec>(hp.in + ca);
+      const V xb = kPacked ? xa : load_vec<T, kVec>(hp.in + cb);
+      bool bad;
+      const CS *cosr, *sinr;
+      token_cs<CS>(p, b, s, &cosr, &sinr, &bad);
+      UnitCS<CS, kInterleaved, kVec> c;
+      c.load(cosr, sinr, ca, cb, p.backward, bad);
+      rotate_store<T, CS, kInterleaved, kVec>(xa, xb, c, hp.out, ca, cb);
     }
-    int ca, cb;
-    unit_cols<kInterleaved, kVec>(int(u), p.rot_dim, &ca, &cb);
-    const V xa = load_vec<T, kVec>(hp.in + ca);
-    const V xb = kPacked ? xa : load_vec<T, kVec>(hp.in + cb);
-    bool bad;
-    const CS *cosr, *sinr;
-    token_cs<CS>(p, b, s, &cosr, &sinr, &bad);
-    UnitCS<CS, kInterleaved, kVec> c;
-    c.load(cosr, sinr, ca, cb, p.backward, bad);
-    rotate_store<T, CS, kInterleaved, kVec>(xa, xb, c, hp.out, ca, cb);
   }
 }
 
@@ -351,13 +349,18 @@ inline Plan plan(const RopeParams& p, int vec) {
   return {dim3(unsigned(blocks)), dim3(unsigned(tx), unsigned(ty), unsigned(tz)), units_rot, units};
 }
 
-// The flat kernel's grid (0 blocks: the token kernel runs), for a call of at most kFlatMaxTokens
-// tokens (KF_TUNE rope_flat_max) whose items fit 32-bit indexing.
-inline int64_t flat_blocks(const RopeParams& p, int units) {
+// The flat kernel's launch for a call of at most kFlatMaxTokens tokens (KF_TUNE rope_flat_max):
+// grid (tokens, head groups), block (units, heads per group), at most kThreads threads, the heads
+// split evenly over the groups. grid.x == 0: the token kernel runs.
+inline Plan flat_plan(const RopeParams& p, int units_rot, int units) {
   const int64_t tokens = p.batch * p.seq;
-  if (tokens > tune("rope_flat_max", int(kFlatMaxTokens))) return 0;
-  const int64_t items = tokens * (p.t[0].heads + p.t[1].heads) * units;
-  return items < (int64_t(1) << 31) ? ceil_div(items, kThreads) : 0;
+  if (tokens > tune("rope_flat_max", int(kFlatMaxTokens))) return {dim3(0), dim3(0), units_rot, units};
+  const int heads = p.t[0].heads + p.t[1].heads;
+  const int tx = std::min(units, kThreads);
+  const int groups = int(ceil_div(heads, std::max(1, kThreads / tx)));
+  const int hpg = int(ceil_div(heads, groups));                                   // <= kThreads / tx
+  if (ceil_div(heads, hpg) > 65535) return {dim3(0), dim3(0), units_rot, units};  // gridDim.y's limit
+  return {dim3(unsigned(tokens), unsigned(ceil_div(heads, hpg))), dim3(unsigned(tx), unsigned(hpg)), units_rot, units};
 }
 
 template <typename T, typename CS, bool kInterleaved, int kVec>
@@ -368,11 +371,11 @@ Status launch(const RopeParams& p, cudaStream_t stream) {
   const bool pdl = use_pdl(dev);
   const char* what = p.backward ? "apply_rope_backward" : "apply_rope";
   RopeParams q = p;  // a grid of at most one block per SM is resident at once: let the next kernel in
-  const int64_t flat = flat_blocks(p, g.units);
-  if (flat > 0) {
-    q.trigger = pdl && flat <= p.sm_count;
-    Launch l(dim3(unsigned(flat)), dim3(kThreads), 0, stream, pdl);
-    return launched(l(rope_flat_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units), what);
+  const Plan f = flat_plan(p, g.units_rot, g.units);
+  if (f.grid.x > 0) {
+    q.trigger = pdl && int64_t(f.grid.x) * f.grid.y <= p.sm_count;
+    Launch l(f.grid, f.block, 0, stream, pdl);
+    return launched(l(rope_flat_kernel<T, CS, kInterleaved, kVec>, q, f.units_rot, f.units), what);
   }
   q.trigger = pdl && int64_t(g.grid.x) <= p.sm_count;
   Launch l(g.grid, g.block, 0, stream, pdl);
