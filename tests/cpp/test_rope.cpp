@@ -57,6 +57,10 @@ const RopeCase kCases[] = {
     {"inplace_partial", 2, 9, 4, 2, 96, 64, RopeLayout::kBHSD, Tables::kCache, {}, true, false},
     {"fused_qkv_inplace", 2, 7, 8, 2, 128, 128, RopeLayout::kBSHD, Tables::kSR, {}, true, true},
     {"empty_seq", 2, 0, 4, 2, 64, 64, RopeLayout::kBSHD, Tables::kSR, {}, false, false},
+    // flat (decode) kernel: 33 heads in groups of 17 + 16 (an idle row of threads), and 302 units
+    // (one element each: unaligned) on 256 threads (the unit loop)
+    {"decode_33_heads", 3, 1, 29, 4, 128, 128, RopeLayout::kBSHD, Tables::kSR, {}, false, false},
+    {"wide_head_unaligned", 1, 2, 2, 1, 602, 600, RopeLayout::kBSHD, Tables::kSR, {0, 1}, false, false},
 };
 
 std::vector<int64_t> shape_of(RopeLayout l, int64_t B, int64_t S, int64_t H, int64_t D) {
