@@ -676,7 +676,7 @@ constexpr int kBulkMaxStages = 4;
 constexpr int kBulkMaxIters = 8;
 
 template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(512, kIters <= 2 ? 3 : (kIters <= 4 ? 2 : 1))
+__global__ void __launch_bounds__(512, kIters <= 4 ? 3 : 1)
     norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
   if constexpr (!arch_supports<T>()) {
     __trap();
