@@ -666,18 +666,11 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
 // sm_90: each CTA owns one slice of a row (the whole row, or 1/C of it inside a cluster of C CTAs).
 // Thread 0 streams slices of the next S-1 rows into shared memory with cp.async.bulk (the copy
 // engine, completion on an mbarrier), so DRAM reads stay in flight while the current row is
-// reduced and written out. Each thread copies its kIters (<= 8) vectors of the stage (v = t + i·tpr)
-// to registers, so the stage is free as soon as the statistics' reduction barrier has passed: thread
-// 0 refills it with the row S ahead right there and the output pass overlaps the next loads (the
-// softmax bulk forward went 2358 -> 2682 GB/s at 4096x131072 with this, notes/softmax.md; refilling
-// after the output pass left the stage idle during the writes). add_rms_norm: s = T(x + residual) is
-// formed in registers and written to `sum` before the reduction.
+// reduced from shared memory and written out. Registers hold nothing row-sized: many threads per SM.
 constexpr int kBulkMaxStages = 4;
-constexpr int kBulkMaxIters = 8;
 
-template <typename T, NormOp kOp, int kVec, int kIters>
-__global__ void __launch_bounds__(512, kIters <= 4 ? 3 : 1)
-    norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
+template <typename T, NormOp kOp, int kVec>
+__global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -692,13 +685,14 @@ __global__ void __launch_bounds__(512, kIters <= 4 ? 3 : 1)
     const int tpr = blockDim.x, t = threadIdx.x;
     const int rank = cluster_rank(cluster);
     const int64_t n = p.n;
-    const int slice = int(n / cluster);  // elements of a row held by this CTA (host: C | n, svec <= tpr·kIters)
+    const int64_t slice = n / cluster;  // elements of a row held by this CTA (host guarantees it divides)
     const int64_t col0 = int64_t(rank) * slice;
-    const int svec = slice / kVec;
-    const uint32_t slice_bytes = uint32_t(slice) * uint32_t(sizeof(T));
+    const int64_t svec = slice / kVec;
+    const uint32_t slice_bytes = uint32_t(slice * sizeof(T));
     const int nbuf = Tr::kRes ? 2 : 1;
     T* stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][nbuf][slice]
     const float inv_n = 1.f / float(n);
+    const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
 
     const int64_t step = gridDim.x / cluster;
     const int64_t first = blockIdx.x / cluster;
@@ -720,21 +714,17 @@ __global__ void __launch_bounds__(512, kIters <= 4 ? 3 : 1)
       const int s = int(k % stages);
       const float shift_k = Tr::kLayer ? to_float(static_cast<const T*>(p.x)[row * p.x_stride]) : 0.f;
       mbar_wait(&bars[s], uint32_t((k / stages) & 1));
-      const T* xs = stage_base + int64_t(s) * nbuf * slice;
-      V a[kIters];
+      T* xs = stage_base + int64_t(s) * nbuf * slice;
+      if constexpr (Tr::kRes) {  // s = T(x + residual): written to `sum` and kept in shared memory
+        for (int64_t v = t; v < svec; v += tpr) {
+          V a = *reinterpret_cast<const V*>(xs + v * kVec);
+          const V r = *reinterpret_cast<const V*>(xs + slice + v * kVec);
+          float f[kVec];
 #pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int v = t + i * tpr;
-        if (v < svec) {
-          a[i] = *reinterpret_cast<const V*>(xs + v * kVec);
-          if constexpr (Tr::kRes) {  // s = T(x + residual), written to `sum`
-            const V r = *reinterpret_cast<const V*>(xs + slice + v * kVec);
-            float f[kVec];
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) f[j] = a[i].get(j) + r.get(j);
-            a[i] = V::from(f);
-            store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col0 + v * kVec, a[i]);
-          }
+          for (int j = 0; j < kVec; ++j) f[j] = a.get(j) + r.get(j);
+          a = V::from(f);
+          *reinterpret_cast<V*>(xs + v * kVec) = a;
+          store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col0 + v * kVec, a);
         }
       }
       // One (cluster) reduction for both statistics, shifted by K = x[row, 0] as in norm_fwd_row
@@ -743,38 +733,36 @@ __global__ void __launch_bounds__(512, kIters <= 4 ? 3 : 1)
       float st[kS];
 #pragma unroll
       for (int q = 0; q < kS; ++q) st[q] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        if (t + i * tpr >= svec) continue;
+      for (int64_t v = t; v < svec; v += tpr) {
+        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float d = a[i].get(j) - shift_k;
+          const float d = a.get(j) - shift_k;
           st[kS - 1] += d * d;
           if constexpr (Tr::kLayer) st[0] += d;
         }
       }
-      team_sum<kS>(st, tpr, 0, sm, slot, cluster);
-      // team_sum's barrier: every thread of this CTA has copied stage s to registers; refill it at once
-      bulk_pipeline_refill(row_of(k + stages), s, issue);
+      team_sum<kS>(st, tpr, 0, sm, slot, cluster);  // (a barrier: every thread wrote its s first)
       const RowStats rs = row_stats<Tr::kLayer>(st[0], st[kS - 1], shift_k, inv_n, p.eps);
+      const float mean = rs.mean, rstd = rs.rstd;
       const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int v = t + i * tpr;
-        if (v >= svec) continue;
-        const int64_t col = col0 + int64_t(v) * kVec;
+      for (int64_t v = t; v < svec; v += tpr) {
+        const int64_t col = col0 + v * kVec;
+        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
         V wv, bv, scv, shv;
-        if (p.weight != nullptr) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if (has_w) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
         if constexpr (!Tr::kHfRms) {
-          if (p.bias != nullptr) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+          if (has_b) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
         }
         if constexpr (Tr::kAda) {
           scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
           shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
         }
         store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col,
-                           fwd_out<T, kOp, kVec>(a[i], rs.mean, rs.rstd, p, wv, bv, scv, shv));
+                           fwd_out<T, kOp, kVec>(a, mean, rstd, p, wv, bv, scv, shv));
       }
+      __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
+      bulk_pipeline_refill(row_of(k + stages), s, issue);
     }
     cluster_exit_sync(cluster);
 #endif
@@ -1757,10 +1745,27 @@ template <NormOp kOp>
 constexpr int kBulkMinRowBytes = 32 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
 
-// One persistent launch of the forward bulk kernel: as many CTAs (clusters) as are resident at once,
-// at most one per row (cluster); false when the shape cannot run here (the register kernels take it).
-inline bool launch_fwd_bulk(void (*kernel)(NormParams, int, int), const NormParams& p, const DeviceInfo& dev,
-                            int cluster, int tpr, int stages, size_t smem, cudaStream_t stream, Status* st) {
+template <typename T, NormOp kOp, int kVec>
+bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream, Status* st) {
+  using Tr = OpTraits<kOp>;
+  if (kVec == 1 || dev.capability < 90 || tune("bulk", 1) == 0) return false;
+  const int64_t row_bytes = p.n * int64_t(sizeof(T));
+  if (row_bytes < tune("bulk_min_row", kBulkMinRowBytes<kOp>)) return false;
+  // Few rows (decode): the pipeline has nothing to overlap; its setup only adds latency.
+  if (p.rows < int64_t(dev.sm_count) * tune("bulk_min_waves", 2)) return false;
+  const int slice_cap = tune("bulk_slice", kBulkSliceBytes);
+  int cluster = int(ceil_div(row_bytes, slice_cap));
+  while (cluster <= kMaxCluster && (p.n % cluster != 0 || ((p.n / cluster) * int64_t(sizeof(T))) % 16 != 0)) ++cluster;
+  if (cluster > kMaxCluster) return false;
+  const int64_t slice_bytes = row_bytes / cluster;
+  const int nbuf = Tr::kRes ? 2 : 1;
+  const int budget = tune("bulk_smem", kBulkStageBudget);
+  const int stages = int(std::min<int64_t>(kBulkMaxStages, std::max<int64_t>(2, budget / (slice_bytes * nbuf))));
+  const size_t smem = size_t(stages) * nbuf * size_t(slice_bytes);
+  if (smem > 200 * 1024) return false;
+  const int64_t svec = (p.n / cluster) / kVec;
+  const int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", 2)))));
+  auto kernel = norm_fwd_bulk<T, kOp, kVec>;
   const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
   if (per_sm < 1) return false;
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
@@ -1785,40 +1790,6 @@ inline bool launch_fwd_bulk(void (*kernel)(NormParams, int, int), const NormPara
   }
   *st = check_launch("norm forward (bulk)");
   return true;
-}
-
-template <typename T, NormOp kOp, int kVec>
-bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream, Status* st) {
-  using Tr = OpTraits<kOp>;
-  if (kVec == 1 || dev.capability < 90 || tune("bulk", 1) == 0) return false;
-  const int64_t row_bytes = p.n * int64_t(sizeof(T));
-  if (row_bytes < tune("bulk_min_row", kBulkMinRowBytes<kOp>)) return false;
-  // Few rows (decode): the pipeline has nothing to overlap; its setup only adds latency.
-  if (p.rows < int64_t(dev.sm_count) * tune("bulk_min_waves", 2)) return false;
-  const int slice_cap = tune("bulk_slice", kBulkSliceBytes);
-  int cluster = int(ceil_div(row_bytes, slice_cap));
-  while (cluster <= kMaxCluster && (p.n % cluster != 0 || ((p.n / cluster) * int64_t(sizeof(T))) % 16 != 0)) ++cluster;
-  if (cluster > kMaxCluster) return false;
-  const int64_t slice_bytes = row_bytes / cluster;
-  const int nbuf = Tr::kRes ? 2 : 1;
-  const int budget = tune("bulk_smem", kBulkStageBudget);
-  const int stages = int(std::min<int64_t>(kBulkMaxStages, std::max<int64_t>(2, budget / (slice_bytes * nbuf))));
-  const size_t smem = size_t(stages) * nbuf * size_t(slice_bytes);
-  if (smem > 200 * 1024) return false;
-  const int64_t svec = (p.n / cluster) / kVec;
-  const int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", 2)))));
-  switch (pow2_ceil(ceil_div(svec, tpr))) {  // vectors per thread (registers): at most kBulkMaxIters
-    case 1:
-      return launch_fwd_bulk(norm_fwd_bulk<T, kOp, kVec, 1>, p, dev, cluster, tpr, stages, smem, stream, st);
-    case 2:
-      return launch_fwd_bulk(norm_fwd_bulk<T, kOp, kVec, 2>, p, dev, cluster, tpr, stages, smem, stream, st);
-    case 4:
-      return launch_fwd_bulk(norm_fwd_bulk<T, kOp, kVec, 4>, p, dev, cluster, tpr, stages, smem, stream, st);
-    case 8:
-      return launch_fwd_bulk(norm_fwd_bulk<T, kOp, kVec, 8>, p, dev, cluster, tpr, stages, smem, stream, st);
-    default:
-      return false;  // larger slices (KF_TUNE bulk_slice): the register kernels
-  }
 }
 
 template <typename T, NormOp kOp, int kVec>
