@@ -303,7 +303,8 @@ Status launch(const ActParams& p, cudaStream_t stream) {
   constexpr int kVecs = vecs_per_thread<kBwd, kVec* int(sizeof(T))>();
   const Grid g = plan(p.rows, p.n, kVec, kVecs);
   if constexpr (kVecs > 1 && kVec * sizeof(T) == 16) {
-    if (int64_t(g.grid.x) * g.grid.y < p.sm_count && tune("act_small", 1) != 0)
+    // KF_TUNE act_one_vec=1: one vector per thread at every size (sweeps)
+    if ((int64_t(g.grid.x) * g.grid.y < p.sm_count && tune("act_small", 1) != 0) || tune("act_one_vec", 0) != 0)
       return launch_vecs<T, kFn, kGated, kBwd, kVec, 1>(p, plan(p.rows, p.n, kVec, 1), stream);
   }
   return launch_vecs<T, kFn, kGated, kBwd, kVec, kVecs>(p, g, stream);
