@@ -44,13 +44,17 @@ struct ActTuning {
   int vecs_16B;     // vectors per thread per input on the 16-byte path
   int vecs_narrow;  // ... on the 4-byte and one-element paths (fewer bytes per access: more of them)
 };
+// Forward: one 16-byte vector per input per thread (2 loads in flight, 8 blocks of 256 threads per
+// SM: 64 KB per SM). Measured (H100, bf16, 16384 x I = 2048 / 4096 / 8192, silu_and_mul, L2 flushed,
+// µs): 4 vectors 72.3 / 137.4 / 268.9, 1 vector 71.5 / 136.1 / 266.9 (scripts/prof_act.py,
+// notes/activation.md): the shorter blocks fill the last wave better.
 #ifndef KF_ACT_FWD_VECS  // build-time switches for sweeps (-DKF_ACT_FWD_VECS=2 ...)
-#define KF_ACT_FWD_VECS 4
+#define KF_ACT_FWD_VECS 1
 #endif
 #ifndef KF_ACT_BWD_VECS
 #define KF_ACT_BWD_VECS 2
 #endif
-constexpr ActTuning kFwdTuning = {KF_ACT_FWD_VECS, 8};  // 2 inputs: 8 × 16 B loads in flight per thread
+constexpr ActTuning kFwdTuning = {KF_ACT_FWD_VECS, 8};
 constexpr ActTuning kBwdTuning = {KF_ACT_BWD_VECS, 4};  // 3 inputs: 6 × 16 B loads in flight per thread
 
 template <bool kBwd, int kBytes>

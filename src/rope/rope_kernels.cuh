@@ -216,8 +216,7 @@ __device__ __forceinline__ void pass_unit(const HeadPtrs<T>& hp, int c, int D) {
 // For each pair (a, b) with cos c and "effective sin" e (forward: e_a = -sin_a, e_b = sin_b;
 // backward: e_a = sin_b, e_b = -sin_a):  out_a = x_a c_a + x_b e_a,  out_b = x_b c_b + x_a e_b.
 template <typename T, typename CS, bool kInterleaved, int kVec>
-__global__ void __launch_bounds__(kThreads)
-    rope_kernel(const RopeParams p, const int units_rot, const int units, const bool cs_late) {
+__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeParams p, const int units_rot, const int units) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -242,8 +241,12 @@ __global__ void __launch_bounds__(kThreads)
           int ca, cb;
           unit_cols<kInterleaved, kVec>(u, R, &ca, &cb);
           UnitCS<CS, kInterleaved, kVec> c;
-          bool need_cs = true;  // cos/sin are loaded after the first round's x loads (both in flight)
-          if (!cs_late) c.load(cosr, sinr, ca, cb, p.backward, bad), need_cs = false;
+          // rotate-half: cos/sin are loaded after the first round's x loads, so both are in flight
+          // together (loaded before the head loop: 0.5 % slower at 16384 tokens, 5 % at 512 with L2-hot
+          // inputs, notes/rope.md). Interleaved keeps the early load: the late one takes 80 registers
+          // instead of 64 there (3 blocks per SM instead of 4; not measured).
+          bool need_cs = !kInterleaved;
+          if constexpr (kInterleaved) c.load(cosr, sinr, ca, cb, p.backward, bad);
           for (int h0 = threadIdx.y; h0 < heads; h0 += kHeadsInFlight * ty) {
             V xa[kHeadsInFlight], xb[kHeadsInFlight];
             HeadPtrs<T> hp[kHeadsInFlight];
@@ -385,8 +388,7 @@ Status launch(const RopeParams& p, cudaStream_t stream) {
   }
   q.trigger = pdl && int64_t(g.grid.x) <= p.sm_count;
   Launch l(g.grid, g.block, 0, stream, pdl);
-  return launched(l(rope_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units, tune("rope_cs_late", 1) != 0),
-                  what);
+  return launched(l(rope_kernel<T, CS, kInterleaved, kVec>, q, g.units_rot, g.units), what);
 }
 
 template <typename T, typename CS>
