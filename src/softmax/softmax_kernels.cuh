@@ -719,11 +719,8 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
 // 2358 vs 2682 GB/s at 4096x131072: notes/softmax.md).
 // Per thread: max over the packed values, s_t = Σ exp(x − m_t), one (m, s) reduction over the cluster,
 // y from registers (exp recomputed).
-// kTeam: the block size bound (512, or 1024 with at most 4 vectors per thread: 64 registers).
-// kKeepE (softmax only): the thread keeps e = exp(x − m_t) (float32) from the (m, s) pass and writes
-// y = e · exp(m_t − m) / s: one exp per element instead of two (MUFU: 16 per clock per SM).
-template <typename T, bool kLog, int kVec, int kIters, int kTeam = kBulkMaxTeam, bool kKeepE = false>
-__global__ void __launch_bounds__(kTeam, 1)
+template <typename T, bool kLog, int kVec, int kIters>
+__global__ void __launch_bounds__(kBulkMaxTeam, 1)
     softmax_bulk_fwd(const SoftmaxParams p, const int cluster, const int stages) {
   if constexpr (!arch_supports<T>() || !kHasBulk) {
     __trap();
@@ -770,7 +767,6 @@ __global__ void __launch_bounds__(kTeam, 1)
       const float mt = packed_max<T, kVec, kIters>(a);
       const float base = mt == -INFINITY ? 0.f : mt;  // an all -inf part adds exp(-inf) = 0
       float part[kIters];
-      float ek[kKeepE ? kIters : 1][kKeepE ? kVec : 1];
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         float e[kVec];
@@ -778,7 +774,6 @@ __global__ void __launch_bounds__(kTeam, 1)
         for (int j = 0; j < kVec; ++j) {
           const float xj = a[i].get(j);
           e[j] = ex2((xj - base) * kLog2e);
-          if constexpr (kKeepE) ek[i][j] = e[j];
         }
         part[i] = tree_reduce(e, [](float u, float w) { return u + w; });
       }
@@ -788,8 +783,6 @@ __global__ void __launch_bounds__(kTeam, 1)
       bulk_pipeline_refill(row_of(k + stages), s, issue);
       const float m = r.m;
       const float kk = kLog ? logf(r.s) : 1.f / r.s;
-      // kKeepE: y = e · exp(m_t − m) / s; a part of all -inf (e = 0) writes 0 (exp(0 − m) may overflow)
-      const float ke = kKeepE ? (mt == -INFINITY ? 0.f : ex2((base - m) * kLog2e) * kk) : 0.f;
       T* out = static_cast<T*>(p.out) + row * p.out_stride + col0;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
@@ -801,8 +794,6 @@ __global__ void __launch_bounds__(kTeam, 1)
           const float xj = a[i].get(j);
           if constexpr (kLog) {
             f[j] = (xj - m) - kk;
-          } else if constexpr (kKeepE) {
-            f[j] = ek[i][j] * ke;
           } else {
             f[j] = ex2((xj - m) * kLog2e) * kk;
           }
@@ -969,19 +960,6 @@ bool try_bulk(const SoftmaxParams& p, bool pdl, cudaStream_t stream, Status* st)
     const int64_t svec = (p.n / cluster) / kVec;
     const int tpr =
         std::min(kBulkMaxTeam, std::max(128, pow2_ceil(ceil_div(svec, std::max(1, tune("sm_bulk_vpt", 2))))));
-    if constexpr (!kBwd) {
-      // experiment (KF_TUNE sm_bulk_1024=1: 1024 threads x 4 vectors; sm_keep_e=1: one exp per element)
-      const bool wide = tune("sm_bulk_1024", 0) != 0 && svec > 2048 && svec <= 4096;
-      const bool keep = !kLog && tune("sm_keep_e", 0) != 0;
-      if (wide)
-        return keep ? launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 4, 1024, !kLog>, p, cluster, 1024, stages, smem, pdl,
-                                  stream, st)
-                    : launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 4, 1024, false>, p, cluster, 1024, stages, smem, pdl,
-                                  stream, st);
-      if (keep && pow2_ceil(ceil_div(svec, tpr)) == 8)
-        return launch_bulk(softmax_bulk_fwd<T, kLog, kVec, 8, kBulkMaxTeam, !kLog>, p, cluster, tpr, stages, smem, pdl,
-                           stream, st);
-    }
     if constexpr (kBwd) {
       return launch_bulk(softmax_bulk_bwd<T, kLog, kVec>, p, cluster, tpr, stages, smem, pdl, stream, st);
     } else {
