@@ -19,6 +19,7 @@
 #   KF_BENCH_ARGS="..."        extra arguments for `kforge bench` (e.g. "rms_norm --quick")
 #   KF_CHECK_ARGS="..."        extra arguments for `kforge check`
 #   KF_CTEST_ARGS="..."        extra arguments for ctest (e.g. "-R 'softmax|ce_'")
+#   KF_CTEST_JOBS=4            ctest -j (the GPU tests share the GPU; their host references use the cores)
 #   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything)
 #   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default: the norm GPU tests, the
 #                              activation GPU tests of the odd-row-stride and mixed-alignment layouts,
@@ -175,7 +176,7 @@ want build && run_step build 330 '
 
 if want ctest; then
   if tests_built; then
-    run_step ctest 240 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 200 ${KF_CTEST_ARGS:-}"
+    run_step ctest 240 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 200 -j ${KF_CTEST_JOBS:-4} ${KF_CTEST_ARGS:-}"
   else
     ROWS+=("ctest|SKIP (tests not built)|0")
   fi
