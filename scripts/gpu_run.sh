@@ -20,7 +20,7 @@
 #   KF_CHECK_ARGS="..."        extra arguments for `kforge check`
 #   KF_CTEST_ARGS="..."        extra arguments for ctest (e.g. "-R 'softmax|ce_'")
 #   KF_CTEST_JOBS=4            ctest -j (the GPU tests share the GPU; their host references use the cores)
-#   KF_PYTEST_JOBS=4           pytest -n (pytest-xdist, when importable; 1: serial)
+#   KF_PYTEST_JOBS=1           pytest -n when > 1 (pytest-xdist, if importable; 4 measured slower than serial)
 #   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything)
 #   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default: the norm GPU tests, the
 #                              activation GPU tests of the odd-row-stride and mixed-alignment layouts,
@@ -183,10 +183,11 @@ if want ctest; then
   fi
 fi
 
-# pytest-xdist, where installed: KF_PYTEST_JOBS workers (default 4), one test file per worker at a time
+# pytest-xdist, where installed and asked for: KF_PYTEST_JOBS workers, one test file per worker at a time
+# (default 1, serial: with 4 workers the suite took longer than its 180 s box, serial ~120-140 s)
 XDIST=""
-if [[ ${KF_PYTEST_JOBS:-4} -gt 1 ]] && PYTHONPATH=$PYPATH python3 -c "import xdist" 2>/dev/null; then
-  XDIST="-n ${KF_PYTEST_JOBS:-4} --dist loadfile"
+if [[ ${KF_PYTEST_JOBS:-1} -gt 1 ]] && PYTHONPATH=$PYPATH python3 -c "import xdist" 2>/dev/null; then
+  XDIST="-n ${KF_PYTEST_JOBS} --dist loadfile"
 fi
 want pytest && run_step pytest 180 \
   "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} $XDIST -q -rfE -p no:cacheprovider"
