@@ -23,11 +23,13 @@
 //   B=4 S=4096 Hq=32 Hk=8 D=128 bf16 rotate-half: 8 units (8 pairs of 16 B vectors), ty = 20 (2
 //   heads each), block 160 threads, grid 16384 blocks.
 // Decode steps (at most kFlatMaxTokens tokens) take the flat kernel instead: a block per token (and
-// group of heads), a thread per (head, unit), its x loads and cos/sin loads issued together (one memory round trip per
-// call where the token kernel takes two: it loads cos/sin before its head loop). Vector width, once per launch: 16 B
-// when every q/k/out base pointer is 16-byte aligned, every (batch, seq, head) stride a multiple of 16 B, the cos/sin
-// pointers and row strides too, and R/2 (rotate-half) or R (interleaved) a multiple of the vector; otherwise one
-// element per access. A head_dim that is not a multiple of the vector ends with a partial passthrough vector done
+// group of heads), a thread per (head, unit), its x loads and cos/sin loads issued together: one
+// memory round trip per call where the token kernel takes two (it loads cos/sin before its head loop).
+//
+// Vector width, once per launch: 16 B when every q/k/out base pointer is 16-byte aligned, every
+// (batch, seq, head) stride a multiple of 16 B, the cos/sin pointers and row strides too, and
+// R/2 (rotate-half) or R (interleaved) a multiple of the vector; otherwise one element per access.
+// A head_dim that is not a multiple of the vector ends with a partial passthrough vector done
 // element by element. Offsets are 64-bit.
 // Math: float32; out = fmaf(x_partner, ±sin, x · cos), rounded once to T.
 // Position ids out of range: cos/sin are not read; the token's rotated columns become NaN.
