@@ -8,36 +8,11 @@ process: one process per setting):
 """
 import argparse
 import os
-import statistics
 
 import torch
 
 import kernelforge as kf
-
-
-def graph_us(fn, calls=100, replays=20):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3 / calls)
-    return statistics.median(ts)
+from kernelforge.bench import Budget, Timer
 
 
 def main():
@@ -46,6 +21,7 @@ def main():
     ap.add_argument("--liger", action="store_true")
     a = ap.parse_args()
     tag = os.environ.get("KF_TUNE", "default")
+    timer = Timer(torch.device("cuda"), Budget())  # kforge bench's fwd_graph timing
     hq, hk, d = 32, 8, 128
     for t in (int(v) for v in a.tokens.split(",")):
         b, s = (t, 1) if t <= 64 else (1, t)
@@ -63,7 +39,7 @@ def main():
             fns["liger"] = lambda: liger_rotary_pos_emb(qc, kc, cos, sin)
         with torch.no_grad():
             for name, fn in fns.items():
-                print(f"{tag:20s} tokens {t:6d} {name:6s} {graph_us(fn):7.2f} us/call (graph)", flush=True)
+                print(f"{tag:20s} tokens {t:6d} {name:6s} {timer.graph_ms(fn) * 1e3:7.2f} us/call (graph)", flush=True)
 
 
 if __name__ == "__main__":
