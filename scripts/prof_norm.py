@@ -4,6 +4,8 @@ For every op and shape: event-timed forward and backward alone (L2 flushed, medi
 duration of each CUDA kernel the backward launches (main kernel, column reduction, AdaLN grads).
 
     KF_PYDIR=python python3 scripts/prof_norm.py [--shapes 16384x2048,...] [--ops rms_norm,...]
+(ops: rms_norm, add_rms_norm, layer_norm, ada_norm, and rms_norm_plain / layer_norm_plain without
+weight and bias)
 """
 import argparse
 import os
@@ -42,6 +44,11 @@ def calls(op, rows, n):
     w = torch.randn(n, device="cuda", dtype=dt)
     b = torch.randn(n, device="cuda", dtype=dt)
     dy = torch.randn(rows, n, device="cuda", dtype=dt)
+    if op == "rms_norm_plain":  # no weight: what the weight's reads cost
+        return (lambda: ops.rms_norm(x, None, 1e-6)), (lambda: ops.rms_norm_backward(dy, x, None, 1e-6)), 2, 3
+    if op == "layer_norm_plain":  # no weight, no bias
+        return ((lambda: ops.layer_norm(x, None, None, 1e-5)),
+                (lambda: ops.layer_norm_backward(dy, x, None, None, 1e-5)), 2, 3)
     if op == "rms_norm":
         return (lambda: ops.rms_norm(x, w, 1e-6)), (lambda: ops.rms_norm_backward(dy, x, w, 1e-6)), 2, 3
     if op == "add_rms_norm":

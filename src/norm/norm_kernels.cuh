@@ -18,7 +18,6 @@
 // float32 partials [blocks, N], and summed in a fixed order by reduce_columns: deterministic.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include <vector>
 
 #include "common/bulk_copy.cuh"
+#include "common/cluster.cuh"
 #include "common/device.h"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
@@ -63,7 +63,9 @@ constexpr int kBwdMaxTeam = 512;     // register-resident backward: 128 register
 constexpr int kBwdMaxElems = 16;     // per thread: x, dy and up to four column accumulators
 constexpr int kBwdMinTeam = 128;
 constexpr int kBwdStreamTeam = 512;  // threads per row of the streaming backward (128 registers each)
-constexpr int kMaxCluster = 8;       // portable cluster size limit
+// Split backward (long rows): column tiles of kSplitTeam threads x kSplitIters vectors (4096 bf16 columns).
+constexpr int kSplitTeam = 256;
+constexpr int kSplitIters = 2;
 // norm_bwd_chunk (sm_90): threads per block aimed for (one 16-byte vector per thread up to 256
 // vectors, two above), stages and shared memory per block (96 KB: two blocks per SM; twice that with
 // two vectors per thread).
@@ -99,17 +101,40 @@ inline int pow2_ceil(int64_t v) {
 // bits (butterfly sums are symmetric; later stages read the same shared values in the same order).
 // Shared slots are double-buffered so that consecutive reductions need one barrier each.
 template <int K>
+struct Floats {
+  float v[K];
+};
+template <int K>
 struct ReduceSmem {
   float team[2][K][kWarps];
-  float cluster[2][K];
+  Floats<K> cluster[2];  // this CTA's sums, read by the other CTAs of the cluster
 };
 
+// Butterfly sum over the 32 lanes of a warp (symmetric: every lane gets identical bits).
 template <int K>
-__device__ __forceinline__ void team_sum(float (&v)[K], int tpr, int team, ReduceSmem<K>& sm, int& slot, int cluster) {
+__device__ __forceinline__ void warp_sum(float (&v)[K]) {
 #pragma unroll
   for (int k = 0; k < K; ++k)
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+}
+
+// The CTA sums of every rank of the cluster (common/cluster.cuh: lane r gets rank r's, the other
+// lanes zeros), folded by warp_sum. Call with the CTA's sums in every thread.
+template <int K>
+__device__ __forceinline__ void cluster_sum(float (&v)[K], Floats<K>* pub, int cluster) {
+  Floats<K> mine;
+#pragma unroll
+  for (int k = 0; k < K; ++k) mine.v[k] = v[k];
+  const Floats<K> got = cluster_gather(mine, pub, cluster, Floats<K>{});
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = got.v[k];
+  warp_sum<K>(v);
+}
+
+template <int K>
+__device__ __forceinline__ void team_sum(float (&v)[K], int tpr, int team, ReduceSmem<K>& sm, int& slot, int cluster) {
+  warp_sum<K>(v);
   if (tpr > 32) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = tpr >> 5;
     if (lane == 0) {
@@ -118,49 +143,11 @@ __device__ __forceinline__ void team_sum(float (&v)[K], int tpr, int team, Reduc
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float s = lane < nw ? sm.team[slot][k][team * nw + lane] : 0.f;
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      v[k] = s;
-    }
+    for (int k = 0; k < K; ++k) v[k] = lane < nw ? sm.team[slot][k][team * nw + lane] : 0.f;
+    warp_sum<K>(v);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) sm.cluster[slot][k] = v[k];
-    }
-    cl.sync();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float s = 0.f;
-      for (int r = 0; r < cluster; ++r) s += cl.map_shared_rank(&sm.cluster[slot][0], r)[k];
-      v[k] = s;
-    }
-  }
-#else
-  (void)cluster;
-#endif
+  if (cluster > 1) cluster_sum<K>(v, &sm.cluster[slot], cluster);
   slot ^= 1;
-}
-
-__device__ __forceinline__ void cluster_exit_sync(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // No CTA may leave while another still reads its shared memory.
-  if (cluster > 1) cooperative_groups::this_cluster().sync();
-#else
-  (void)cluster;
-#endif
-}
-
-__device__ __forceinline__ int cluster_rank(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) return int(cooperative_groups::this_cluster().block_rank());
-#endif
-  (void)cluster;
-  return 0;
 }
 
 template <NormOp kOp>
@@ -683,36 +670,26 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
     __shared__ ReduceSmem<Tr::kLayer ? 2 : 1> sm;
     int slot = 0;
     const int tpr = blockDim.x, t = threadIdx.x;
-    const int rank = cluster_rank(cluster);
-    const int64_t n = p.n;
-    const int64_t slice = n / cluster;  // elements of a row held by this CTA (host guarantees it divides)
-    const int64_t col0 = int64_t(rank) * slice;
-    const int64_t svec = slice / kVec;
-    const uint32_t slice_bytes = uint32_t(slice * sizeof(T));
+    const RowSlice<T, kVec> sl(p.n, cluster);  // this CTA's columns of every row
+    const int64_t slice = sl.len, col0 = sl.col0, svec = sl.nvec;
     const int nbuf = Tr::kRes ? 2 : 1;
     T* stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][nbuf][slice]
-    const float inv_n = 1.f / float(n);
+    const float inv_n = 1.f / float(p.n), inv_slice = 1.f / float(slice);
     const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
 
-    const int64_t step = gridDim.x / cluster;
-    const int64_t first = blockIdx.x / cluster;
     auto issue = [&](int64_t row, int s) {  // thread 0 only
-      mbar_expect(&bars[s], slice_bytes * nbuf);
+      mbar_expect(&bars[s], sl.bytes * nbuf);
       T* dst = stage_base + int64_t(s) * nbuf * slice;
-      bulk_load_row(dst, static_cast<const T*>(p.x) + row * p.x_stride + col0, slice_bytes, &bars[s]);
+      bulk_load_row(dst, static_cast<const T*>(p.x) + row * p.x_stride + col0, sl.bytes, &bars[s]);
       if constexpr (Tr::kRes)
-        bulk_load_row(dst + slice, static_cast<const T*>(p.residual) + row * p.res_stride + col0, slice_bytes,
-                      &bars[s]);
+        bulk_load_row(dst + slice, static_cast<const T*>(p.residual) + row * p.res_stride + col0, sl.bytes, &bars[s]);
     };
-    // rows first, first + step, ...: the s-th is this CTA's s-th row (none past the last row)
-    auto row_of = [&](int64_t s) { return first + s * step < p.rows ? first + s * step : int64_t(-1); };
+    const ClusterRows row_of(p.rows, cluster);
     bulk_pipeline_start(bars, stages, row_of, issue);
     __syncthreads();
 
-    int64_t k = 0;  // rows done by this CTA
-    for (int64_t row = first; row < p.rows; row += step, ++k) {
+    for (int64_t k = 0, row = row_of(0); row >= 0; row = row_of(++k)) {
       const int s = int(k % stages);
-      const float shift_k = Tr::kLayer ? to_float(static_cast<const T*>(p.x)[row * p.x_stride]) : 0.f;
       mbar_wait(&bars[s], uint32_t((k / stages) & 1));
       T* xs = stage_base + int64_t(s) * nbuf * slice;
       if constexpr (Tr::kRes) {  // s = T(x + residual): written to `sum` and kept in shared memory
@@ -727,8 +704,9 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
           store_vec<T, kVec>(static_cast<T*>(p.sum) + row * p.sum_stride + col0 + v * kVec, a);
         }
       }
-      // One (cluster) reduction for both statistics, shifted by K = x[row, 0] as in norm_fwd_row
-      // (every CTA of the cluster reads the same K from global memory: an L2 hit).
+      // LayerNorm: the slice's sums shifted by its own first element K (row_stats' cancellation
+      // argument, per slice; read from the stage, so no load waits on the row's critical path).
+      const float shift_k = Tr::kLayer ? to_float(xs[0]) : 0.f;
       constexpr int kS = Tr::kLayer ? 2 : 1;
       float st[kS];
 #pragma unroll
@@ -742,9 +720,34 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
           if constexpr (Tr::kLayer) st[0] += d;
         }
       }
-      team_sum<kS>(st, tpr, 0, sm, slot, cluster);  // (a barrier: every thread wrote its s first)
-      const RowStats rs = row_stats<Tr::kLayer>(st[0], st[kS - 1], shift_k, inv_n, p.eps);
-      const float mean = rs.mean, rstd = rs.rstd;
+      const int cslot = slot;
+      // CTA sums (a barrier: every thread wrote its st first); RMSNorm adds the cluster's at once.
+      team_sum<kS>(st, tpr, 0, sm, slot, Tr::kLayer ? 1 : cluster);
+      float mean = 0.f, rstd;
+      if constexpr (Tr::kLayer) {
+        // Slice mean and squared deviations, m = slice: mean_r = K + S1/m, M2_r = S2 − S1²/m. Over the
+        // cluster (Chan's combination of C equal parts): mean = Σ mean_r / C,
+        // M2 = Σ (M2_r + m·(mean_r − mean)²); var = M2 / n, clamped at 0 (not fmaxf: NaN stays NaN).
+        const float mr = shift_k + st[0] * inv_slice;
+        float m2 = st[1] - st[0] * st[0] * inv_slice;
+        mean = mr;
+        if (cluster > 1) {
+          Floats<2> mine = {{mr, m2}};
+          const Floats<2> got = cluster_gather(mine, &sm.cluster[cslot], cluster, Floats<2>{});
+          float a[1] = {got.v[0]};
+          warp_sum<1>(a);
+          mean = a[0] / float(cluster);
+          const float dm = got.v[0] - mean;
+          float b[1] = {(int(threadIdx.x & 31) < cluster) ? got.v[1] + float(slice) * dm * dm : 0.f};
+          warp_sum<1>(b);
+          m2 = b[0];
+        }
+        float var = m2 * inv_n;
+        var = var < 0.f ? 0.f : var;
+        rstd = rsqrtf(var + p.eps);
+      } else {
+        rstd = row_stats<false>(0.f, st[0], 0.f, inv_n, p.eps).rstd;
+      }
       const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
       for (int64_t v = t; v < svec; v += tpr) {
         const int64_t col = col0 + v * kVec;
@@ -861,10 +864,11 @@ struct BwdWork {
   int64_t group_rows;  // R
   int64_t bpg;         // blocks per group (1: groups per block instead)
   bool grouped;
-  int64_t ld;     // row stride of the partial rows: N rounded up to 4 (16-byte rows for the reduction)
-  float* part_a;  // [partial rows, ld]: Σ u·xh   (nullptr: not needed)
-  float* part_d;  // [partial rows, ld]: Σ u
-  int64_t chunk;  // norm_bwd_chunk: rows per chunk (a chunk never spans two groups)
+  int64_t ld;               // row stride of the partial rows: N rounded up to 4 (16-byte rows for the reduction)
+  float* part_a;            // [partial rows, ld]: Σ u·xh   (nullptr: not needed)
+  float* part_d;            // [partial rows, ld]: Σ u
+  int64_t chunk;            // norm_bwd_chunk: rows per chunk (a chunk never spans two groups)
+  const float4* row_stats;  // split backward: {mean, rstd, mdn, mdnxh} per row (norm_bwd_rowstats)
 };
 
 // The rows of one block, in order: k = 0, 1, ... (see the work split above). row_of returns -1 past
@@ -893,9 +897,11 @@ struct BwdSeq {
 
 // kBulk (sm_90, 16-byte aligned rows that fit a stage): x, dy (and dsum) of the next rows stream
 // into shared memory through cp.async.bulk while the current row is processed; else plain loads.
-template <typename T, NormOp kOp, int kVec, int kIters, bool kBulk>
+// kTile (the split backward's pass 2, long rows): block (b, c) takes the columns of tile c (tpr·kIters
+// vectors) of the rows of work unit b, with the row statistics read from wk.row_stats (no reduction).
+template <typename T, NormOp kOp, int kVec, int kIters, bool kBulk, bool kTile = false>
 __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork wk, const int stages) {
-  if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk)) {
+  if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk) || (kBulk && kTile)) {
     __trap();
   } else {
     pdl_wait();
@@ -909,7 +915,8 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
     const int64_t n = p.n;
     const float inv_n = 1.f / float(n);
     const bool has_w = p.weight != nullptr, has_b = p.bias != nullptr;
-    auto col_of = [&](int i) { return (int64_t(i) * tpr + t) * kVec; };
+    const int64_t tile0 = kTile ? int64_t(blockIdx.y) * tpr * kIters * kVec : 0;
+    auto col_of = [&](int i) { return tile0 + (int64_t(i) * tpr + t) * kVec; };
 
     V wv[kIters], bv[kIters];  // the same for every row: kept in registers
 #pragma unroll
@@ -949,6 +956,8 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
     for (int64_t k = 0;; ++k) {
       const int64_t row = seq.row_of(k);
       if (row < 0) break;
+      float4 rst = {};
+      if constexpr (kTile) rst = wk.row_stats[row];  // issued first: independent of the x loads
       // x, dy (and dsum) are loaded into registers once per row, from global memory (plain) or
       // from the stage (bulk), which is then released at once. kReread (bulk AdaLN when
       // KF_BWD_ADA_REREAD=1): they stay in the stage and are re-read per pass instead (fewer registers;
@@ -966,7 +975,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
       }
       // LayerNorm's shift K = x[row, 0] (see the statistics below), read before the stage is refilled.
       float shift_k = 0.f;
-      if constexpr (Tr::kLayer) {
+      if constexpr (Tr::kLayer && !kTile) {
         if constexpr (kBulk)
           shift_k = to_float(xs[0]);
         else
@@ -1027,26 +1036,29 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
       // One reduction for every statistic (bwd_stats), with d = x - K (K = x[row, 0] for LayerNorm):
       // S1 = Σd, S2 = Σd², G1 = Σdn, G2 = Σdn·d — one barrier round instead of three.
       constexpr int kS = Tr::kLayer ? 4 : 2;  // {S2, G2} or {S2, G2, S1, G1}
-      float st[kS];
+      BwdStats bs = {rst.x, rst.y, rst.z, rst.w};
+      if constexpr (!kTile) {
+        float st[kS];
 #pragma unroll
-      for (int q = 0; q < kS; ++q) st[q] = 0.f;
+        for (int q = 0; q < kS; ++q) st[q] = 0.f;
 #pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const bool ok = col_of(i) < n;
+        for (int i = 0; i < kIters; ++i) {
+          const bool ok = col_of(i) < n;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float d = ok ? X(i).get(j) - shift_k : 0.f;  // padding: x = dy = 0 -> d = dn = 0
-          const float dn = dn_of(i, j);
-          st[0] += d * d;
-          st[1] += dn * d;
-          if constexpr (Tr::kLayer) {
-            st[2] += d;
-            st[3] += dn;
+          for (int j = 0; j < kVec; ++j) {
+            const float d = ok ? X(i).get(j) - shift_k : 0.f;  // padding: x = dy = 0 -> d = dn = 0
+            const float dn = dn_of(i, j);
+            st[0] += d * d;
+            st[1] += dn * d;
+            if constexpr (Tr::kLayer) {
+              st[2] += d;
+              st[3] += dn;
+            }
           }
         }
+        team_sum<kS>(st, tpr, 0, sm, slot, 1);
+        bs = bwd_stats<Tr::kLayer>(st, shift_k, inv_n, p.eps);
       }
-      team_sum<kS>(st, tpr, 0, sm, slot, 1);
-      const BwdStats bs = bwd_stats<Tr::kLayer>(st, shift_k, inv_n, p.eps);
       const float mean = bs.mean, rstd = bs.rstd, mdn = bs.mdn, mdnxh = bs.mdnxh;
       if constexpr (!kReread) {
 #pragma unroll
@@ -1382,11 +1394,87 @@ __global__ void __launch_bounds__(512) norm_bwd_chunk(const NormParams p, const 
   }
 }
 
+// dn = dy·(1 + scale)·w for the kVec elements at column c of a row (w, sc: the weight and the row's
+// AdaLN scale row, or nullptr); wv, scv: the loaded vectors (zero when absent).
+template <typename T, NormOp kOp, int kVec>
+__device__ __forceinline__ void bwd_dn(const T* w, const T* sc, int64_t c, const Vec<T, kVec>& dyv, float (&dn)[kVec],
+                                       Vec<T, kVec>& wv, Vec<T, kVec>& scv) {
+  wv = w ? load_vec<T, kVec>(w + c) : Vec<T, kVec>::zero();
+  scv = Vec<T, kVec>::zero();
+  if constexpr (OpTraits<kOp>::kAda) scv = load_vec<T, kVec>(sc + c);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    float g = dyv.get(j);
+    if constexpr (OpTraits<kOp>::kAda) g *= 1.f + scv.get(j);
+    dn[j] = w ? g * wv.get(j) : g;
+  }
+}
+
+// The backward's row statistics (bwd_stats) from one pass over x and dy of `row` in global memory,
+// the whole block as one team: the shifted sums {S2, G2[, S1, G1]}, K = x[row, 0], one reduction.
+template <typename T, NormOp kOp, int kVec, int kS, int kUnroll>
+__device__ __forceinline__ BwdStats row_bwd_stats(const NormParams& p, int64_t row, ReduceSmem<kS>& sm, int& slot) {
+  using Tr = OpTraits<kOp>;
+  using V = Vec<T, kVec>;
+  const int64_t nvec = p.n / kVec;  // kVec > 1 only when kVec divides n (can_vectorize)
+  const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+  const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
+  const T* w = static_cast<const T*>(p.weight);
+  const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ada_group(row, p) * p.scale_stride : nullptr;
+  const float shift_k = Tr::kLayer ? to_float(x[0]) : 0.f;
+  float st[kS];
+#pragma unroll
+  for (int q = 0; q < kS; ++q) st[q] = 0.f;
+#pragma unroll kUnroll
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const int64_t c = v * kVec;
+    const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
+    float dn[kVec];
+    V wv, scv;
+    bwd_dn<T, kOp, kVec>(w, sc, c, dyv, dn, wv, scv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float d = xv.get(j) - shift_k;
+      st[0] += d * d;
+      st[1] += dn[j] * d;
+      if constexpr (Tr::kLayer) {
+        st[2] += d;
+        st[3] += dn[j];
+      }
+    }
+  }
+  team_sum<kS>(st, int(blockDim.x), 0, sm, slot, 1);
+  return bwd_stats<Tr::kLayer>(st, shift_k, 1.f / float(p.n), p.eps);
+}
+
+// Split backward for long rows, pass 1: the statistics of every row, {mean, rstd, mdn, mdnxh} into
+// wk.row_stats (16 B per row). Pass 2 is norm_bwd_regs<..., kTile = true>: a 2-D grid of column tiles
+// and row sets, each thread owning fixed columns (column sums in registers, no read-modify-write of
+// partial rows). Traffic: x, dy read twice, dx written once (5 passes instead of the ideal 3, but at
+// streaming speed; norm_bwd_stream read-modify-wrote a float32 partial row per row: 1281 GB/s
+// effective fwd+bwd at 4096x65536).
+template <typename T, NormOp kOp, int kVec>
+__global__ void __launch_bounds__(kBwdStreamTeam) norm_bwd_rowstats(const NormParams p, float4* row_stats) {
+  if constexpr (!arch_supports<T>()) {
+    __trap();
+  } else {
+    pdl_wait();
+    constexpr int kS = OpTraits<kOp>::kLayer ? 4 : 2;
+    __shared__ ReduceSmem<kS> sm;
+    int slot = 0;
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+      const BwdStats bs = row_bwd_stats<T, kOp, kVec, kS, 4>(p, row, sm, slot);
+      if (threadIdx.x == 0) row_stats[row] = make_float4(bs.mean, bs.rstd, bs.mdn, bs.mdnxh);
+    }
+  }
+}
+
 // Backward for rows too long for registers: two passes over the row in global memory (the second
 // mostly from L2), kVec elements per access. Pass 1: the statistics in one reduction (the shifted
 // sums of norm_bwd_regs); pass 2: dx (and AdaLN's per-row dscale/dshift), and the column sums
 // accumulated in this block's own partial rows (read-modify-write; one owner per partial row, so
-// the order is fixed and the result deterministic).
+// the order is fixed and the result deterministic). Used where the split backward cannot run
+// (rows that are not 16-byte vectors).
 template <typename T, NormOp kOp, int kVec>
 __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp == NormOp::kAdaLayer) ? 1 : 2)
     norm_bwd_stream(const NormParams p, const BwdWork wk, const int) {
@@ -1401,7 +1489,6 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
     int slot = 0;
     const int tpr = blockDim.x;
     const int64_t n = p.n, nvec = n / kVec;  // kVec > 1 only when kVec divides n (can_vectorize)
-    const float inv_n = 1.f / float(n);
     const T* w = static_cast<const T*>(p.weight);
     const T* bb = static_cast<const T*>(p.bias);
     const V zero = V::zero();
@@ -1436,44 +1523,8 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
         const int64_t row = grp * wk.group_rows + lr;
         const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
         const T* dy = static_cast<const T*>(p.dy) + row * p.dy_stride;
-        const int64_t ga = Tr::kAda ? ada_group(row, p) : 0;
-        const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ga * p.scale_stride : nullptr;
-        // dn = dy·(1 + scale)·w for the kVec elements at column c (wv, scv: the loaded w, scale)
-        auto dn_vec = [&](int64_t c, const V& dyv, float(&dn)[kVec], V& wv, V& scv) {
-          wv = w ? load_vec<T, kVec>(w + c) : zero;
-          scv = zero;
-          if constexpr (Tr::kAda) scv = load_vec<T, kVec>(sc + c);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            float g = dyv.get(j);
-            if constexpr (Tr::kAda) g *= 1.f + scv.get(j);
-            dn[j] = w ? g * wv.get(j) : g;
-          }
-        };
-        const float shift_k = Tr::kLayer ? to_float(x[0]) : 0.f;
-        float st[kS];
-#pragma unroll
-        for (int q = 0; q < kS; ++q) st[q] = 0.f;
-#pragma unroll 2
-        for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
-          const int64_t c = v * kVec;
-          const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
-          float dn[kVec];
-          V wv, scv;
-          dn_vec(c, dyv, dn, wv, scv);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float d = xv.get(j) - shift_k;
-            st[0] += d * d;
-            st[1] += dn[j] * d;
-            if constexpr (Tr::kLayer) {
-              st[2] += d;
-              st[3] += dn[j];
-            }
-          }
-        }
-        team_sum<kS>(st, tpr, 0, sm, slot, 1);
-        const BwdStats bs = bwd_stats<Tr::kLayer>(st, shift_k, inv_n, p.eps);
+        const T* sc = Tr::kAda ? static_cast<const T*>(p.scale) + ada_group(row, p) * p.scale_stride : nullptr;
+        const BwdStats bs = row_bwd_stats<T, kOp, kVec, kS, 2>(p, row, sm, slot);
         const float mean = bs.mean, rstd = bs.rstd, mdn = bs.mdn, mdnxh = bs.mdnxh;
 #pragma unroll 2
         for (int64_t v = threadIdx.x; v < nvec; v += tpr) {
@@ -1481,7 +1532,7 @@ __global__ void __launch_bounds__(kBwdStreamTeam, (kOp == NormOp::kAdaRms || kOp
           const V xv = load_vec<T, kVec>(x + c), dyv = load_vec<T, kVec>(dy + c);
           float dn[kVec], dxf[kVec], ua[kVec], ud[kVec], dscf[kVec];
           V wv, scv, bv = zero;
-          dn_vec(c, dyv, dn, wv, scv);
+          bwd_dn<T, kOp, kVec>(w, sc, c, dyv, dn, wv, scv);
           if constexpr (Tr::kAda) {
             if (!wk.grouped && bb) bv = load_vec<T, kVec>(bb + c);
           }
@@ -1938,6 +1989,18 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
       smem = size_t(cstages) * size_t(crows * crow);
     }
   }
+  // Split backward (rows too long for one block's registers, 16-byte vectors): norm_bwd_rowstats, then
+  // norm_bwd_regs<..., kTile> over column tiles of kSplitTeam threads x kSplitIters vectors.
+  int64_t tiles = 1;
+  bool split = false;
+  if constexpr (kVec > 1) {
+    if (kernel == nullptr && !regs && tune("bwd_split", 1) != 0) {
+      kernel = norm_bwd_regs<T, kOp, kVec, kSplitIters, false, true>;
+      split = true;
+      threads = kSplitTeam;
+      tiles = ceil_div(p.n, int64_t(kSplitTeam) * kSplitIters * kVec);
+    }
+  }
   if (kernel != nullptr) {
   } else if (!regs)
     kernel = norm_bwd_stream<T, kOp, kVec>;
@@ -1971,6 +2034,7 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     target = int64_t(per_sm) * dev.sm_count * tune("bwd_waves", 1);
   } else {
     target = int64_t(resident_blocks(kernel, threads, dev)) * tune("bwd_waves", 1);
+    if (split) target = std::max<int64_t>(1, ceil_div(target * tune("bwd_split_waves", 2), tiles));
   }
   int64_t nblocks;
   if (wk.groups >= target) {
@@ -1988,8 +2052,10 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const bool staged = wk.grouped && wk.bpg > 1;
   wk.ld = ceil_div(p.n, 4) * 4;
   const int64_t slab = prows * wk.ld, gslab = staged ? wk.groups * wk.ld : 0;
+  const int64_t stats_floats = split ? 4 * p.rows : 0;  // row_stats: float4 per row
   // (+16 bytes: the partial rows start on a 16-byte boundary whatever the caller's alignment)
-  const size_t need = size_t((need_a ? slab + gslab : 0) + (need_d ? slab + gslab : 0)) * sizeof(float) + 16;
+  const size_t need =
+      size_t((need_a ? slab + gslab : 0) + (need_d ? slab + gslab : 0) + stats_floats) * sizeof(float) + 16;
   if (workspace == nullptr) {
     *workspace_bytes = need;
     return Status::Ok();
@@ -2014,8 +2080,19 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   }
 
   const bool pdl = use_pdl(dev);
-  Launch lb(dim3(unsigned(nblocks)), dim3(threads), smem, stream, pdl);
-  Status s = launched(lb(kernel, p, wk, stages), "norm backward");
+  Status s;
+  if constexpr (kVec > 1) {
+    if (split) {
+      float4* row_stats = reinterpret_cast<float4*>(ws);
+      wk.row_stats = row_stats;
+      auto sk = norm_bwd_rowstats<T, kOp, kVec>;
+      const int64_t sgrid = std::min<int64_t>(p.rows, resident_blocks(sk, kBwdStreamTeam, dev));
+      Launch ls(dim3(unsigned(sgrid)), dim3(kBwdStreamTeam), 0, stream, pdl);
+      if (!(s = launched(ls(sk, p, row_stats), "norm backward (row statistics)")).ok()) return s;
+    }
+  }
+  Launch lb(dim3(unsigned(nblocks), unsigned(tiles)), dim3(threads), smem, stream, pdl);
+  s = launched(lb(kernel, p, wk, stages), "norm backward");
   if (!s.ok()) return s;
   const T* no_scale = nullptr;
   T* dw = static_cast<T*>(p.dweight);

@@ -31,7 +31,6 @@
 // matter), 1/s and log(s) once per row, precise; each output is rounded once to T.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +42,7 @@
 #include <vector>
 
 #include "common/bulk_copy.cuh"
+#include "common/cluster.cuh"
 #include "common/device.h"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
@@ -63,7 +63,6 @@ constexpr SoftmaxTuning kFwdTuning = {2, 8};
 constexpr SoftmaxTuning kBwdTuning = {2, 8};
 constexpr int kMaxTeam = 512;      // threads per row per CTA: __launch_bounds__(512) = 128 registers/thread
 constexpr int kMinBlock = 128;     // short rows are packed into blocks of at least this many threads
-constexpr int kMaxCluster = 8;     // portable cluster size limit
 constexpr int kStreamTeam = 1024;  // threads per row of the streaming kernel
 // Row slice per CTA aimed for in a cluster (bytes): more CTAs per row keep more of the row's loads
 // in flight per SM (the norm family measured 32 KB slices ahead of 64 KB at 64-128 K-element rows).
@@ -121,22 +120,6 @@ struct RedSmem {
   V cta[2];  // this CTA's result, read by the other CTAs of the cluster
 };
 
-__device__ __forceinline__ int cluster_rank(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) return int(cooperative_groups::this_cluster().block_rank());
-#endif
-  (void)cluster;
-  return 0;
-}
-
-// No CTA may exit while another CTA of its cluster may still read its shared memory.
-__device__ __forceinline__ void cluster_exit_sync(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) cooperative_groups::this_cluster().sync();
-#endif
-  (void)cluster;
-}
-
 // Reduces v over a team of tpr threads (a power of two; teams are aligned groups of the block, whose
 // size is a multiple of 32), then over the CTAs of the cluster when cluster > 1 (then a team is the
 // whole CTA). Every thread of the team (and cluster) receives identical bits. Every thread of the
@@ -155,13 +138,10 @@ __device__ __forceinline__ typename Op::V team_reduce(typename Op::V v, int tpr,
     for (int off = 16; off > 0; off >>= 1) v = Op::combine(v, Op::shfl_xor(v, off));
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    if (threadIdx.x == 0) sm.cta[slot] = v;
-    cl.sync();  // release/acquire: every CTA's result is visible
-    V acc = *cl.map_shared_rank(&sm.cta[slot], 0);
-    for (int r = 1; r < cluster; ++r) acc = Op::combine(acc, *cl.map_shared_rank(&sm.cta[slot], r));
-    v = acc;
+  if (cluster > 1) {  // lane r gets rank r's result (common/cluster.cuh), then the lanes are folded
+    v = cluster_gather(v, &sm.cta[slot], cluster, Op::identity());
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = Op::combine(v, Op::shfl_xor(v, off));
   }
 #else
   (void)cluster;
@@ -671,25 +651,19 @@ __global__ void __launch_bounds__(kBulkMaxTeam)
     __shared__ RedSmem<float> sm;
     int slot = 0;
     const int tpr = int(blockDim.x), t = int(threadIdx.x);
-    const int slice = int(p.n / cluster);  // the host guarantees C | n and 16-byte slices
-    const int col0 = cluster_rank(cluster) * slice;
-    const int svec = slice / kVec;
-    const uint32_t slice_bytes = uint32_t(slice) * uint32_t(sizeof(T));
+    const RowSlice<T, kVec> sl(p.n, cluster);  // this CTA's columns of every row
+    const int slice = sl.len, col0 = sl.col0, svec = sl.nvec;
     T* const stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][g, y][slice]
-    const int64_t step = gridDim.x / cluster;
-    const int64_t first = blockIdx.x / cluster;
-    auto issue = [&](int64_t row, int s) {  // thread 0 only
-      mbar_expect(&bars[s], slice_bytes * 2);
+    auto issue = [&](int64_t row, int s) {                 // thread 0 only
+      mbar_expect(&bars[s], sl.bytes * 2);
       T* dst = stage_base + int64_t(s) * 2 * slice;
-      bulk_load_row(dst, static_cast<const T*>(p.in) + row * p.in_stride + col0, slice_bytes, &bars[s]);
-      bulk_load_row(dst + slice, static_cast<const T*>(p.y) + row * p.y_stride + col0, slice_bytes, &bars[s]);
+      bulk_load_row(dst, static_cast<const T*>(p.in) + row * p.in_stride + col0, sl.bytes, &bars[s]);
+      bulk_load_row(dst + slice, static_cast<const T*>(p.y) + row * p.y_stride + col0, sl.bytes, &bars[s]);
     };
-    // rows first, first + step, ...: the s-th is this CTA's s-th row (none past the last row)
-    auto row_of = [&](int64_t s) { return first + s * step < p.rows ? first + s * step : int64_t(-1); };
+    const ClusterRows row_of(p.rows, cluster);
     bulk_pipeline_start(bars, stages, row_of, issue);
     __syncthreads();
-    int64_t k = 0;  // rows done by this CTA
-    for (int64_t row = first; row < p.rows; row += step, ++k) {
+    for (int64_t k = 0, row = row_of(0); row >= 0; row = row_of(++k)) {
       const int s = int(k % stages);
       mbar_wait(&bars[s], uint32_t((k / stages) & 1));
       const T* gs = stage_base + int64_t(s) * 2 * slice;
@@ -732,24 +706,18 @@ __global__ void __launch_bounds__(kBulkMaxTeam, 1)
     __shared__ RedSmem<MaxSum> sm;
     int slot = 0;
     const int tpr = int(blockDim.x), t = int(threadIdx.x);
-    const int slice = int(p.n / cluster);  // the host guarantees C | n, 16-byte slices, svec <= tpr·kIters
-    const int col0 = cluster_rank(cluster) * slice;
-    const int svec = slice / kVec;
-    const uint32_t slice_bytes = uint32_t(slice) * uint32_t(sizeof(T));
+    const RowSlice<T, kVec> sl(p.n, cluster);  // this CTA's columns (the host: svec <= tpr·kIters)
+    const int slice = sl.len, col0 = sl.col0, svec = sl.nvec;
     T* const stage_base = reinterpret_cast<T*>(dyn_smem);  // [stages][slice]
-    const int64_t step = gridDim.x / cluster;
-    const int64_t first = blockIdx.x / cluster;
-    auto issue = [&](int64_t row, int s) {  // thread 0 only
-      mbar_expect(&bars[s], slice_bytes);
-      bulk_load_row(stage_base + int64_t(s) * slice, static_cast<const T*>(p.in) + row * p.in_stride + col0,
-                    slice_bytes, &bars[s]);
+    auto issue = [&](int64_t row, int s) {                 // thread 0 only
+      mbar_expect(&bars[s], sl.bytes);
+      bulk_load_row(stage_base + int64_t(s) * slice, static_cast<const T*>(p.in) + row * p.in_stride + col0, sl.bytes,
+                    &bars[s]);
     };
-    // rows first, first + step, ...: the s-th is this CTA's s-th row (none past the last row)
-    auto row_of = [&](int64_t s) { return first + s * step < p.rows ? first + s * step : int64_t(-1); };
+    const ClusterRows row_of(p.rows, cluster);
     bulk_pipeline_start(bars, stages, row_of, issue);
     __syncthreads();
-    int64_t k = 0;  // rows done by this CTA
-    for (int64_t row = first; row < p.rows; row += step, ++k) {
+    for (int64_t k = 0, row = row_of(0); row >= 0; row = row_of(++k)) {
       const int s = int(k % stages);
       mbar_wait(&bars[s], uint32_t((k / stages) & 1));
       const T* xs = stage_base + int64_t(s) * slice;
