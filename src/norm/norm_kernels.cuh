@@ -655,8 +655,14 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
 // engine, completion on an mbarrier), so DRAM reads stay in flight while the current row is
 // reduced from shared memory and written out. Registers hold nothing row-sized: many threads per SM.
 constexpr int kBulkMaxStages = 4;
+// Vectors per thread whose parameters are loaded together in the output pass (registers: 4 per
+// parameter vector; AdaLN may have four parameter tensors).
+template <NormOp kOp>
+constexpr int kBulkOutChunk = OpTraits<kOp>::kAda ? 2 : 4;
 
-template <typename T, NormOp kOp, int kVec>
+// kPV > 0 (not AdaLN): thread t's weight/bias vectors (v = t + c·tpr, c < kPV; svec <= kPV·tpr) are
+// loaded once and held in registers for every row (no per-row L2 reads of the parameters).
+template <typename T, NormOp kOp, int kVec, int kPV = 0>
 __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -686,6 +692,18 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
     };
     const ClusterRows row_of(p.rows, cluster);
     bulk_pipeline_start(bars, stages, row_of, issue);
+    constexpr int kR = kPV > 0 ? kPV : 1;
+    V wr[kR], br[kR];
+    if constexpr (kPV > 0) {
+      static_assert(!Tr::kAda, "norm_fwd_bulk: AdaLN's scale/shift change per row group");
+#pragma unroll
+      for (int c = 0; c < kPV; ++c) {
+        const int64_t v = t + int64_t(c) * tpr, col = col0 + v * kVec;
+        wr[c] = br[c] = V::zero();
+        if (v < svec && has_w) wr[c] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if (v < svec && has_b && !Tr::kHfRms) br[c] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+      }
+    }
     __syncthreads();
 
     for (int64_t k = 0, row = row_of(0); row >= 0; row = row_of(++k)) {
@@ -749,20 +767,50 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
         rstd = row_stats<false>(0.f, st[0], 0.f, inv_n, p.eps).rstd;
       }
       const int64_t g = Tr::kAda ? ada_group(row, p) : 0;
-      for (int64_t v = t; v < svec; v += tpr) {
-        const int64_t col = col0 + v * kVec;
-        const V a = *reinterpret_cast<const V*>(xs + v * kVec);
-        V wv, bv, scv, shv;
-        if (has_w) wv = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
-        if constexpr (!Tr::kHfRms) {
-          if (has_b) bv = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+      // Output in chunks of kChunk vectors per thread: the chunk's parameter vectors (weight, bias,
+      // AdaLN scale/shift: L2 hits, ~0.5 us each under load) are all loaded before its first store,
+      // one round trip per chunk instead of one per vector (the compiler does not move loads across
+      // the stores to y). With 8 vectors per thread the per-vector loads cost layer_norm 2048x131072
+      // 1963 GB/s against 2755 without weight and bias (notes/norm.md, session 11).
+      if constexpr (kPV > 0) {
+#pragma unroll
+        for (int c = 0; c < kPV; ++c) {  // packed words only: no float copies live across rows
+          launder(wr[c]);
+          launder(br[c]);
         }
-        if constexpr (Tr::kAda) {
-          scv = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
-          shv = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
+#pragma unroll
+        for (int c = 0; c < kPV; ++c) {
+          const int64_t v = t + int64_t(c) * tpr;
+          if (v >= svec) break;
+          const V a = *reinterpret_cast<const V*>(xs + v * kVec);
+          store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col0 + v * kVec,
+                             fwd_out<T, kOp, kVec>(a, mean, rstd, p, wr[c], br[c], wr[c], br[c]));
         }
-        store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col,
-                           fwd_out<T, kOp, kVec>(a, mean, rstd, p, wv, bv, scv, shv));
+      }
+      constexpr int kChunk = kBulkOutChunk<kOp>;
+      for (int64_t v0 = t; kPV == 0 && v0 < svec; v0 += int64_t(kChunk) * tpr) {
+        V wv[kChunk], bv[kChunk], scv[kChunk], shv[kChunk];
+#pragma unroll
+        for (int c = 0; c < kChunk; ++c) {
+          const int64_t v = v0 + int64_t(c) * tpr, col = col0 + v * kVec;
+          if (v >= svec) break;
+          if (has_w) wv[c] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+          if constexpr (!Tr::kHfRms) {
+            if (has_b) bv[c] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+          }
+          if constexpr (Tr::kAda) {
+            scv[c] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + g * p.scale_stride + col);
+            shv[c] = load_vec<T, kVec>(static_cast<const T*>(p.shift) + g * p.shift_stride + col);
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < kChunk; ++c) {
+          const int64_t v = v0 + int64_t(c) * tpr, col = col0 + v * kVec;
+          if (v >= svec) break;
+          const V a = *reinterpret_cast<const V*>(xs + v * kVec);
+          store_vec<T, kVec>(static_cast<T*>(p.y) + row * p.y_stride + col,
+                             fwd_out<T, kOp, kVec>(a, mean, rstd, p, wv[c], bv[c], scv[c], shv[c]));
+        }
       }
       __syncthreads();  // every thread is done with stage s: refill it with the row `stages` ahead
       bulk_pipeline_refill(row_of(k + stages), s, issue);
@@ -1795,6 +1843,18 @@ constexpr int kBulkSliceBytes = 32 * 1024;
 template <NormOp kOp>
 constexpr int kBulkMinRowBytes = 32 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;  // shared memory for the stages of one CTA
+// Vectors per thread of a row slice (threads per CTA = slice vectors / this, 128 to 512). Session 11
+// sweep (prof_norm fwd GB/s, bf16, 4096x65536 / 2048x131072, output parameters loaded per chunk):
+// 2 -> rms 2661 / 2577, layer 2428 / 2193; 8 -> rms 2701 / 2690, layer 2575 / 2516.
+constexpr int kBulkVecsPerThread = 8;
+// Ops whose weight/bias vectors of the thread's columns stay in registers across rows (norm_fwd_bulk
+// kPV): no per-row L2 reads of the parameters (they were 2x the x bytes for LayerNorm). Same sweep:
+// rms 2693 / 2686 -> 2743 / 2789, layer 2585 / 2550 -> 2592 / 2649; add_rms_norm (two stage buffers)
+// 2667 / 2627 -> 2596 / 2517, so not there. LayerNorm's kernel then takes 98 registers (two CTAs per SM),
+// so a third stage costs no occupancy: 96 KB of stages (4096x65536 2592 -> 2613).
+template <NormOp kOp>
+constexpr bool kBulkParamRegs = kOp == NormOp::kRms || kOp == NormOp::kLayer;
+constexpr int kBulkStageBudgetLayerRegs = 96 * 1024;
 
 template <typename T, NormOp kOp, int kVec>
 bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream, Status* st) {
@@ -1810,13 +1870,21 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   if (cluster > kMaxCluster) return false;
   const int64_t slice_bytes = row_bytes / cluster;
   const int nbuf = Tr::kRes ? 2 : 1;
-  const int budget = tune("bulk_smem", kBulkStageBudget);
+  const int budget =
+      tune("bulk_smem", (kBulkParamRegs<kOp> && Tr::kLayer) ? kBulkStageBudgetLayerRegs : kBulkStageBudget);
   const int stages = int(std::min<int64_t>(kBulkMaxStages, std::max<int64_t>(2, budget / (slice_bytes * nbuf))));
   const size_t smem = size_t(stages) * nbuf * size_t(slice_bytes);
   if (smem > 200 * 1024) return false;
   const int64_t svec = (p.n / cluster) / kVec;
-  const int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", 2)))));
+  int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", kBulkVecsPerThread)))));
   auto kernel = norm_fwd_bulk<T, kOp, kVec>;
+  if constexpr (kBulkParamRegs<kOp>) {  // weight/bias in registers (KF_TUNE bulk_preg=0: off)
+    constexpr int kPV = kBulkVecsPerThread;
+    if (tune("bulk_preg", 1) != 0 && svec <= int64_t(512) * kPV) {
+      kernel = norm_fwd_bulk<T, kOp, kVec, kPV>;
+      tpr = std::max(128, pow2_ceil(ceil_div(svec, kPV)));
+    }
+  }
   const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
   if (per_sm < 1) return false;
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
