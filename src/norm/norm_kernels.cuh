@@ -662,7 +662,8 @@ constexpr int kBulkOutChunk = OpTraits<kOp>::kAda ? 2 : 4;
 
 // kPV > 0 (not AdaLN): thread t's weight/bias vectors (v = t + c·tpr, c < kPV; svec <= kPV·tpr) are
 // loaded once and held in registers for every row (no per-row L2 reads of the parameters).
-template <typename T, NormOp kOp, int kVec, int kPV = 0>
+// kChunk: the output pass's parameter vectors per chunk (1: loaded per vector, fewest registers).
+template <typename T, NormOp kOp, int kVec, int kPV = 0, int kChunk = kBulkOutChunk<kOp>>
 __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const int cluster, const int stages) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -787,7 +788,6 @@ __global__ void __launch_bounds__(512) norm_fwd_bulk(const NormParams p, const i
                              fwd_out<T, kOp, kVec>(a, mean, rstd, p, wr[c], br[c], wr[c], br[c]));
         }
       }
-      constexpr int kChunk = kBulkOutChunk<kOp>;
       for (int64_t v0 = t; kPV == 0 && v0 < svec; v0 += int64_t(kChunk) * tpr) {
         V wv[kChunk], bv[kChunk], scv[kChunk], shv[kChunk];
 #pragma unroll
@@ -1855,6 +1855,10 @@ constexpr int kBulkVecsPerThread = 8;
 template <NormOp kOp>
 constexpr bool kBulkParamRegs = kOp == NormOp::kRms || kOp == NormOp::kLayer;
 constexpr int kBulkStageBudgetLayerRegs = 96 * 1024;
+// ... but not in clusters of 2 to 7: at 4096x65536 (cluster 4) the 512-thread kernel with per-vector
+// parameter loads stays ahead (kforge bench 2641 vs 2584 GB/s; 2048x131072, cluster 8: 2309 vs 2642;
+// 8192x16384, one CTA per row: prof_norm 2721 vs 2789).
+constexpr int kBulkLayerRegsMinCluster = 8;
 
 template <typename T, NormOp kOp, int kVec>
 bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream, Status* st) {
@@ -1870,20 +1874,26 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   if (cluster > kMaxCluster) return false;
   const int64_t slice_bytes = row_bytes / cluster;
   const int nbuf = Tr::kRes ? 2 : 1;
-  const int budget =
-      tune("bulk_smem", (kBulkParamRegs<kOp> && Tr::kLayer) ? kBulkStageBudgetLayerRegs : kBulkStageBudget);
+  // LayerNorm in clusters of 2 to kBulkLayerRegsMinCluster - 1 CTAs: the session-10 configuration (512
+  // threads, per-vector parameter loads, 32 registers: three CTAs per SM).
+  const bool layer_small =
+      Tr::kLayer && !Tr::kAda && cluster > 1 && cluster < tune("bulk_layer_regs_cluster", kBulkLayerRegsMinCluster);
+  const bool preg = kBulkParamRegs<kOp> && !layer_small && tune("bulk_preg", 1) != 0;
+  const int budget = tune("bulk_smem", (preg && Tr::kLayer) ? kBulkStageBudgetLayerRegs : kBulkStageBudget);
   const int stages = int(std::min<int64_t>(kBulkMaxStages, std::max<int64_t>(2, budget / (slice_bytes * nbuf))));
   const size_t smem = size_t(stages) * nbuf * size_t(slice_bytes);
   if (smem > 200 * 1024) return false;
   const int64_t svec = (p.n / cluster) / kVec;
-  int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, tune("bulk_vpt", kBulkVecsPerThread)))));
+  const int vpt = tune("bulk_vpt", layer_small ? 2 : kBulkVecsPerThread);
+  int tpr = std::min(512, std::max(128, pow2_ceil(ceil_div(svec, vpt))));
   auto kernel = norm_fwd_bulk<T, kOp, kVec>;
   if constexpr (kBulkParamRegs<kOp>) {  // weight/bias in registers (KF_TUNE bulk_preg=0: off)
     constexpr int kPV = kBulkVecsPerThread;
-    if (tune("bulk_preg", 1) != 0 && svec <= int64_t(512) * kPV) {
+    if (preg && svec <= int64_t(512) * kPV) {
       kernel = norm_fwd_bulk<T, kOp, kVec, kPV>;
       tpr = std::max(128, pow2_ceil(ceil_div(svec, kPV)));
     }
+    if (layer_small) kernel = norm_fwd_bulk<T, kOp, kVec, 0, 1>;
   }
   const int per_sm = cached_blocks_per_sm(reinterpret_cast<const void*>(kernel), tpr, smem);
   if (per_sm < 1) return false;
