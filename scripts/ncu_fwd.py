@@ -1,8 +1,10 @@
 """One launch of each forward kernel of interest (kernelforge and Liger) for Nsight Compute:
     ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN [OPS]
-OPS: comma-separated from rms, layer, ada, add, liger, softmax, log_softmax, liger_softmax, and the
-backward calls rms_bwd, layer_bwd, ada_bwd (default rms,layer,liger). ada is the bench's case: x [4, rows/4, N], scale/shift [4, 1, N],
-no weight or bias.
+OPS: comma-separated from rms, layer, ada, add, liger, softmax, log_softmax, liger_softmax, the
+backward calls rms_bwd, layer_bwd, ada_bwd, and compile_rms, compile_layer, compile_ada (torch.compile of
+the bench's eager code, compiled and warmed up before the profiler range; run ncu with
+--profile-from-start off to skip the autotuning launches). Default rms,layer,liger. ada is the bench's
+case: x [4, rows/4, N], scale/shift [4, 1, N], no weight or bias.
 """
 import sys
 
@@ -16,6 +18,27 @@ which = (sys.argv[2] if len(sys.argv) > 2 else "rms,layer,liger").split(",")
 x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+compiled = []
+if any(o.startswith("compile_") for o in which):
+    from kernelforge import bench
+
+    sc4 = torch.randn(4, 1, n, device="cuda", dtype=torch.bfloat16) * 0.1
+    t = {"x": x, "weight": w, "bias": b}
+    ta = {"x": x.view(4, rows // 4, n), "scale": sc4, "shift": sc4.clone()}
+    for name, op, args in (("compile_rms", "rms_norm", t), ("compile_layer", "layer_norm", t),
+                           ("compile_ada", "ada_norm", ta)):
+        if name in which:
+            torch._dynamo.reset()
+            fn = torch.compile(bench.eager_provider(op), dynamic=False)
+            with torch.no_grad():
+                for _ in range(3):
+                    fn(args)
+            compiled.append((fn, args))
+    torch.cuda.synchronize()
+torch.cuda.profiler.start()
+for fn, args in compiled:
+    with torch.no_grad():
+        fn(args)
 if "rms" in which:
     kf.rms_norm(x, w)
 if "layer" in which:

@@ -448,8 +448,9 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 // and so bytes in flight per SM. Measured in notes/norm.md. The kernel's blocks have <= 256 threads.
 constexpr int kFwdRowMaxBlock = 256;
 // kSmThreads (common/launch.cuh): resident threads per SM of the architecture being compiled.
-template <int kRegs>
-constexpr int kFwdRowMinBlocks = std::min(65536 / (kFwdRowMaxBlock * kRegs), kSmThreads / kFwdRowMaxBlock);
+template <int kBlock, int kRegs>
+constexpr int kFwdRowMinBlocks = kBlock > kFwdRowMaxBlock ? std::max(1, std::min(kSmThreads / kBlock, 3))
+                                                          : std::min(65536 / (kBlock * kRegs), kSmThreads / kBlock);
 // Registers per thread by op (rows) and 16-byte x slots per thread 1 / 2 / 4 (columns); 8+ slots: 128.
 // add_rms_norm at 4 slots holds x and residual in flight (32 registers): ptxas spilled 16 B at 64;
 // at 72 (3 blocks of 256 threads per SM instead of 4) it does not, and 16384x8192 went 372 -> 362 us.
@@ -481,9 +482,12 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
 // (one memory round trip per block instead of two), and there is no register cap.
 // kPlain (AdaLN without weight and bias, the DiT / LTX-Video case): the output loop is compiled for
 // that case alone instead of branching per vector over the four weight/bias variants.
-template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false>
-__global__ void __launch_bounds__(kFwdRowMaxBlock,
-                                  kEarly ? 1 : kFwdRowMinBlocks<kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
+// kBlock: the largest block the instantiation takes (kFwdRowMaxBlock; 1024 for the sweep of
+// KF_TUNE row_max_block, rows of one or two vectors per thread).
+template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock>
+__global__ void __launch_bounds__(kBlock,
+                                  kEarly ? 1
+                                         : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -597,7 +601,8 @@ __global__ void __launch_bounds__(kFwdRowMaxBlock,
       // first store, so that the block pays one L1/L2 round trip after the reduction instead of one
       // per vector (the compiler does not move loads across the stores to y, which may alias).
       // Weight and bias stay per vector (the same for every row: L1 hits; more registers would spill).
-      constexpr int kP = (KF_FWD_PARAMS_FIRST && Tr::kAda && !kEarly && kIters <= 2) ? kIters : 1;
+      constexpr int kP =
+          (KF_FWD_PARAMS_FIRST && Tr::kAda && !kEarly && kIters <= 2 && kBlock <= kFwdRowMaxBlock) ? kIters : 1;
       V scp[kP], shp[kP];
       if constexpr (kP > 1) {
 #pragma unroll
@@ -1798,6 +1803,17 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
+// Blocks above kFwdRowMaxBlock: 1024 threads with one vector each, 512 with two (3 blocks per SM).
+// Largest block of norm_fwd_row by op (KF_TUNE row_max_block): 512 lets 8192-element bf16 rows take
+// 512 threads x 2 vectors (40 registers, 3 blocks per SM) instead of 256 x 4 (64, 4 blocks per SM):
+// session 12 (prof_norm, 16384x8192) rms 183.4 -> 181.9 us, layer 183.5 -> 181.8 us.
+template <NormOp kOp>
+constexpr int kFwdRowBlockCap = kOp == NormOp::kRms || kOp == NormOp::kLayer ? 512 : kFwdRowMaxBlock;
+template <int kIters>
+constexpr int kFwdRowBigBlock = kIters == 1   ? 1024
+                                : kIters == 2 ? 512
+                                              : kFwdRowMaxBlock;
+
 template <typename T, NormOp kOp, int kVec, int kIters>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
   const int block = std::max(tpr, tune("min_block", kFwdTuning<T>.min_block));
@@ -1811,9 +1827,19 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
       // Persistent: as many blocks as fit at once (times a wave factor), each looping over rows.
       const int64_t resident = int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1);
       units = std::min(units, std::max<int64_t>(resident, 1));
-    } else if (block <= kFwdRowMaxBlock) {
+    } else if (block <= kFwdRowMaxBlock || (block <= kFwdRowBigBlock<kIters> && units > dev.sm_count)) {
       units = std::min<int64_t>(units, INT_MAX);  // one row group per block (the kernel loops past 2^31-1)
       Launch row(dim3(unsigned(units)), dim3(block), 0, stream, use_pdl(dev));
+      if constexpr (kFwdRowBigBlock < kIters >> kFwdRowMaxBlock) {
+        constexpr int kB = kFwdRowBigBlock<kIters>;
+        if (block > kFwdRowMaxBlock) {  // KF_TUNE row_max_block sweep
+          if constexpr (OpTraits<kOp>::kAda) {
+            if (p.weight == nullptr && p.bias == nullptr && tune("ada_plain", 1) != 0)
+              return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true, kB>, p, shift), "norm forward");
+          }
+          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, false, kB>, p, shift), "norm forward");
+        }
+      }
       if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0)  // <= 1 block per SM
         return launched(row(norm_fwd_row<T, kOp, kVec, kIters, true>, p, shift), "norm forward");
       if constexpr (OpTraits<kOp>::kAda) {
@@ -1932,8 +1958,15 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
   const int64_t nvec = p.n / kVec;
   if (kVec > 1 && tune("fwd_persist", kFwdPersist) == 0) {  // one row group per block (norm_fwd_row)
     const int want = tune("row_iters", kFwdRowIters);
-    const int tpr = int(std::min<int64_t>(kFwdRowMaxBlock, std::max<int64_t>(32, pow2_ceil(ceil_div(nvec, want)))));
-    const int it = pow2_ceil(ceil_div(nvec, tpr));
+    const int max_block = tune("row_max_block", kFwdRowBlockCap<kOp>);
+    int tpr = int(std::min<int64_t>(max_block, std::max<int64_t>(32, pow2_ceil(ceil_div(nvec, want)))));
+    int it = pow2_ceil(ceil_div(nvec, tpr));
+    // The big blocks take one or two vectors per thread, and grids of more than one block per SM (the
+    // decode kernel, kEarly, keeps its 256-thread blocks).
+    if (tpr > kFwdRowMaxBlock && (it > 2 || p.rows <= dev.sm_count)) {
+      tpr = kFwdRowMaxBlock;
+      it = pow2_ceil(ceil_div(nvec, tpr));
+    }
     if (it <= kMaxIters) {
       switch (it) {
         case 1:
