@@ -1,6 +1,6 @@
 """One launch of each forward kernel of interest (kernelforge and Liger) for Nsight Compute:
     ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN [OPS]
-OPS: comma-separated from rms, layer, ada, add, liger, softmax, log_softmax, liger_softmax, the
+OPS: comma-separated from rms, layer, layer_plain, ada, ada_d ([N] scale/shift), add, liger, softmax, log_softmax, liger_softmax, the
 backward calls rms_bwd, layer_bwd, ada_bwd, and compile_rms, compile_layer, compile_ada (torch.compile of
 the bench's eager code, compiled and warmed up before the profiler range; run ncu with
 --profile-from-start off to skip the autotuning launches). Default rms,layer,liger. ada is the bench's
@@ -45,6 +45,11 @@ if "layer" in which:
     kf.layer_norm(x, w, b)
 if "add" in which:
     kf.add_rms_norm(x, torch.randn_like(x), w)
+if "layer_plain" in which:  # no weight, no bias: LayerNorm's part of AdaLN's work
+    kf.layer_norm(x, None, None)
+if "ada_d" in which:  # scale/shift [N]: one group
+    sd = torch.randn(n, device="cuda", dtype=torch.bfloat16) * 0.1
+    kf.ada_norm(x, sd, sd.clone())
 if "ada" in which:
     sc = torch.randn(4, 1, n, device="cuda", dtype=torch.bfloat16) * 0.1
     kf.ada_norm(x.view(4, rows // 4, n), sc, sc.clone())
