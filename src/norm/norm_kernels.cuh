@@ -448,8 +448,11 @@ __global__ void __launch_bounds__(kFwdMaxTeam)
 // and so bytes in flight per SM. Measured in notes/norm.md. The kernel's blocks have <= 256 threads.
 constexpr int kFwdRowMaxBlock = 256;
 // kSmThreads (common/launch.cuh): resident threads per SM of the architecture being compiled.
-template <int kBlock, int kRegs>
-constexpr int kFwdRowMinBlocks = kBlock > kFwdRowMaxBlock ? std::max(1, std::min(kSmThreads / kBlock, 3))
+// Blocks of 512 threads (kFwdRowBigBlock): 3 resident per SM (40 registers), 4 for
+// AdaLN without weight and bias (32 registers, no spill; 16384x8192 187.1 -> 184.5 us). At 4, rms and
+// LayerNorm spill 16 / 48 B and slow down (181.5 -> 196.8, 182.3 -> 239.1 us).
+template <int kBlock, int kRegs, bool kPlain>
+constexpr int kFwdRowMinBlocks = kBlock > kFwdRowMaxBlock ? std::max(1, std::min(kSmThreads / kBlock, kPlain ? 4 : 3))
                                                           : std::min(65536 / (kBlock * kRegs), kSmThreads / kBlock);
 // Registers per thread by op (rows) and 16-byte x slots per thread 1 / 2 / 4 (columns); 8+ slots: 128.
 // add_rms_norm at 4 slots holds x and residual in flight (32 registers): ptxas spilled 16 B at 64;
@@ -482,12 +485,11 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
 // (one memory round trip per block instead of two), and there is no register cap.
 // kPlain (AdaLN without weight and bias, the DiT / LTX-Video case): the output loop is compiled for
 // that case alone instead of branching per vector over the four weight/bias variants.
-// kBlock: the largest block the instantiation takes (kFwdRowMaxBlock; 1024 for the sweep of
-// KF_TUNE row_max_block, rows of one or two vectors per thread).
+// kBlock: the largest block the instantiation takes: kFwdRowMaxBlock, or kFwdRowBigBlock (512 threads
+// x 2 vectors for 8 KB rows of rms / LayerNorm / AdaLN without weight and bias).
 template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock>
-__global__ void __launch_bounds__(kBlock,
-                                  kEarly ? 1
-                                         : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>>)
+__global__ void __launch_bounds__(
+    kBlock, kEarly ? 1 : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>, kPlain>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -1803,16 +1805,21 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
-// Blocks above kFwdRowMaxBlock: 1024 threads with one vector each, 512 with two (3 blocks per SM).
+// Blocks above kFwdRowMaxBlock: 512 threads with two vectors each. (1024 x 1 and 512 x 1 were slower
+// everywhere in the session-12 sweep: rms 16384x8192 207.4 us, 16384x4096 99.0 vs 94.2.)
 // Largest block of norm_fwd_row by op (KF_TUNE row_max_block): 512 lets 8192-element bf16 rows take
 // 512 threads x 2 vectors (40 registers, 3 blocks per SM) instead of 256 x 4 (64, 4 blocks per SM):
 // session 12 (prof_norm, 16384x8192) rms 183.4 -> 181.9 us, layer 183.5 -> 181.8 us.
+// AdaLN without weight and bias too (its 512-thread kernel holds 4 blocks per SM: 16384x8192 187.1 ->
+// 184.5 us; with weight or bias, or at 3 blocks per SM, AdaLN keeps 256: 189.7 us).
 template <NormOp kOp>
-constexpr int kFwdRowBlockCap = kOp == NormOp::kRms || kOp == NormOp::kLayer ? 512 : kFwdRowMaxBlock;
+int fwd_row_block_cap(const NormParams& p) {
+  if (kOp == NormOp::kRms || kOp == NormOp::kLayer) return 512;
+  if (OpTraits<kOp>::kAda && p.weight == nullptr && p.bias == nullptr) return 512;
+  return kFwdRowMaxBlock;
+}
 template <int kIters>
-constexpr int kFwdRowBigBlock = kIters == 1   ? 1024
-                                : kIters == 2 ? 512
-                                              : kFwdRowMaxBlock;
+constexpr int kFwdRowBigBlock = kIters == 2 ? 512 : kFwdRowMaxBlock;
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
@@ -1958,12 +1965,12 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
   const int64_t nvec = p.n / kVec;
   if (kVec > 1 && tune("fwd_persist", kFwdPersist) == 0) {  // one row group per block (norm_fwd_row)
     const int want = tune("row_iters", kFwdRowIters);
-    const int max_block = tune("row_max_block", kFwdRowBlockCap<kOp>);
+    const int max_block = tune("row_max_block", fwd_row_block_cap<kOp>(p));
     int tpr = int(std::min<int64_t>(max_block, std::max<int64_t>(32, pow2_ceil(ceil_div(nvec, want)))));
     int it = pow2_ceil(ceil_div(nvec, tpr));
-    // The big blocks take one or two vectors per thread, and grids of more than one block per SM (the
+    // The big blocks take two vectors per thread, and grids of more than one block per SM (the
     // decode kernel, kEarly, keeps its 256-thread blocks).
-    if (tpr > kFwdRowMaxBlock && (it > 2 || p.rows <= dev.sm_count)) {
+    if (tpr > kFwdRowMaxBlock && (it != 2 || p.rows <= dev.sm_count)) {
       tpr = kFwdRowMaxBlock;
       it = pow2_ceil(ceil_div(nvec, tpr));
     }
