@@ -28,8 +28,8 @@ backward's recompute path), several chunks of tokens), on fresh random data:
     gradients are O(1) (see _ce_inputs).
 
 Error = max|got - ref| / max(max|ref|, 1), plus the relative L2 error (same floor of 1); PASS needs both under the
-dtype's tolerance against both oracles (fused_linear_cross_entropy's weight gradient, accumulated
-in the dtype over chunks: twice it). Prints one PASS/FAIL line per op and dtype; exit status 1
+dtype's tolerance against both oracles (fused_linear_cross_entropy's gradients, GEMMs over the
+logits' gradient rounded to the dtype, the weight gradient also accumulated over chunks: twice it). Prints one PASS/FAIL line per op and dtype; exit status 1
 if anything FAILs, 2 without a GPU or without the extension.
 """
 from __future__ import annotations
@@ -710,11 +710,14 @@ def errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 def tolerance(op: str, k: str, dtype) -> tuple[float, float]:
-    """TOL[dtype], except fused_linear_cross_entropy's weight gradient: accumulated in the dtype over
-    the chunks of tokens (one rounding per chunk, chunk_tokens=7 gives up to 43), so it gets about
-    twice the gradient tolerance."""
+    """TOL[dtype], except fused_linear_cross_entropy's gradients, about twice the gradient tolerance:
+    each is a GEMM over the logits' gradient rounded to the dtype (two roundings, and the sum over the
+    vocabulary cancels: the softmax gradient of a row sums to zero, so the rounding errors of its terms
+    are large against the result; bf16, 1 token x hidden 32 x vocab 77: rel_l2 up to ~1e-2), and the
+    weight gradient is also accumulated in the dtype over the chunks of tokens (one rounding per chunk,
+    chunk_tokens=7 gives up to 43)."""
     tol_max, tol_l2 = TOL[dtype]
-    if op == "fused_linear_cross_entropy" and k == "dweight":
+    if op == "fused_linear_cross_entropy" and k.startswith("d"):
         return 2 * tol_max, 2 * tol_l2
     return tol_max, tol_l2
 
