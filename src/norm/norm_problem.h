@@ -45,6 +45,9 @@ struct NormParams {
   // r / ada_rpg for 0 <= r < 2^31 without a division: (umulhi(ada_mul, r) + r) >> ada_shr
   // (set by validate_norm with make_fast_div, below; used when rows and ada_rpg fit in 31 bits).
   uint32_t ada_mul = 1, ada_shr = 0;
+  // launch: the forward's kEarly kernel lets the next kernel in at once (programmatic dependent
+  // launch) when its whole grid is resident (set by the launcher)
+  bool trigger = false;
 };
 
 // Division by an invariant d (1 <= d < 2^31) as a multiply-high, add and shift, exact for every
