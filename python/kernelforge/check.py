@@ -29,8 +29,9 @@ backward's recompute path), several chunks of tokens), on fresh random data:
 
 Error = max|got - ref| / max(max|ref|, 1), plus the relative L2 error (same floor of 1); PASS needs both under the
 dtype's tolerance against both oracles (fused_linear_cross_entropy's gradients, GEMMs over the
-logits' gradient rounded to the dtype, the weight gradient also accumulated over chunks: twice it). Prints one PASS/FAIL line per op and dtype; exit status 1
-if anything FAILs, 2 without a GPU or without the extension.
+logits' gradient rounded to the dtype, the weight gradient also accumulated over chunks: twice it).
+Prints one PASS/FAIL line per op and dtype; exit status 1 if anything FAILs, 2 without a GPU or
+without the extension.
 """
 from __future__ import annotations
 

@@ -1807,11 +1807,6 @@ int resident_blocks(Kernel kernel, int threads, const DeviceInfo& dev) {
   return cache[idx] * dev.sm_count;
 }
 
-// RMSNorm rows of 129-256 16-byte vectors (2048 bf16) take the kEarly kernel (weight loaded together
-// with x, no register cap) for every grid: session 12, prof_norm fwd at 16384x2048, two rounds, 50.0 /
-// 50.1 -> 49.0 / 49.1 us (2687 -> 2741 GB/s); at 4096 it is slower (93.6 -> 97.1 us), and for
-// LayerNorm at 2048 it changes nothing (weight and bias: twice the registers).
-constexpr bool kFwdEarlyRms = true;
 // Blocks above kFwdRowMaxBlock: 512 threads with two vectors each. (1024 x 1 and 512 x 1 were slower
 // everywhere in the session-12 sweep: rms 16384x8192 207.4 us, 16384x4096 99.0 vs 94.2.)
 // Largest block of norm_fwd_row by op (KF_TUNE row_max_block): 512 lets 8192-element bf16 rows take
@@ -1827,6 +1822,11 @@ int fwd_row_block_cap(const NormParams& p) {
 }
 template <int kIters>
 constexpr int kFwdRowBigBlock = kIters == 2 ? 512 : kFwdRowMaxBlock;
+// RMSNorm rows of 129-256 16-byte vectors (2048 bf16) take the kEarly kernel (weight loaded together
+// with x, no register cap) for every grid: session 12, prof_norm fwd at 16384x2048, two rounds, 50.0 /
+// 50.1 -> 49.0 / 49.1 us (2687 -> 2741 GB/s); at 4096 it is slower (93.6 -> 97.1 us), and for
+// LayerNorm at 2048 it changes nothing (weight and bias: twice the registers).
+constexpr bool kFwdEarlyRms = true;
 
 template <typename T, NormOp kOp, int kVec, int kIters>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
@@ -1844,9 +1844,9 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
     } else if (block <= kFwdRowMaxBlock || (block <= kFwdRowBigBlock<kIters> && units > dev.sm_count)) {
       units = std::min<int64_t>(units, INT_MAX);  // one row group per block (the kernel loops past 2^31-1)
       Launch row(dim3(unsigned(units)), dim3(block), 0, stream, use_pdl(dev));
-      if constexpr (kFwdRowBigBlock < kIters >> kFwdRowMaxBlock) {
-        constexpr int kB = kFwdRowBigBlock<kIters>;
-        if (block > kFwdRowMaxBlock) {  // KF_TUNE row_max_block sweep
+      constexpr int kB = kFwdRowBigBlock<kIters>;
+      if constexpr (kB > kFwdRowMaxBlock) {
+        if (block > kFwdRowMaxBlock) {  // 512 x 2 (fwd_row_block_cap)
           if constexpr (OpTraits<kOp>::kAda) {
             if (p.weight == nullptr && p.bias == nullptr && tune("ada_plain", 1) != 0)
               return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true, kB>, p, shift), "norm forward");
@@ -1854,7 +1854,8 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
           return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, false, kB>, p, shift), "norm forward");
         }
       }
-      if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0 ||  // <= 1 block per SM
+      // kEarly: grids of at most one block per SM (decode), and RMSNorm's 2048-element rows (kFwdEarlyRms)
+      if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0 ||
           (kFwdEarlyRms && kOp == NormOp::kRms && p.n / kVec > 128 && p.n / kVec <= 256 && tune("rms_early", 1) != 0)) {
         NormParams q = p;
         q.trigger = units <= dev.sm_count;
