@@ -83,7 +83,7 @@ constexpr int kBwdChunkSmem = 96 * 1024;
 #define KF_BWD_REG_ATTR __launch_bounds__(kBwdMaxTeam)
 #endif
 #ifndef KF_FWD_PARAMS_FIRST  // norm_fwd_row: AdaLN scale/shift loads of a row before its stores (sweeps)
-#define KF_FWD_PARAMS_FIRST 1
+#define KF_FWD_PARAMS_FIRST 0
 #endif
 #ifndef KF_BWD_ADA_REREAD  // build-time switch for sweeps (scripts/gpu_sweep.sh KF_SWEEP_FLAGS)
 #define KF_BWD_ADA_REREAD 1
@@ -457,22 +457,29 @@ constexpr int kFwdRowMinBlocks = kBlock > kFwdRowMaxBlock ? std::max(1, std::min
 // Registers per thread by op (rows) and 16-byte x slots per thread 1 / 2 / 4 (columns); 8+ slots: 128.
 // add_rms_norm at 4 slots holds x and residual in flight (32 registers): ptxas spilled 16 B at 64;
 // at 72 (3 blocks of 256 threads per SM instead of 4) it does not, and 16384x8192 went 372 -> 362 us.
-// LayerNorm-kind AdaLN with weight or bias at 2 slots spills 16 B at 48 (its scale/shift vectors);
-// 64 registers (4 blocks instead of 5) and per-vector loads were both slower (notes/norm.md). The
-// kPlain kernel (no weight, no bias) fits 48 without a spill.
+// LayerNorm at 2 slots fits 40 without a spill: 6 blocks of 256 per SM instead of 5 (16384x4096
+// 94.5 -> 94.2 us, session 13). LayerNorm-kind AdaLN at 2 slots fits 40 without a spill once its
+// scale/shift vectors are loaded per output vector (KF_FWD_PARAMS_FIRST=0; loaded all before the
+// first store they took 47-48 registers and spilled 16 B with weight/bias): 6 blocks instead of 5,
+// 16384x4096 97.5 -> 96.2 us (session 13; in session 6, at 48 registers, per-vector loads were slower).
 #ifndef KF_FWD_REGS_ADD4  // sweeps
 #define KF_FWD_REGS_ADD4 72
 #endif
 #ifndef KF_FWD_REGS_ADA2
-#define KF_FWD_REGS_ADA2 48
+#define KF_FWD_REGS_ADA2 40
 #endif
 constexpr int kFwdRowRegTable[5][3] = {
     {32, 40, 64},                // rms
     {40, 48, KF_FWD_REGS_ADD4},  // add_rms
-    {40, 48, 64},                // layer
+    {40, 40, 64},                // layer
     {40, 48, 64},                // ada, rms kind
     {40, KF_FWD_REGS_ADA2, 64},  // ada, layer kind
 };
+// x registers per thread in 16-byte slots (4 registers each). A one-element vector of a 2-byte type
+// still takes a whole 32-bit register: 16 bf16 elements are 4 slots, not 2. Counting bytes gave the
+// scalar path (odd N, unaligned views) too small a budget and it spilled: 16384x4095 bf16 forward
+// LayerNorm 589 -> 200 us, RMSNorm 415 -> 158, add_rms_norm 572 -> 247, AdaLN 392 -> 301 (session 13).
+constexpr int fwd_row_slots(int elem_bytes, int vec, int iters) { return iters * std::max(vec * elem_bytes, 4) / 16; }
 template <NormOp kOp, int kSlots>
 constexpr int kFwdRowRegs = kSlots <= 0   ? 128
                             : kSlots <= 1 ? kFwdRowRegTable[int(kOp)][0]
@@ -489,7 +496,8 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
 // x 2 vectors for 8 KB rows of rms / LayerNorm / AdaLN without weight and bias).
 template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock>
 __global__ void __launch_bounds__(
-    kBlock, kEarly ? 1 : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, kIters * kVec * sizeof(T) / 16>, kPlain>)
+    kBlock,
+    kEarly ? 1 : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, fwd_row_slots(int(sizeof(T)), kVec, kIters)>, kPlain>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -601,9 +609,10 @@ __global__ void __launch_bounds__(
       const int64_t gl = Tr::kAda ? ada_group(rl, p) : 0;
       const T* __restrict__ scl = static_cast<const T*>(p.scale) + gl * p.scale_stride;
       const T* __restrict__ shl = static_cast<const T*>(p.shift) + gl * p.shift_stride;
-      // AdaLN scale/shift vectors: with KF_FWD_PARAMS_FIRST all of the row's are loaded before its
-      // first store, so that the block pays one L1/L2 round trip after the reduction instead of one
-      // per vector (the compiler does not move loads across the stores to y, which may alias).
+      // AdaLN scale/shift vectors: with KF_FWD_PARAMS_FIRST (off: more registers, fewer blocks per SM)
+      // all of the row's are loaded before its first store, so that the block pays one L1/L2 round
+      // trip after the reduction instead of one per vector (the compiler does not move loads across
+      // the stores to y, which may alias).
       // Weight and bias stay per vector (the same for every row: L1 hits; more registers would spill).
       constexpr int kP =
           (KF_FWD_PARAMS_FIRST && Tr::kAda && !kEarly && kIters <= 2 && kBlock <= kFwdRowMaxBlock) ? kIters : 1;
