@@ -392,8 +392,9 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
 
 // ---- the forward row kernel (one row per CTA, compile-time team) -----------------------------------
 // The common forward: 16-byte vectors, n a multiple of kVec, one CTA of kTpr (128..512) threads per
-// row, kIters (1, 2) vectors per thread. Same algorithm as mode 1 of softmax_regs (a max reduction, e =
-// exp(x − M) once per element kept in float registers, a sum reduction, y = e · (1/S)), compiled for
+// row, kIters (1, 2; 4 at 512 threads for 16-32 KB rows) vectors per thread. Same algorithm as mode 1
+// of softmax_regs (a max reduction, e = exp(x − M) once per element kept in float registers, a sum
+// reduction, y = e · (1/S)), compiled for
 // this case alone: no cluster, no partial vectors, the team size and warp count known to the compiler
 // (unrolled butterflies), the max taken over packed pairs (each value unpacked once for its exp, again
 // for log_softmax's output). Nsight Compute at 16384x8192 bf16
@@ -402,8 +403,10 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
 // per-row overhead, not the exps, kept it below the memory rate.
 // exp(x − M) = ex2((x − M)·log2 e): x − M first. (A single FFMA, ex2(fma(x, log2 e, −M·log2 e)), has an
 // exponent error of ~|M|·2^-24 absolute: at |M| = 1e30 or 6e4 the special-value tests failed.)
-template <int kTpr>
-constexpr int kRowMinBlocks = kSmThreads / kTpr;  // every resident thread (sm_90: 2048, 32 registers)
+// Resident CTAs asked of ptxas: every resident thread (sm_90: 2048, 32 registers) at 1-2 vectors per
+// thread, half of them at 4 (64 registers: e = exp(x - M) of 32 elements stays in registers).
+template <int kTpr, int kIters>
+constexpr int kRowMinBlocks = std::max(1, kSmThreads / kTpr / (kIters > 2 ? 2 : 1));
 template <int kW, typename Op>
 __device__ __forceinline__ float block_reduce(float v, float (&sm)[kW]) {
 #pragma unroll
@@ -450,7 +453,7 @@ __device__ __forceinline__ float packed_max(const Vec<T, kVec> (&a)[kIters]) {
 }
 
 template <typename T, bool kLog, int kVec, int kIters, int kTpr>
-__global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr>) softmax_fwd_row(const SoftmaxParams p) {
+__global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr, kIters>) softmax_fwd_row(const SoftmaxParams p) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -893,6 +896,14 @@ inline int cached_active_clusters(const void* kernel, int cluster, int block, cu
 // sm_bulk_vpt.
 constexpr int kBulkSliceBytes = 64 * 1024;
 constexpr int kBulkStageBudget = 64 * 1024;
+// Forward rows longer than the one-CTA row kernel takes (4 vectors x 512 threads = 32 KB) take the
+// bulk kernel when there is a wave of rows: softmax_regs holds them at 8 vectors per thread (128
+// registers, 1 CTA per SM, no overlap of load, reduce and write). Session 13, prof_softmax bf16
+// forward GB/s, softmax_regs -> bulk: 8192x24576 1644 -> 2794, 8192x32000 1775 -> 2831 (Liger 2817
+// in kforge bench); 16-32 KB rows: softmax_regs 2214 / 2381, bulk 2842 / 2833, softmax_fwd_row at
+// 512 x 4 2925 / 3006 (16384x12288 / 16384x16384; 1024 x 2 2893 / 3005). The backward keeps
+// softmax_regs there (the bulk backward and the register cluster measured no faster at 12288-32000).
+constexpr int64_t kBulkMinRowFwd = 32 * 1024 + 1;
 
 // One persistent launch of a bulk-copy kernel: as many clusters as are resident at once (at most one
 // per row); false when the shape cannot run (no resident cluster).
@@ -989,7 +1000,7 @@ auto pick_regs_kernel(const Plan& pl) {
 }
 
 // softmax_fwd_row for a forward one-CTA plan with 16-byte vectors, n % kVec == 0, 128..512 threads
-// per row and 1..2 vectors per thread (KF_TUNE sm_row=0: softmax_regs instead).
+// per row and 1..2 vectors per thread, or 512 threads x 4 (KF_TUNE sm_row=0: softmax_regs instead).
 template <typename T, bool kLog, int kVec, int kIters, int kTpr>
 Status launch_fwd_row(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
   const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
@@ -1000,22 +1011,28 @@ Status launch_fwd_row(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
 }
 template <typename T, bool kLog, int kVec, int kIters>
 bool try_fwd_row(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_t stream, Status* st) {
-  if constexpr (kVec * sizeof(T) != 16 || kIters > 2) {
+  if constexpr (kVec * sizeof(T) != 16 || kIters > 4) {
     return false;
   } else {
     if (pl.cluster != 1 || p.n % kVec != 0 || tune("sm_row", 1) == 0) return false;
-    switch (pl.tpr) {
-      case 128:
-        *st = launch_fwd_row<T, kLog, kVec, kIters, 128>(p, pdl, stream);
-        return true;
-      case 256:
-        *st = launch_fwd_row<T, kLog, kVec, kIters, 256>(p, pdl, stream);
-        return true;
-      case 512:
-        *st = launch_fwd_row<T, kLog, kVec, kIters, 512>(p, pdl, stream);
-        return true;
-      default:
-        return false;
+    if constexpr (kIters == 4) {  // 16-32 KB rows: 512 threads x 4 vectors (KF_TUNE sm_row4=0: off)
+      if (pl.tpr != kMaxTeam || tune("sm_row4", 1) == 0) return false;
+      *st = launch_fwd_row<T, kLog, kVec, 4, kMaxTeam>(p, pdl, stream);
+      return true;
+    } else {
+      switch (pl.tpr) {
+        case 128:
+          *st = launch_fwd_row<T, kLog, kVec, kIters, 128>(p, pdl, stream);
+          return true;
+        case 256:
+          *st = launch_fwd_row<T, kLog, kVec, kIters, 256>(p, pdl, stream);
+          return true;
+        case 512:
+          *st = launch_fwd_row<T, kLog, kVec, kIters, 512>(p, pdl, stream);
+          return true;
+        default:
+          return false;
+      }
     }
   }
 }
@@ -1051,13 +1068,13 @@ Status with_vec(const SoftmaxParams& p, cudaStream_t stream) {
   const bool pdl = use_pdl(dev);
   const Plan pl = make_plan<T, kBwd, kVec>(p);
   // The bulk-copy kernel (sm_90) for the rows no one-CTA register kernel holds (forward; backward with
-  // KF_TUNE sm_bulk_bwd=1 until measured), or from KF_TUNE sm_bulk_min_row bytes (sweeps); not for
-  // grids under one wave of rows (decode: nothing to overlap).
+  // KF_TUNE sm_bulk_bwd=1 until measured), and forward rows over 32 KB (kBulkMinRowFwd; KF_TUNE
+  // sm_bulk_min_row bytes); not for grids under one wave of rows (decode: nothing to overlap).
   const int64_t row_bytes = p.n * int64_t(sizeof(T));
   const bool long_row = pl.tpr == 0 || pl.cluster > 1;
-  const bool bulk =
-      tune("sm_bulk", 1) != 0 && p.rows >= tune("sm_bulk_min_rows", p.sm_count) &&
-      ((long_row && (!kBwd || tune("sm_bulk_bwd", 0) != 0)) || row_bytes >= tune("sm_bulk_min_row", INT_MAX));
+  const bool bulk = tune("sm_bulk", 1) != 0 && p.rows >= tune("sm_bulk_min_rows", p.sm_count) &&
+                    ((long_row && (!kBwd || tune("sm_bulk_bwd", 0) != 0)) ||
+                     row_bytes >= tune("sm_bulk_min_row", kBwd ? INT_MAX : int(kBulkMinRowFwd)));
   if (bulk) {
     Status st;
     if (try_bulk<T, kLog, kBwd, kVec>(p, pdl, stream, &st)) return st;

@@ -338,11 +338,14 @@ INSTANTIATE_TEST_SUITE_P(All, SoftmaxGpuSpecial,
 
 // The bulk-copy kernel (sm_90) with its default plan: long rows and more rows than SMs (H100/H200:
 // 132; B200: 148), so the persistent grid loops over rows and reuses its pipeline stages: bf16 65536
-// -> 2 CTAs of 64 KB slices, float32 -> 4 CTAs, 2 stages each. ctest softmax_gpu_bulk runs every
-// SoftmaxGpu test with the bulk kernel forced (any row length and count, the backward too).
+// -> 2 CTAs of 64 KB slices, float32 -> 4 CTAs, 2 stages each; bf16 32000 (62.5 KB rows: the
+// forward's bulk plan from 32 KB rows, one CTA per row, 8 vectors per thread) and 12288 (24 KB: the
+// forward's row kernel at 512 threads x 4 vectors; float32 48 KB: bulk); the backward's softmax_regs.
+// ctest softmax_gpu_bulk runs every SoftmaxGpu test with the bulk kernel forced (any row length and
+// count, the backward too).
 INSTANTIATE_TEST_SUITE_P(Bulk, SoftmaxGpu,
                          ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16),
-                                            ::testing::Values(Shape{140, 65536}),
+                                            ::testing::Values(Shape{140, 65536}, Shape{140, 12288}, Shape{140, 32000}),
                                             ::testing::Values(LayoutKind::kContiguous)),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const DType t = std::get<0>(info.param);
