@@ -554,20 +554,45 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
     __shared__ RedSmem<typename Op::V> sm;
     int slot = 0;
     const int tpr = int(blockDim.x);
-    const int64_t n = p.n;
-    const int nn = int(n);
     const int64_t cstep = int64_t(tpr) * kVec;
     constexpr int kU = kBwd ? kStreamUnroll / 2 : kStreamUnroll;  // backward: x and y vectors
     const float pad = kBwd ? 0.f : -INFINITY;
-    // this CTA's columns [cb, ce): slices of whole vectors, the last one ends at n
-    const int64_t slice = ((n + kVec - 1) / kVec + cluster - 1) / cluster * kVec;
-    const int64_t cb = cluster_rank(cluster) * slice;
-    const int64_t ce = cb + slice < n ? cb + slice : n;
+    const int rank = cluster_rank(cluster);
     for (int64_t row = blockIdx.x / cluster; row < p.rows; row += gridDim.x / cluster) {
       const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
       const T* yin = kBwd ? static_cast<const T*>(p.y) + row * p.y_stride : nullptr;
       T* out = static_cast<T*>(p.out) + row * p.out_stride;
+      // p.body: the row's first hd elements (up to the next 16-byte boundary; every pointer of the
+      // call has the same misalignment) are a scalar head, taken by rank 0's first hd threads; the
+      // vectors start after it.
+      int hd = 0;
+      if (kVec > 1 && p.body) {
+        hd = int(((16 - (reinterpret_cast<uintptr_t>(in) & 15)) & 15) / sizeof(T));
+        if (hd > p.n) hd = int(p.n);
+      }
+      const bool head = rank == 0 && int(threadIdx.x) < hd;
+      const T* in_row = in;
+      T* out_row = out;
+      const T* y_row = yin;
+      in += hd, out += hd;
+      if constexpr (kBwd) yin += hd;
+      const int64_t n = p.n - hd;
+      const int nn = int(n);
+      // this CTA's columns [cb, ce) of the body: slices of whole vectors, the last one ends at n
+      const int64_t slice = ((n + kVec - 1) / kVec + cluster - 1) / cluster * kVec;
+      const int64_t cb = rank * slice;
+      const int64_t ce = cb + slice < n ? cb + slice : n;
       typename Op::V acc = Op::identity();
+      Vec<T, 1> ha, hb;
+      if (head) {
+        ha = load_row_vec<T, 1>(in_row, int(threadIdx.x), hd, pad);
+        if constexpr (kBwd) {
+          hb = load_row_vec<T, 1>(y_row, int(threadIdx.x), hd, 0.f);
+          acc += bwd_partial<T, kLog, 1>(ha, hb);
+        } else {
+          acc = MaxSumOp::combine(acc, vec_max_sum<T, 1>(ha));
+        }
+      }
       for (int64_t c0 = cb + int64_t(threadIdx.x) * kVec; c0 < ce; c0 += cstep * kU) {
         V a[kU], b[kBwd ? kU : 1];
 #pragma unroll
@@ -603,6 +628,15 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
       const typename Op::V r = team_reduce<Op>(acc, tpr, 0, sm, slot, cluster);
       float k = 0.f;
       if constexpr (!kBwd) k = kLog ? logf(r.s) : 1.f / r.s;
+      if (head) {
+        float f[1];
+        if constexpr (kBwd) {
+          bwd_out<T, kLog, 1>(ha, hb, r, f);
+        } else {
+          fwd_out<T, kLog, 1>(ha, r.m, k, f);
+        }
+        store_row_vec<T, 1>(out_row, int(threadIdx.x), hd, f);
+      }
       for (int64_t c0 = cb + int64_t(threadIdx.x) * kVec; c0 < ce; c0 += cstep * kU) {
         V a[kU], b[kBwd ? kU : 1];
 #pragma unroll
@@ -795,6 +829,17 @@ bool can_vectorize(const SoftmaxParams& p) {
       reinterpret_cast<uintptr_t>(p.in) | reinterpret_cast<uintptr_t>(p.y) | reinterpret_cast<uintptr_t>(p.out);
   if (p.rows > 1) bits |= static_cast<uintptr_t>(p.in_stride | p.y_stride | p.out_stride) * sizeof(T);
   return bits % 16 == 0;
+}
+
+// Every row of every pointer starts at the same offset from a 16-byte boundary: the pointers differ
+// by multiples of 16 bytes, and so do their row strides (in bytes).
+template <typename T>
+bool can_align_body(const SoftmaxParams& p) {
+  const auto in = reinterpret_cast<uintptr_t>(p.in), out = reinterpret_cast<uintptr_t>(p.out);
+  uintptr_t bits = (in - out) | static_cast<uintptr_t>(p.in_stride - p.out_stride) * sizeof(T);
+  if (p.y != nullptr)
+    bits |= (in - reinterpret_cast<uintptr_t>(p.y)) | static_cast<uintptr_t>(p.in_stride - p.y_stride) * sizeof(T);
+  return (in % sizeof(T)) == 0 && bits % 16 == 0;
 }
 
 struct Plan {
@@ -1095,7 +1140,19 @@ Status with_vec(const SoftmaxParams& p, cudaStream_t stream) {
 
 template <typename T, bool kLog, bool kBwd>
 Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
-  if (can_vectorize<T>(p)) return with_vec<T, kLog, kBwd, 16 / int(sizeof(T))>(p, stream);
+  constexpr int kVec = 16 / int(sizeof(T));
+  if (can_vectorize<T>(p)) return with_vec<T, kLog, kBwd, kVec>(p, stream);
+  // Rows longer than the one-element register kernel holds (8 per thread) whose pointers share
+  // their misalignment (odd n, contiguous): the streaming kernel with a scalar head per row and
+  // 16-byte vectors after it, instead of one element per access (session 13: 8192x32001 bf16
+  // forward 747 GB/s on the one-element path).
+  if (p.n > int64_t(kMaxTeam) * 8 && can_align_body<T>(p) && tune("sm_body", 1) != 0) {
+    SoftmaxParams q = p;
+    q.body = true;
+    DeviceInfo dev;
+    dev.capability = p.capability;
+    return launch_stream<T, kLog, kBwd, kVec>(q, use_pdl(dev), stream);
+  }
   return with_vec<T, kLog, kBwd, 1>(p, stream);
 }
 

@@ -29,6 +29,10 @@ struct SoftmaxParams {
   int capability = 0;
   int sm_count = 0;
   bool trigger = false;
+  // launch: rows whose pointers are not 16-byte aligned but share their misalignment (odd n,
+  // contiguous): each row is read as a scalar head up to the next 16-byte boundary, then 16-byte
+  // vectors (softmax_stream; set by the launcher)
+  bool body = false;
 };
 
 struct SoftmaxCall {
