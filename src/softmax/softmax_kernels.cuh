@@ -452,7 +452,10 @@ __device__ __forceinline__ float packed_max(const Vec<T, kVec> (&a)[kIters]) {
   }
 }
 
-template <typename T, bool kLog, int kVec, int kIters, int kTpr>
+// kBody: rows whose pointers share a misalignment (odd n; SoftmaxParams::body): the row's first hd
+// elements (up to the next 16-byte boundary) are a scalar head held by threads t < hd, the vectors
+// start after it and the last one may be partial.
+template <typename T, bool kLog, int kVec, int kIters, int kTpr, bool kBody = false>
 __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr, kIters>) softmax_fwd_row(const SoftmaxParams p) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -464,21 +467,30 @@ __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr, kIters>) softmax_fwd
     constexpr int kN = kIters * kVec;
     __shared__ float red[2][kW];  // max, then sum: one barrier per reduction
     const int t = int(threadIdx.x);
-    const int n = int(p.n);
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
       const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
+      T* out = static_cast<T*>(p.out) + row * p.out_stride;
+      int n = int(p.n), hd = 0;
+      float hx = -INFINITY;  // kBody: this thread's head element
+      if constexpr (kBody) {
+        hd = min(n, int(((16 - (reinterpret_cast<uintptr_t>(in) & 15)) & 15) / sizeof(T)));
+        if (t < hd) hx = to_float(in[t]);
+        in += hd, out += hd, n -= hd;
+      }
       V a[kIters];
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int c = (t + i * kTpr) * kVec;
         if (c < n) {
-          a[i] = load_vec<T, kVec>(in + c);
+          a[i] = kBody ? load_row_vec<T, kVec>(in, c, n, -INFINITY) : load_vec<T, kVec>(in + c);
         } else {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) a[i].set(j, -INFINITY);
         }
       }
-      const float m = block_reduce<kW, MaxOp>(packed_max<T, kVec, kIters>(a), red[0]);
+      float tm = packed_max<T, kVec, kIters>(a);
+      if constexpr (kBody) tm = fmaxf(tm, hx);
+      const float m = block_reduce<kW, MaxOp>(tm, red[0]);
       float e[kN];  // softmax: kept for y; log_softmax: only summed (x stays packed in a)
 #pragma unroll
       for (int i = 0; i < kIters; ++i)
@@ -495,9 +507,14 @@ __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr, kIters>) softmax_fwd
         for (int j = 0; j < kVec; ++j) v[j] = e[i * kVec + j];
         part[i] = tree_reduce(v, [](float u, float w) { return u + w; });
       }
-      const float s = block_reduce<kW, SumOp>(tree_reduce(part, [](float u, float w) { return u + w; }), red[1]);
+      float ts = tree_reduce(part, [](float u, float w) { return u + w; });
+      const float he = kBody && t < hd ? ex2((hx - m) * kLog2e) : 0.f;
+      if constexpr (kBody) ts += he;
+      const float s = block_reduce<kW, SumOp>(ts, red[1]);
       const float k = kLog ? logf(s) : 1.f / s;
-      T* out = static_cast<T*>(p.out) + row * p.out_stride;
+      if constexpr (kBody) {
+        if (t < hd) out[t - hd] = from_float<T>(kLog ? (hx - m) - k : he * k);
+      }
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int c = (t + i * kTpr) * kVec;
@@ -505,7 +522,11 @@ __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr, kIters>) softmax_fwd
         float f[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; ++j) f[j] = kLog ? (a[i].get(j) - m) - k : e[i * kVec + j] * k;
-        store_vec<T, kVec>(out + c, V::from(f));
+        if constexpr (kBody) {
+          store_row_vec<T, kVec>(out, c, n, f);
+        } else {
+          store_vec<T, kVec>(out + c, V::from(f));
+        }
       }
     }
   }
@@ -1046,13 +1067,13 @@ auto pick_regs_kernel(const Plan& pl) {
 
 // softmax_fwd_row for a forward one-CTA plan with 16-byte vectors, n % kVec == 0, 128..512 threads
 // per row and 1..2 vectors per thread, or 512 threads x 4 (KF_TUNE sm_row=0: softmax_regs instead).
-template <typename T, bool kLog, int kVec, int kIters, int kTpr>
+template <typename T, bool kLog, int kVec, int kIters, int kTpr, bool kBody = false>
 Status launch_fwd_row(const SoftmaxParams& p, bool pdl, cudaStream_t stream) {
   const int64_t grid = std::min<int64_t>(p.rows, INT_MAX);
   SoftmaxParams q = p;  // the whole grid resident at once: let the next kernel in
   q.trigger = pdl && grid <= p.sm_count;
   Launch l(dim3(unsigned(grid)), dim3(kTpr), 0, stream, pdl);
-  return launched(l(softmax_fwd_row<T, kLog, kVec, kIters, kTpr>, q), "softmax (row)");
+  return launched(l(softmax_fwd_row<T, kLog, kVec, kIters, kTpr, kBody>, q), "softmax (row)");
 }
 template <typename T, bool kLog, int kVec, int kIters>
 bool try_fwd_row(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_t stream, Status* st) {
@@ -1151,7 +1172,17 @@ Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
     q.body = true;
     DeviceInfo dev;
     dev.capability = p.capability;
-    return launch_stream<T, kLog, kBwd, kVec>(q, use_pdl(dev), stream);
+    const bool pdl = use_pdl(dev);
+    // Forward rows the row kernel holds (<= 4 x 512 vectors after the head): there, at 512 threads
+    // (session 13: 16384x8191 bf16 935 GB/s streaming); longer rows and the backward: streaming.
+    const int64_t nvec = ceil_div(p.n, kVec);
+    if constexpr (!kBwd) {
+      if (nvec <= 2 * kMaxTeam && tune("sm_body_row", 1) != 0)
+        return launch_fwd_row<T, kLog, kVec, 2, kMaxTeam, true>(q, pdl, stream);
+      if (nvec <= 4 * kMaxTeam && tune("sm_body_row", 1) != 0)
+        return launch_fwd_row<T, kLog, kVec, 4, kMaxTeam, true>(q, pdl, stream);
+    }
+    return launch_stream<T, kLog, kBwd, kVec>(q, pdl, stream);
   }
   return with_vec<T, kLog, kBwd, 1>(p, stream);
 }
