@@ -394,8 +394,8 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
 // The common forward: 16-byte vectors, n a multiple of kVec, one CTA of kTpr (128..512) threads per
 // row, kIters (1, 2; 4 at 512 threads for 16-32 KB rows) vectors per thread. Same algorithm as mode 1
 // of softmax_regs (a max reduction, e = exp(x − M) once per element kept in float registers, a sum
-// reduction, y = e · (1/S)), compiled for
-// this case alone: no cluster, no partial vectors, the team size and warp count known to the compiler
+// reduction, y = e · (1/S)), compiled for this case alone: no cluster, no partial vectors (except
+// kBody's last), the team size and warp count known to the compiler
 // (unrolled butterflies), the max taken over packed pairs (each value unpacked once for its exp, again
 // for log_softmax's output). Nsight Compute at 16384x8192 bf16
 // counted ~530 issued instructions per warp and row for softmax_regs (mode 4) against ~325 for
@@ -1164,9 +1164,8 @@ Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / int(sizeof(T));
   if (can_vectorize<T>(p)) return with_vec<T, kLog, kBwd, kVec>(p, stream);
   // Rows longer than the one-element register kernel holds (8 per thread) whose pointers share
-  // their misalignment (odd n, contiguous): the streaming kernel with a scalar head per row and
-  // 16-byte vectors after it, instead of one element per access (session 13: 8192x32001 bf16
-  // forward 747 GB/s on the one-element path).
+  // their misalignment (odd n, contiguous): a scalar head per row, 16-byte vectors after it, instead
+  // of one element per access (session 13: 8192x32001 bf16 forward 747 GB/s on the one-element path).
   if (p.n > int64_t(kMaxTeam) * 8 && can_align_body<T>(p) && tune("sm_body", 1) != 0) {
     SoftmaxParams q = p;
     q.body = true;

@@ -31,7 +31,7 @@ struct SoftmaxParams {
   bool trigger = false;
   // launch: rows whose pointers are not 16-byte aligned but share their misalignment (odd n,
   // contiguous): each row is read as a scalar head up to the next 16-byte boundary, then 16-byte
-  // vectors (softmax_stream; set by the launcher)
+  // vectors (set by the launcher; softmax_stream reads it, softmax_fwd_row is instantiated for it)
   bool body = false;
 };
 
