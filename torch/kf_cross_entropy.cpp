@@ -215,8 +215,20 @@ void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, cons
   }
 }
 
+// The chunk's logits [C, V]. On CUDA, rows whose length is not a multiple of 16 bytes (an odd
+// vocabulary, e.g. GPT-2's 50257) are written with a padded row stride (V rounded up to 16 bytes):
+// every row then starts 16-byte aligned, so the cross-entropy kernels read 16-byte vectors and
+// cuBLAS writes and reads (dlogits in the backward GEMMs) aligned rows; the padding is never read.
 Tensor chunk_logits(const Tensor& hc, const Tensor& weight, const OptTensor& bias) {
-  return bias.has_value() && bias->defined() ? at::addmm(*bias, hc, weight.t()) : at::mm(hc, weight.t());
+  const bool has_bias = bias.has_value() && bias->defined();
+  const int64_t v = weight.size(0), per16 = 16 / int64_t(hc.element_size());
+  if (!hc.is_cuda() || v % per16 == 0) return has_bias ? at::addmm(*bias, hc, weight.t()) : at::mm(hc, weight.t());
+  Tensor out = at::empty({hc.size(0), (v + per16 - 1) / per16 * per16}, hc.options()).narrow(1, 0, v);
+  if (has_bias)
+    at::addmm_out(out, *bias, hc, weight.t());
+  else
+    at::mm_out(out, hc, weight.t());
+  return out;
 }
 
 // The gradients of hidden, weight and bias, accumulated chunk by chunk from the chunk's dlogits

@@ -182,6 +182,14 @@ __device__ __forceinline__ void launder(Vec<T, kVec>& v) {
   }
 }
 
+// Elements of T before the first 16-byte boundary at or after p, at most n: the scalar head of a row
+// whose vectors start after it (rows with an odd length whose pointers share their misalignment).
+template <typename T>
+__device__ __forceinline__ int head_elems(const T* p, int64_t n) {
+  const int hd = int(((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15) / sizeof(T));
+  return n < hd ? int(n) : hd;
+}
+
 // Asks L2 to fetch the line holding p (no register result; used for data needed a little later).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

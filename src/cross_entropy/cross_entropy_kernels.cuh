@@ -71,7 +71,10 @@ __device__ __forceinline__ void ms_combine(float& m, float& s, float m2, float s
 }
 
 // ---- forward: partials ---------------------------------------------------------------------------
-template <typename T, int kVec, bool kSoftcap>
+// kBody (rows not 16-byte aligned, e.g. an odd vocabulary): the row's first hd < kVec logits, up to
+// the next 16-byte boundary, are a scalar head taken by segment 0's first hd threads; the segments
+// and their 16-byte vectors start after it.
+template <typename T, int kVec, bool kSoftcap, bool kBody = false>
 __global__ void __launch_bounds__(kCeThreads, 4) ce_fwd_partial(const CeParams p, const int segs, float4* part) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -80,11 +83,20 @@ __global__ void __launch_bounds__(kCeThreads, 4) ce_fwd_partial(const CeParams p
     const int64_t row = blockIdx.x / segs;
     const int seg = blockIdx.x - int(row * segs);
     const T* x = static_cast<const T*>(p.logits) + row * p.ld;
-    const int n = int(p.vocab);
-    const int seg0 = seg * ce_seg_len<T>();
-    const int seg1 = min(n, seg0 + ce_seg_len<T>());
+    int n = int(p.vocab);
     const float inv_cap = kSoftcap ? 1.f / p.softcap : 0.f;
     float m = -INFINITY, s = 0.f, sz = 0.f;
+    if constexpr (kBody) {
+      const int hd = head_elems(x, n);
+      if (seg == 0 && int(threadIdx.x) < hd) {  // (m, s) = (u, 1); a NaN logit makes m NaN
+        const float z = ce_cap<kSoftcap>(to_float(x[threadIdx.x]), p.softcap, inv_cap);
+        sz = z;
+        if (z != -INFINITY) m = z * kLog2e, s = 1.f;
+      }
+      x += hd, n -= hd;
+    }
+    const int seg0 = seg * ce_seg_len<T>();
+    const int seg1 = min(n, seg0 + ce_seg_len<T>());
     // The segment in chunks of kCeThreads * kCeIters * kVec elements (two on the vector path).
     for (int c0 = seg0; c0 < seg1; c0 += kCeThreads * kCeIters * kVec) {
       Vec<T, kVec> v[kCeIters];
@@ -240,7 +252,9 @@ __global__ void __launch_bounds__(kCeReduceThreads)
 // ---- backward ------------------------------------------------------------------------------------
 //   dlogits_j = G (p_j (1 + 2 z lse) - (1 - eps) [j == t] - eps / V) * (softcap ? 1 - (z_j / c)^2 : 1)
 // with p_j = 2^(u_j - lse * log2 e). Traffic: read + write of the logits (2 passes).
-template <typename T, int kVec, bool kSoftcap>
+// kBody: as in ce_fwd_partial, tile 0's first hd threads take the row's scalar head (logits and
+// dlogits share their misalignment), the tiles start after it.
+template <typename T, int kVec, bool kSoftcap, bool kBody = false>
 __global__ void __launch_bounds__(kCeThreads) ce_bwd(const CeParams p, const int tiles) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -248,12 +262,17 @@ __global__ void __launch_bounds__(kCeThreads) ce_bwd(const CeParams p, const int
     pdl_wait();
     const int64_t row = blockIdx.x / tiles;
     const int tile = blockIdx.x - int(row * tiles);
-    const int n = int(p.vocab);
+    int n = int(p.vocab);
     constexpr int kTile = kCeThreads * kCeBwdIters * kVec;
     const int j0 = tile * kTile;
     T* dx = static_cast<T*>(p.dlogits) + row * p.dld;
+    const T* x = static_cast<const T*>(p.logits) + row * p.ld;
+    const int hd = kBody ? head_elems(dx, n) : 0;
+    const bool head = kBody && tile == 0 && int(threadIdx.x) < hd;  // this thread's head logit: j = threadIdx.x
     const int64_t t = ce_target(p, row);
     if (t == p.ignore_index) {  // zero gradient; the logits are not read
+      if (head) dx[threadIdx.x] = from_float<T>(0.f);
+      dx += hd, n -= hd;
 #pragma unroll
       for (int it = 0; it < kCeBwdIters; ++it) {
         const int j = j0 + (it * kCeThreads + int(threadIdx.x)) * kVec;
@@ -276,7 +295,18 @@ __global__ void __launch_bounds__(kCeThreads) ce_bwd(const CeParams p, const int
     const int tt = (t >= 0 && t < p.vocab) ? int(t) : -1;
     const float bad = (tt < 0) ? NAN : 0.f;  // out-of-range target: NaN row (documented)
     const float inv_cap = kSoftcap ? 1.f / p.softcap : 0.f;
-    const T* x = static_cast<const T*>(p.logits) + row * p.ld;
+    // dlogits_j of one logit x_j (the formula above)
+    auto grad = [&](float xj, int j) {
+      const float z = ce_cap<kSoftcap>(xj, p.softcap, inv_cap);
+      float r = gp * ex2(fmaf(z, kLog2e, -lse2)) - gs - (j == tt ? gt : 0.f) + bad;
+      if constexpr (kSoftcap) {
+        const float q = z * inv_cap;
+        r *= 1.f - q * q;
+      }
+      return r;
+    };
+    if (head) dx[threadIdx.x] = from_float<T>(grad(to_float(x[threadIdx.x]), int(threadIdx.x)));
+    x += hd, dx += hd, n -= hd;  // body indices j below are row indices j + hd
     Vec<T, kVec> v[kCeBwdIters];
 #pragma unroll
     for (int it = 0; it < kCeBwdIters; ++it) {
@@ -293,15 +323,7 @@ __global__ void __launch_bounds__(kCeThreads) ce_bwd(const CeParams p, const int
       const int j = j0 + (it * kCeThreads + int(threadIdx.x)) * kVec;
       float d[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float z = ce_cap<kSoftcap>(v[it].get(e), p.softcap, inv_cap);
-        float r = gp * ex2(fmaf(z, kLog2e, -lse2)) - gs - (j + e == tt ? gt : 0.f) + bad;
-        if constexpr (kSoftcap) {
-          const float q = z * inv_cap;
-          r *= 1.f - q * q;
-        }
-        d[e] = r;
-      }
+      for (int e = 0; e < kVec; ++e) d[e] = grad(v[it].get(e), j + e + hd);
       if (j + kVec <= n) {
         store_vec<T, kVec>(dx + j, Vec<T, kVec>::from(d));
       } else {
@@ -325,7 +347,19 @@ bool ce_vector_ok(const void* ptr, int64_t ld) {
   return (reinterpret_cast<uintptr_t>(ptr) % 16 == 0) && (ld % kVec == 0);
 }
 
-template <typename T, int kVec, bool kSoftcap>
+// Rows not 16-byte aligned (an odd vocabulary with contiguous logits: session 14, 8192 x 32001 bf16
+// took one-element loads) read a scalar head and then 16-byte vectors (kBody) when every row of the
+// other tensor (dlogits) shares its misalignment: the distance between the two base pointers and
+// the difference of their row strides are multiples of 16 bytes.
+template <typename T>
+bool ce_body_ok(const void* ptr, const void* other = nullptr, int64_t ld_diff = 0) {
+  const auto a = reinterpret_cast<uintptr_t>(ptr);
+  uintptr_t bits = 0;
+  if (other != nullptr) bits = (a - reinterpret_cast<uintptr_t>(other)) | static_cast<uintptr_t>(ld_diff) * sizeof(T);
+  return a % sizeof(T) == 0 && bits % 16 == 0;
+}
+
+template <typename T, int kVec, bool kSoftcap, bool kBody>
 Status ce_fwd_kernels(const CeParams& p, void* workspace, cudaStream_t stream) {
   const int segs = int(ceil_div(p.vocab, ce_seg_len<T>()));
   float4* part = static_cast<float4*>(workspace);
@@ -334,7 +368,7 @@ Status ce_fwd_kernels(const CeParams& p, void* workspace, cudaStream_t stream) {
   const bool pdl = ce_pdl(p);
   if (p.rows > 0) {
     Launch a(dim3(unsigned(p.rows * segs)), dim3(kCeThreads), 0, stream, pdl);
-    Status s = launched(a(ce_fwd_partial<T, kVec, kSoftcap>, p, segs, part), "cross_entropy (partials)");
+    Status s = launched(a(ce_fwd_partial<T, kVec, kSoftcap, kBody>, p, segs, part), "cross_entropy (partials)");
     if (!s.ok()) return s;
     Launch b(dim3(unsigned(nfin)), dim3(kCeFinalizeBlock), 0, stream, pdl);
     s = launched(b(ce_fwd_finalize<T, kSoftcap>, p, segs, static_cast<const float4*>(part), block_part),
@@ -349,29 +383,34 @@ Status ce_fwd_kernels(const CeParams& p, void* workspace, cudaStream_t stream) {
 template <typename T>
 Status launch_ce_fwd(const CeParams& p, void* workspace, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = ce_vector_ok<T>(p.logits, p.ld);
   const bool cap = p.softcap > 0.f;
-  if (vec)
-    return cap ? ce_fwd_kernels<T, kVec, true>(p, workspace, stream)
-               : ce_fwd_kernels<T, kVec, false>(p, workspace, stream);
-  return cap ? ce_fwd_kernels<T, 1, true>(p, workspace, stream) : ce_fwd_kernels<T, 1, false>(p, workspace, stream);
+  if (ce_vector_ok<T>(p.logits, p.ld))
+    return cap ? ce_fwd_kernels<T, kVec, true, false>(p, workspace, stream)
+               : ce_fwd_kernels<T, kVec, false, false>(p, workspace, stream);
+  if (ce_body_ok<T>(p.logits) && tune("ce_body", 1) != 0)
+    return cap ? ce_fwd_kernels<T, kVec, true, true>(p, workspace, stream)
+               : ce_fwd_kernels<T, kVec, false, true>(p, workspace, stream);
+  return cap ? ce_fwd_kernels<T, 1, true, false>(p, workspace, stream)
+             : ce_fwd_kernels<T, 1, false, false>(p, workspace, stream);
 }
 
-template <typename T, int kVec, bool kSoftcap>
+template <typename T, int kVec, bool kSoftcap, bool kBody>
 Status ce_bwd_kernel(const CeParams& p, cudaStream_t stream) {
   const int tiles = int(ceil_div(p.vocab, int64_t(kCeThreads) * kCeBwdIters * kVec));
   Launch a(dim3(unsigned(p.rows * tiles)), dim3(kCeThreads), 0, stream, ce_pdl(p));
-  return launched(a(ce_bwd<T, kVec, kSoftcap>, p, tiles), "cross_entropy_backward");
+  return launched(a(ce_bwd<T, kVec, kSoftcap, kBody>, p, tiles), "cross_entropy_backward");
 }
 
 template <typename T>
 Status launch_ce_bwd(const CeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return Status::Ok();
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = ce_vector_ok<T>(p.logits, p.ld) && ce_vector_ok<T>(p.dlogits, p.dld);
   const bool cap = p.softcap > 0.f;
-  if (vec) return cap ? ce_bwd_kernel<T, kVec, true>(p, stream) : ce_bwd_kernel<T, kVec, false>(p, stream);
-  return cap ? ce_bwd_kernel<T, 1, true>(p, stream) : ce_bwd_kernel<T, 1, false>(p, stream);
+  if (ce_vector_ok<T>(p.logits, p.ld) && ce_vector_ok<T>(p.dlogits, p.dld))
+    return cap ? ce_bwd_kernel<T, kVec, true, false>(p, stream) : ce_bwd_kernel<T, kVec, false, false>(p, stream);
+  if (ce_body_ok<T>(p.logits, p.dlogits, p.dld - p.ld) && tune("ce_body", 1) != 0)
+    return cap ? ce_bwd_kernel<T, kVec, true, true>(p, stream) : ce_bwd_kernel<T, kVec, false, true>(p, stream);
+  return cap ? ce_bwd_kernel<T, 1, true, false>(p, stream) : ce_bwd_kernel<T, 1, false, false>(p, stream);
 }
 
 #define KF_CE_DEFINE(T)                                                   \

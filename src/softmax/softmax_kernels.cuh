@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(kTpr, kRowMinBlocks<kTpr, kIters>) softmax_fwd
       int n = int(p.n), hd = 0;
       float hx = -INFINITY;  // kBody: this thread's head element
       if constexpr (kBody) {
-        hd = min(n, int(((16 - (reinterpret_cast<uintptr_t>(in) & 15)) & 15) / sizeof(T)));
+        hd = head_elems(in, n);
         if (t < hd) hx = to_float(in[t]);
         in += hd, out += hd, n -= hd;
       }
@@ -588,8 +588,7 @@ __global__ void __launch_bounds__(kStreamTeam) softmax_stream(const SoftmaxParam
       // vectors start after it.
       int hd = 0;
       if (kVec > 1 && p.body) {
-        hd = int(((16 - (reinterpret_cast<uintptr_t>(in) & 15)) & 15) / sizeof(T));
-        if (hd > p.n) hd = int(p.n);
+        hd = head_elems(in, p.n);
       }
       const bool head = rank == 0 && int(threadIdx.x) < hd;
       const T* in_row = in;
@@ -1163,25 +1162,35 @@ template <typename T, bool kLog, bool kBwd>
 Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / int(sizeof(T));
   if (can_vectorize<T>(p)) return with_vec<T, kLog, kBwd, kVec>(p, stream);
-  // Rows longer than the one-element register kernel holds (8 per thread) whose pointers share
-  // their misalignment (odd n, contiguous): a scalar head per row, 16-byte vectors after it, instead
-  // of one element per access (session 13: 8192x32001 bf16 forward 747 GB/s on the one-element path).
-  if (p.n > int64_t(kMaxTeam) * 8 && can_align_body<T>(p) && tune("sm_body", 1) != 0) {
+  // Rows whose pointers share their misalignment (odd n, contiguous): a scalar head per row up to
+  // the next 16-byte boundary, 16-byte vectors after it (SoftmaxParams::body), instead of one
+  // element per access (session 13: 8192x32001 bf16 forward 747 GB/s on the one-element path).
+  if (can_align_body<T>(p) && tune("sm_body", 1) != 0) {
     SoftmaxParams q = p;
     q.body = true;
     DeviceInfo dev;
     dev.capability = p.capability;
     const bool pdl = use_pdl(dev);
-    // Forward rows the row kernel holds (<= 4 x 512 vectors after the head): there, at 512 threads
-    // (session 13: 16384x8191 bf16 935 GB/s streaming); longer rows and the backward: streaming.
+    // Forward rows of 129 to 4 x 512 vectors: the row kernel with the head, at the team size of the
+    // aligned rows' plan (session 13, bf16 forward GB/s: 16384x8191 935 streaming -> 2854, Liger 2481).
     const int64_t nvec = ceil_div(p.n, kVec);
     if constexpr (!kBwd) {
-      if (nvec <= 2 * kMaxTeam && tune("sm_body_row", 1) != 0)
-        return launch_fwd_row<T, kLog, kVec, 2, kMaxTeam, true>(q, pdl, stream);
-      if (nvec <= 4 * kMaxTeam && tune("sm_body_row", 1) != 0)
-        return launch_fwd_row<T, kLog, kVec, 4, kMaxTeam, true>(q, pdl, stream);
+      if (nvec > 128 && nvec <= 4 * kMaxTeam && tune("sm_body_row", 1) != 0) {
+        const int tpr = int(std::min<int64_t>(kMaxTeam, pow2_ceil(ceil_div(nvec, 2))));
+        switch (tpr * int(pow2_ceil(ceil_div(nvec, tpr)))) {  // threads x vectors per thread
+          case 256:
+            return launch_fwd_row<T, kLog, kVec, 2, 128, true>(q, pdl, stream);
+          case 512:
+            return launch_fwd_row<T, kLog, kVec, 2, 256, true>(q, pdl, stream);
+          case 1024:
+            return launch_fwd_row<T, kLog, kVec, 2, kMaxTeam, true>(q, pdl, stream);
+          default:
+            return launch_fwd_row<T, kLog, kVec, 4, kMaxTeam, true>(q, pdl, stream);
+        }
+      }
     }
-    return launch_stream<T, kLog, kBwd, kVec>(q, pdl, stream);
+    // Longer rows, and the backward past the one-element register kernel (8 elements per thread).
+    if (p.n > int64_t(kMaxTeam) * 8) return launch_stream<T, kLog, kBwd, kVec>(q, pdl, stream);
   }
   return with_vec<T, kLog, kBwd, 1>(p, stream);
 }

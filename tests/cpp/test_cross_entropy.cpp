@@ -9,7 +9,8 @@
 // back unchanged (the logits too, except after the in-place backward), and bytes outside each view
 // (row padding, base offset, strided-vector gaps, a guard after the last row) must stay untouched.
 //
-// Shapes (T x V): one class, odd and prime vocabularies (no 16-byte vectors, partial last vector),
+// Shapes (T x V): one class, odd and prime vocabularies (a scalar head, then 16-byte vectors and a
+// partial last one, where logits and dlogits share their misalignment; one element per access else),
 // the forward's segment boundary (16384 bf16/fp16 or 8192 fp32 logits per CTA: 3 x 16383, 3 x 16385),
 // the common LLM vocabularies (32000, 128256, 262144), no rows, and many rows (two finalize blocks);
 // layouts contiguous, row-padded, odd row stride, unaligned base pointer (one element past 16 B),
@@ -79,7 +80,7 @@ struct Shape {
   int64_t rows, vocab;
 };
 const Shape kShapes[] = {{1, 1},     {1, 7},      {7, 13},     {5, 4099}, {3, 16383}, {3, 16385},
-                         {4, 32000}, {2, 128256}, {1, 262144}, {0, 100},  {257, 130}};
+                         {4, 32000}, {2, 128256}, {1, 262144}, {0, 100},  {257, 130}, {3, 50257}};
 
 enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned, kMixed };
 const char* layout_name(LayoutKind l) {

@@ -79,7 +79,7 @@ def check(kf, x, tg, dtype, device, *, grad=True, msg="", **opts):
 
 
 SHAPES = [(1, 1), (1, 7), (7, 13), (5, 4099), (3, 16385), (257, 130)]
-CUDA_SHAPES = [(4, 32000), (2, 128256), (1, 262144), (3, 8193)]
+CUDA_SHAPES = [(4, 32000), (2, 128256), (1, 262144), (3, 8193), (3, 50257)]
 DEVICE_SHAPES = [pytest.param("cpu", s, id=f"cpu-{s}") for s in SHAPES] + [
     pytest.param("cuda", s, id=f"cuda-{s}", marks=pytest.mark.cuda) for s in SHAPES + CUDA_SHAPES
 ]

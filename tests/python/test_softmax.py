@@ -13,10 +13,10 @@ from norm_ref import DEVICES, DTYPES
 
 # Row lengths per code path (notes/softmax.md): 1, odd/prime (partial last vector), short rows packed
 # per block, decode, one-CTA rows, cluster rows (sm_90), streaming rows (float32 262144) and the
-# forward's bulk plan (sm_90: more rows than SMs and rows over 32 KB, 140 x 32000); odd rows over 4096
-# elements with a scalar head before the vectors (row kernel: 12289; streaming: 100003).
+# forward's bulk plan (sm_90: more rows than SMs and rows over 32 KB, 140 x 32000); odd rows over 1024
+# elements with a scalar head before the vectors (row kernel: 4095, 12289; streaming: 100003).
 SHAPES = [(1, 1), (3, 7), (5, 127), (129, 33), (4, 1024), (1, 4096), (7, 4096), (3, 8191), (2, 3, 1000)]
-HUGE_SHAPES = [(2, 32768), (2, 65536), (2, 131072), (1, 262144), (3, 100003), (140, 32000), (4, 12289)]  # CUDA only
+HUGE_SHAPES = [(2, 32768), (2, 65536), (2, 131072), (1, 262144), (3, 100003), (140, 32000), (4, 12289), (4, 4095)]  # CUDA only
 DEVICE_SHAPES = [pytest.param("cpu", s, id=f"cpu-{s}") for s in SHAPES] + [
     pytest.param("cuda", s, id=f"cuda-{s}", marks=pytest.mark.cuda) for s in SHAPES + HUGE_SHAPES
 ]
