@@ -142,8 +142,9 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_autograd(const Tensor& logits, 
 //   logits_c <- dlogits_c (g = 1)                        our backward kernel, in place
 //   dhidden_c = dlogits_c @ weight,  dweight += dlogits_c^T @ hidden_c,  dbias += sum_rows dlogits_c
 // Extra memory: one [C, V] chunk (C from free memory and kFlceChunkCapBytes) plus float32 [V] and
-// [T] vectors. reduction="none": the gradients need the per-row g, so the backward recomputes the
-// chunks (one more GEMM per chunk).
+// [T] vectors (and, for an odd vocabulary on CUDA, a zero-padded copy of the weight: FlceWeight).
+// reduction="none": the gradients need the per-row g, so the backward recomputes the chunks (one
+// more GEMM per chunk).
 // Logits chunk: at most kFlceChunkCapBytes, a quarter of free memory, and an eighth of the [T, V]
 // float32 logits the eager path would hold (T / 4 tokens in bf16: 4 chunks at any size, so the
 // extra memory stays a small share of eager's). Each chunk after the first costs one more
@@ -215,39 +216,53 @@ void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, cons
   }
 }
 
-// The chunk's logits [C, V]. On CUDA, rows whose length is not a multiple of 16 bytes (an odd
-// vocabulary, e.g. GPT-2's 50257) are written with a padded row stride (V rounded up to 16 bytes):
-// every row then starts 16-byte aligned, so the cross-entropy kernels read 16-byte vectors and
-// cuBLAS writes and reads (dlogits in the backward GEMMs) aligned rows; the padding is never read.
-Tensor chunk_logits(const Tensor& hc, const Tensor& weight, const OptTensor& bias) {
-  const bool has_bias = bias.has_value() && bias->defined();
-  const int64_t v = weight.size(0), per16 = 16 / int64_t(hc.element_size());
-  if (!hc.is_cuda() || v % per16 == 0) return has_bias ? at::addmm(*bias, hc, weight.t()) : at::mm(hc, weight.t());
-  Tensor out = at::empty({hc.size(0), (v + per16 - 1) / per16 * per16}, hc.options()).narrow(1, 0, v);
-  if (has_bias)
-    at::addmm_out(out, *bias, hc, weight.t());
-  else
-    at::mm_out(out, hc, weight.t());
-  return out;
-}
+// The weight (and bias) the GEMMs use. On CUDA a vocabulary whose rows are not a multiple of 16
+// bytes (an odd one, e.g. GPT-2's 50257) is padded with zero rows to Vp (V rounded up to 16 bytes):
+// cuBLAS ran the three GEMMs of H100 bf16 4096 x 2048 x 50257 at 100 / 136 / 496 TF/s against
+// ~760 at 50304 (session 14), and the padded logits rows start 16-byte aligned for the
+// cross-entropy kernels. The padding columns of the logits are exactly 0 (zero weight rows and
+// bias) and are never read by the loss; their gradient is set to 0 before the backward GEMMs.
+// Costs one copy of the weight per call (V x H elements, ~0.3 ms at 50257 x 4096 bf16).
+struct FlceWeight {
+  Tensor w;        // [Vp, H]
+  OptTensor b;     // [Vp] or none
+  int64_t v = 0;   // vocabulary
+  int64_t vp = 0;  // padded vocabulary (v when not padded)
+  FlceWeight(const Tensor& weight, const OptTensor& bias) : w(weight), b(bias), v(weight.size(0)), vp(weight.size(0)) {
+    const int64_t per16 = 16 / int64_t(weight.element_size());
+    if (!weight.is_cuda() || v % per16 == 0) return;
+    vp = (v + per16 - 1) / per16 * per16;
+    w = at::empty({vp, weight.size(1)}, weight.options());
+    w.narrow(0, 0, v).copy_(weight);
+    w.narrow(0, v, vp - v).zero_();
+    if (bias.has_value() && bias->defined()) {
+      Tensor bp = at::zeros({vp}, bias->options());
+      bp.narrow(0, 0, v).copy_(*bias);
+      b = bp;
+    }
+  }
+  bool padded() const { return vp != v; }
+  bool has_bias() const { return b.has_value() && b->defined(); }
+  // logits of the chunk, [C, Vp]
+  Tensor logits(const Tensor& hc) const { return has_bias() ? at::addmm(*b, hc, w.t()) : at::mm(hc, w.t()); }
+};
 
 // The gradients of hidden, weight and bias, accumulated chunk by chunk from the chunk's dlogits
-// (held in its logits buffer). dweight is written by the first chunk's GEMM (beta = 0), so it is
-// only zero-filled when there is no chunk at all (0 tokens); dbias sums in float32.
+// (held in its logits buffer, [C, Vp]). dweight is written by the first chunk's GEMM (beta = 0), so
+// it is only zero-filled when there is no chunk at all (0 tokens); dbias sums in float32. With a
+// padded vocabulary dweight is computed [Vp, H] and its first V rows returned (a contiguous view).
 struct FlceGrads {
   Tensor dh, dw, db_acc;
-  FlceGrads(const Tensor& hidden, const Tensor& weight, const OptTensor& bias, bool gh, bool gw, bool gb) {
+  FlceGrads(const Tensor& hidden, const FlceWeight& fw, bool gh, bool gw, bool gb) {
     if (gh) dh = at::empty(hidden.sizes(), hidden.options());
-    if (gw)
-      dw = hidden.size(0) > 0 ? at::empty(weight.sizes(), weight.options())
-                              : at::zeros(weight.sizes(), weight.options());
-    if (gb && bias.has_value() && bias->defined())
-      db_acc = at::zeros({weight.size(0)}, hidden.options().dtype(at::kFloat));
+    if (gw) dw = hidden.size(0) > 0 ? at::empty(fw.w.sizes(), fw.w.options()) : at::zeros(fw.w.sizes(), fw.w.options());
+    if (gb && fw.has_bias()) db_acc = at::zeros({fw.vp}, hidden.options().dtype(at::kFloat));
   }
-  void add_chunk(const Tensor& dl, const Tensor& hc, const Tensor& weight, int64_t c0) {
+  void add_chunk(const Tensor& dl, const Tensor& hc, const FlceWeight& fw, int64_t c0) {
+    if (fw.padded()) dl.narrow(1, fw.v, fw.vp - fw.v).zero_();
     if (dh.defined()) {
       Tensor dh_c = dh.narrow(0, c0, hc.size(0));
-      at::mm_out(dh_c, dl, weight);
+      at::mm_out(dh_c, dl, fw.w);
     }
     if (dw.defined()) {
       if (c0 == 0) {
@@ -259,9 +274,11 @@ struct FlceGrads {
     if (db_acc.defined()) db_acc.add_(at::sum(dl, {0}, false, at::kFloat));
   }
   // (dhidden, dweight, dbias); absent ones are empty [0] tensors, as the ops return them
-  std::tuple<Tensor, Tensor, Tensor> finish(const Tensor& hidden, const OptTensor& bias) const {
+  std::tuple<Tensor, Tensor, Tensor> finish(const Tensor& hidden, const OptTensor& bias, const FlceWeight& fw) const {
     auto or_empty = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
-    return {or_empty(dh), or_empty(dw), db_acc.defined() ? db_acc.to(bias->scalar_type()) : or_empty(Tensor())};
+    const Tensor dwv = dw.defined() ? dw.narrow(0, 0, fw.v) : dw;
+    const Tensor db = db_acc.defined() ? db_acc.narrow(0, 0, fw.v).to(bias->scalar_type()) : Tensor();
+    return {or_empty(dh), or_empty(dwv), or_empty(db)};
   }
 };
 
@@ -283,7 +300,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tenso
   Tensor row_loss = f32_empty(hidden, {tokens}), lse = f32_empty(hidden, {tokens});
   Tensor valid = target.ne(ignore_index).sum().to(at::kFloat);  // all rows (the mean's divisor); no host sync
   Tensor chunk_valid = f32_empty(hidden, {}), unused = f32_empty(hidden, {});
-  FlceGrads gr(hidden, weight, bias, grads && grad_hidden, grads && grad_weight, grads && grad_bias);
+  const FlceWeight fw(weight, bias);
+  FlceGrads gr(hidden, fw, grads && grad_hidden, grads && grad_weight, grads && grad_bias);
   const Tensor one = at::ones({}, hidden.options().dtype(at::kFloat));
   kf::CrossEntropyOptions ob = o;
   ob.reduction = reduction == 1 ? kf::Reduction::kMean : kf::Reduction::kSum;
@@ -292,15 +310,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tenso
   for (int64_t c0 = 0; c0 < tokens; c0 += c) {
     const int64_t n = std::min(c, tokens - c0);
     const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
-    Tensor logits = chunk_logits(hc, weight, bias);
+    const Tensor full = fw.logits(hc), logits = full.narrow(1, 0, fw.v);
     const Tensor lse_c = lse.narrow(0, c0, n);
     ce_forward_into(op, logits, tc, o, row_loss.narrow(0, c0, n), lse_c, unused, chunk_valid);
     if (!grads) continue;
     ce_backward_into(op, one, logits, tc, lse_c, valid, ob, logits);  // in place: logits <- dlogits (g = 1)
-    gr.add_chunk(logits, hc, weight, c0);
+    gr.add_chunk(full, hc, fw, c0);
   }
   Tensor loss = reduction == 0 ? row_loss : (reduction == 1 ? row_loss.sum() / valid : row_loss.sum());
-  auto [dh, dw, db] = gr.finish(hidden, bias);
+  auto [dh, dw, db] = gr.finish(hidden, bias, fw);
   return {loss, lse, dh, dw, db};
 }
 
@@ -316,17 +334,18 @@ std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const
   kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
   const Tensor g = dloss.to(at::kFloat).reshape({tokens});
   const Tensor valid = at::ones({}, hidden.options().dtype(at::kFloat));  // unused for kNone
-  FlceGrads gr(hidden, weight, bias, grad_hidden, grad_weight, grad_bias);
+  const FlceWeight fw(weight, bias);
+  FlceGrads gr(hidden, fw, grad_hidden, grad_weight, grad_bias);
   const Tensor h = hidden.contiguous();
   const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
   for (int64_t c0 = 0; c0 < tokens; c0 += c) {
     const int64_t n = std::min(c, tokens - c0);
     const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
-    Tensor logits = chunk_logits(hc, weight, bias);
+    const Tensor full = fw.logits(hc), logits = full.narrow(1, 0, fw.v);
     ce_backward_into(op, g.narrow(0, c0, n), logits, tc, lse.narrow(0, c0, n), valid, o, logits);
-    gr.add_chunk(logits, hc, weight, c0);
+    gr.add_chunk(full, hc, fw, c0);
   }
-  return gr.finish(hidden, bias);
+  return gr.finish(hidden, bias, fw);
 }
 
 // The public op without autograd (inference, or below the autograd layer): the loss only.

@@ -1190,7 +1190,7 @@ Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
       }
     }
     // Longer rows, and the backward past the one-element register kernel (8 elements per thread).
-    if (p.n > int64_t(kMaxTeam) * 8) return launch_stream<T, kLog, kBwd, kVec>(q, pdl, stream);
+    if (p.n > tune("sm_body_stream_min", kMaxTeam * 8)) return launch_stream<T, kLog, kBwd, kVec>(q, pdl, stream);
   }
   return with_vec<T, kLog, kBwd, 1>(p, stream);
 }
