@@ -296,13 +296,23 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
 // cap: both slower, removed; notes/softmax.md.)
 // Mode 1 with one or two 16-byte vectors per thread asks ptxas for 4 resident 512-thread blocks (32
 // registers): 16384x2048 bf16 2506 -> 2591 GB/s, 4096 2521 -> 2669 against 39 registers (mode 3).
-template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode>
-constexpr int kRegsMinBlocks = ((kMode == 1 || kMode == 4) && kVec * sizeof(T) == 16 && kIters <= 2)
-                                   ? kSmThreads / kMaxTeam
-                                   : 0;
-template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode = 0>
-__global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, kIters, kMode>)
+// The backward with the scalar head (kBody) at two vectors per thread takes 64 registers unasked (36
+// without the head): 2 resident 512-thread blocks, 64 KB of loads in flight per SM. Asking for 3
+// blocks (40 registers) spills 24 B, for 4 (32) 136 B. KF_SM_BODY_MINB: sweeps (0: unasked).
+#ifndef KF_SM_BODY_MINB
+#define KF_SM_BODY_MINB 0
+#endif
+constexpr int regs_min_blocks(int vec_bytes, int iters, int mode, bool body) {
+  if ((mode == 1 || mode == 4) && vec_bytes == 16 && iters <= 2) return kSmThreads / kMaxTeam;
+  return body && iters == 2 ? KF_SM_BODY_MINB : 0;
+}
+// kBody (backward, one CTA per row group): rows whose pointers share a misalignment (odd n;
+// SoftmaxParams::body): the row's first hd elements (up to the next 16-byte boundary) are a scalar
+// head held by threads t < hd, the vectors start after it and the last one may be partial.
+template <typename T, bool kLog, bool kBwd, int kVec, int kIters, int kMode = 0, bool kBody = false>
+__global__ void __launch_bounds__(kMaxTeam, regs_min_blocks(int(sizeof(T)) * kVec, kIters, kMode, kBody))
     softmax_regs(const SoftmaxParams p, const int tpr_shift, const int cluster) {
+  static_assert(!kBody || (kBwd && kMode == 0), "the scalar head is the backward's");
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -317,7 +327,7 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
     const int rpb = int(blockDim.x) >> tpr_shift;
     const int team = int(threadIdx.x) >> tpr_shift;
     const int t = int(threadIdx.x) & (tpr - 1);
-    const int n = int(p.n);
+    const int n_all = int(p.n);
     const int v0 = cluster_rank(cluster) * tpr * kIters + t;
     const float pad = kBwd ? 0.f : -INFINITY;
     const int64_t step = int64_t(gridDim.x / cluster) * rpb;
@@ -326,6 +336,13 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
       const bool row_ok = row < p.rows;
       const T* in = static_cast<const T*>(p.in) + row * p.in_stride;
       const T* yin = kBwd ? static_cast<const T*>(p.y) + row * p.y_stride : nullptr;
+      int n = n_all, hd = 0;
+      Vec<T, 1> ha = Vec<T, 1>::zero(), hb = Vec<T, 1>::zero();  // kBody: this thread's head element
+      if constexpr (kBody) {
+        hd = head_elems(in, n);
+        if (row_ok && t < hd) ha = load_vec<T, 1>(in + t), hb = load_vec<T, 1>(yin + t);
+        in += hd, yin += hd, n -= hd;
+      }
       V a[kIters], b[kBwd ? kIters : 1];
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {  // every load first: kIters (x2) accesses in flight
@@ -348,6 +365,7 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
         part = 0.f;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) part += bwd_partial<T, kLog, kVec>(a[i], b[i]);
+        if constexpr (kBody) part += bwd_partial<T, kLog, 1>(ha, hb);  // 0 for threads without a head
       } else {
         // this thread's (m, s) over all its values: one max, then one sum (no per-vector rescaling)
         float m = -INFINITY;
@@ -368,6 +386,14 @@ __global__ void __launch_bounds__(kMaxTeam, kRegsMinBlocks<T, kLog, kBwd, kVec, 
       const typename Op::V r = team_reduce<Op>(part, tpr, team, sm, slot, cluster);
       if (row_ok) {
         T* out = static_cast<T*>(p.out) + row * p.out_stride;
+        if constexpr (kBody) {
+          if (t < hd) {
+            float f[1];
+            bwd_out<T, kLog, 1>(ha, hb, r, f);
+            out[t] = from_float<T>(f[0]);
+          }
+          out += hd;
+        }
         float k = 0.f;
         if constexpr (!kBwd) k = kLog ? logf(r.s) : 1.f / r.s;
 #pragma unroll
@@ -1109,6 +1135,9 @@ Status launch_regs(const SoftmaxParams& p, const Plan& pl, bool pdl, cudaStream_
     if (try_fwd_row<T, kLog, kVec, kIters>(p, pl, pdl, stream, &st)) return st;
   }
   auto kernel = pick_regs_kernel<T, kLog, kBwd, kVec, kIters>(pl);
+  if constexpr (kBwd && kVec > 1) {
+    if (p.body) kernel = softmax_regs<T, kLog, kBwd, kVec, kIters, 0, true>;  // dispatch_vec: one CTA per row
+  }
   const int block = pl.cluster > 1 ? pl.tpr : std::max(pl.tpr, kMinBlock);
   const int rpb = block / pl.tpr;
   const int64_t units = std::min<int64_t>(ceil_div(p.rows, rpb), INT_MAX / pl.cluster);
@@ -1188,6 +1217,13 @@ Status dispatch_vec(const SoftmaxParams& p, cudaStream_t stream) {
             return launch_fwd_row<T, kLog, kVec, 4, kMaxTeam, true>(q, pdl, stream);
         }
       }
+    }
+    // Backward rows one CTA holds: the register kernel with the head (16384 x 4095 bf16 fwd+bwd on
+    // the one-element path: 2230 GB/s, Liger 2577), where every team has at least hd threads.
+    if constexpr (kBwd) {
+      const Plan pl = make_plan<T, kBwd, kVec>(q);
+      if (p.n <= int64_t(kMaxTeam) * 8 && pl.tpr >= kVec && pl.cluster == 1 && tune("sm_body_regs", 1) != 0)
+        return with_vec<T, kLog, kBwd, kVec>(q, stream);
     }
     // Longer rows, and the backward past the one-element register kernel (8 elements per thread).
     if (p.n > tune("sm_body_stream_min", kMaxTeam * 8)) return launch_stream<T, kLog, kBwd, kVec>(q, pdl, stream);
