@@ -1163,10 +1163,11 @@ Status with_vec(const SoftmaxParams& p, cudaStream_t stream) {
   const Plan pl = make_plan<T, kBwd, kVec>(p);
   // The bulk-copy kernel (sm_90) for the rows no one-CTA register kernel holds (forward; backward with
   // KF_TUNE sm_bulk_bwd=1 until measured), and forward rows over 32 KB (kBulkMinRowFwd; KF_TUNE
-  // sm_bulk_min_row bytes); not for grids under one wave of rows (decode: nothing to overlap).
+  // sm_bulk_min_row bytes); not for grids under one wave of rows (decode: nothing to overlap), nor rows
+  // with a scalar head (p.body: the bulk kernels copy whole 16-byte-aligned rows).
   const int64_t row_bytes = p.n * int64_t(sizeof(T));
   const bool long_row = pl.tpr == 0 || pl.cluster > 1;
-  const bool bulk = tune("sm_bulk", 1) != 0 && p.rows >= tune("sm_bulk_min_rows", p.sm_count) &&
+  const bool bulk = !p.body && tune("sm_bulk", 1) != 0 && p.rows >= tune("sm_bulk_min_rows", p.sm_count) &&
                     ((long_row && (!kBwd || tune("sm_bulk_bwd", 0) != 0)) ||
                      row_bytes >= tune("sm_bulk_min_row", kBwd ? INT_MAX : int(kBulkMinRowFwd)));
   if (bulk) {
