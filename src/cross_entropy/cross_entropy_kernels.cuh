@@ -353,10 +353,8 @@ bool ce_vector_ok(const void* ptr, int64_t ld) {
 // the difference of their row strides are multiples of 16 bytes.
 template <typename T>
 bool ce_body_ok(const void* ptr, const void* other = nullptr, int64_t ld_diff = 0) {
-  const auto a = reinterpret_cast<uintptr_t>(ptr);
-  uintptr_t bits = 0;
-  if (other != nullptr) bits = (a - reinterpret_cast<uintptr_t>(other)) | static_cast<uintptr_t>(ld_diff) * sizeof(T);
-  return a % sizeof(T) == 0 && bits % 16 == 0;
+  return reinterpret_cast<uintptr_t>(ptr) % sizeof(T) == 0 &&
+         (other == nullptr || shares_misalignment(ptr, other, ld_diff * int64_t(sizeof(T))));
 }
 
 template <typename T, int kVec, bool kSoftcap, bool kBody>

@@ -881,11 +881,10 @@ bool can_vectorize(const SoftmaxParams& p) {
 // by multiples of 16 bytes, and so do their row strides (in bytes).
 template <typename T>
 bool can_align_body(const SoftmaxParams& p) {
-  const auto in = reinterpret_cast<uintptr_t>(p.in), out = reinterpret_cast<uintptr_t>(p.out);
-  uintptr_t bits = (in - out) | static_cast<uintptr_t>(p.in_stride - p.out_stride) * sizeof(T);
-  if (p.y != nullptr)
-    bits |= (in - reinterpret_cast<uintptr_t>(p.y)) | static_cast<uintptr_t>(p.in_stride - p.y_stride) * sizeof(T);
-  return (in % sizeof(T)) == 0 && bits % 16 == 0;
+  const int64_t e = int64_t(sizeof(T));
+  return reinterpret_cast<uintptr_t>(p.in) % sizeof(T) == 0 &&
+         shares_misalignment(p.in, p.out, (p.in_stride - p.out_stride) * e) &&
+         (p.y == nullptr || shares_misalignment(p.in, p.y, (p.in_stride - p.y_stride) * e));
 }
 
 struct Plan {
