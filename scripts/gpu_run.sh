@@ -156,6 +156,38 @@ run_step() {
 }
 
 want() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+# The correctness steps (ctest, pytest, check, sanitizer) run side by side after the build when
+# KF_PARALLEL=1 (default): none of them times anything, and one after another they took ~450 s of the
+# 570 (session 15: ctest 97 s, pytest 166 s, check 25 s, memcheck > 150 s), leaving the bench no time.
+# Each step's output goes to its own file, appended to log.txt in step order once all have ended.
+declare -a BG=()
+bg_step() {  # bg_step NAME CAP COMMAND: run_step in the background (KF_PARALLEL=1) or in place
+  if [[ ${KF_PARALLEL:-1} != 1 ]]; then
+    run_step "$@"
+    return
+  fi
+  local name=$1
+  (
+    LOG=$TMPD/$name.full
+    : >"$LOG"
+    ROWS=()
+    run_step "$@" >/dev/null
+    printf '%s\n' "${ROWS[@]}" >"$TMPD/$name.row"
+  ) &
+  BG+=("$name")
+  say "==== [$name] started in the background"
+}
+join_steps() {
+  wait
+  local n r
+  for n in "${BG[@]}"; do
+    cat "$TMPD/$n.full" >>"$LOG"
+    while IFS= read -r r; do [[ -n $r ]] && ROWS+=("$r"); done <"$TMPD/$n.row"
+    grep -E '^==== \[' "$TMPD/$n.full" | tail -n 1
+  done
+  BG=()
+}
 # memcheck: every norm and RoPE GPU test (72 s for 1199 tests on the H100 with all of them); the activation GPU tests whose layouts exercise every vector width
 # and the partial last vectors (odd row stride, one input aligned and the others not); the softmax and
 # cross-entropy odd rows with a scalar head (session 14: 579 such tests took 4 s under memcheck)
@@ -179,7 +211,7 @@ want build && run_step build 330 '
 
 if want ctest; then
   if tests_built; then
-    run_step ctest 240 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 200 -j ${KF_CTEST_JOBS:-4} ${KF_CTEST_ARGS:-}"
+    bg_step ctest 240 "KF_REQUIRE_GPU=1 ctest --test-dir _build/dev --output-on-failure --timeout 200 -j ${KF_CTEST_JOBS:-4} ${KF_CTEST_ARGS:-}"
   else
     ROWS+=("ctest|SKIP (tests not built)|0")
   fi
@@ -191,25 +223,27 @@ XDIST=""
 if [[ ${KF_PYTEST_JOBS:-1} -gt 1 ]] && PYTHONPATH=$PYPATH python3 -c "import xdist" 2>/dev/null; then
   XDIST="-n ${KF_PYTEST_JOBS} --dist loadfile"
 fi
-want pytest && run_step pytest 180 \
+want pytest && bg_step pytest 240 \
   "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} $XDIST -q -rfE -p no:cacheprovider"
 
-want check && run_step check 120 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
+want check && bg_step check 120 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
 
 if want sanitizer; then
   if tests_built; then
     # shellcheck disable=SC2016  # expanded by the step's own bash
-    run_step sanitizer 150 '
+    bg_step sanitizer 270 '
       bin=$(find _build/dev/tests/cpp _build/dev -maxdepth 3 -type f -perm -u+x -name kf_tests 2>/dev/null | head -n1)
       [[ -n $bin ]] || bin=$(find _build/dev/tests/cpp -maxdepth 2 -type f -perm -u+x -name "*test*" 2>/dev/null | head -n1)
       [[ -n $bin ]] || { echo "no C++ test binary under _build/dev/tests/cpp"; exit 3; }
       echo "memcheck: $bin --gtest_filter=${KF_SANITIZER_FILTER:-$SAN_FILTER}"
       KF_REQUIRE_GPU=1 compute-sanitizer --tool memcheck --error-exitcode 86 --print-limit 50 \
-        "$bin" --gtest_filter="${KF_SANITIZER_FILTER:-$SAN_FILTER}" --gtest_brief=1'
+        "$bin" --gtest_filter="${KF_SANITIZER_FILTER:-$SAN_FILTER}"'
   else
     ROWS+=("sanitizer|SKIP (tests not built)|0")
   fi
 fi
+
+join_steps
 
 # The bench gets what is left (up to 480 s) and stops starting new cases 75 s before its timeout,
 # so the CSV, the PNGs and the summary are always written.
