@@ -167,6 +167,73 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, kVec>& v) {
   }
 }
 
+// The vector of row `src` at column c: 16 bytes when it lies inside the row, else element by element
+// (the row's last, partial vector) with `pad` past the end.
+template <typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> load_row_vec(const T* src, int c, int n, float pad) {
+  using V = Vec<T, kVec>;
+  if (c <= n - kVec) return load_vec<T, kVec>(src + c);  // (no c + kVec: n may be 2^31 - 1)
+  V v;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) v.set(j, j < n - c ? to_float(src[c + j]) : pad);
+  return v;
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const float (&f)[kVec]) {
+  if (c <= n - kVec) {
+    store_vec<T, kVec>(dst + c, Vec<T, kVec>::from(f));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (j < n - c) dst[c + j] = from_float<T>(f[j]);
+  }
+}
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const Vec<T, kVec>& v) {
+  if (c <= n - kVec) {
+    store_vec<T, kVec>(dst + c, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (j < n - c) dst[c + j] = from_float<T>(v.get(j));
+  }
+}
+
+// kVec elements at src[c..c+kVec) of a tensor whose vectors are not 16-byte aligned (a weight or
+// AdaLN scale/shift row read at the column of a row body that starts after a scalar head, so at any
+// element offset): the widest accesses the address allows (8, 4 or 2 bytes), element by element for
+// the last, partial vector (0 past n). src must be aligned to its element.
+template <typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> load_vec_any(const T* src, int c, int n) {
+  using V = Vec<T, kVec>;
+  V v = V::zero();
+  const T* a = src + c;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(a);
+  if (c > n - kVec) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (j < n - c) v.set(j, to_float(a[j]));
+  } else if constexpr (V::kBytes == 16) {
+    if (addr % 16 == 0) return load_vec<T, kVec>(a);
+    if (addr % 8 == 0) {
+      const uint2 lo = reinterpret_cast<const uint2*>(a)[0], hi = reinterpret_cast<const uint2*>(a)[1];
+      v.w[0] = lo.x, v.w[1] = lo.y, v.w[2] = hi.x, v.w[3] = hi.y;
+    } else if (addr % 4 == 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.w[k] = reinterpret_cast<const unsigned int*>(a)[k];
+    } else {  // 2-byte elements at an odd element offset: pairs packed into words
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(a);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v.w[k] = unsigned(h[2 * k]) | (unsigned(h[2 * k + 1]) << 16);
+    }
+  } else {
+    return load_vec<T, kVec>(a);  // one element (kVec == 1): any element-aligned address
+  }
+  return v;
+}
+
 // Hides the bits of v from the compiler (an empty asm that "modifies" its registers). Values the
 // compiler derived from v before this point cannot be reused after it, so it keeps the packed
 // vector live (4 registers for 16 bytes) instead of the float32 values unpacked from it (8 for

@@ -494,11 +494,28 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
 // that case alone instead of branching per vector over the four weight/bias variants.
 // kBlock: the largest block the instantiation takes: kFwdRowMaxBlock, or kFwdRowBigBlock (512 threads
 // x 2 vectors for 8 KB rows of rms / LayerNorm / AdaLN without weight and bias).
-template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock>
+// kBody (odd N, or views whose rows start off a 16-byte boundary, with x, y, residual and sum sharing
+// their misalignment): each row's first hd = head_elems(x row) < kVec elements are a scalar head held
+// by threads t < hd, 16-byte vectors of x / y start after it and the last one may be partial.
+// Weight, bias and scale/shift are then read at columns hd + 8k, off their own 16-byte boundaries:
+// load_vec_any (8-, 4- or 2-byte accesses, L1 hits). Padding elements of the partial vector hold the
+// LayerNorm shift K, so they add exactly 0 to both shifted sums.
+// kBody kernels get the register budget of twice their x slots, at least 64 (512-thread blocks: two
+// per SM): at the aligned rows' budget ptxas spilled 20-140 B (the parameter loads take one of four
+// widths).
+template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock,
+          bool kBody = false>
 __global__ void __launch_bounds__(
     kBlock,
-    kEarly ? 1 : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, fwd_row_slots(int(sizeof(T)), kVec, kIters)>, kPlain>)
+    kEarly ? 1
+    : kBody
+        ? (kBlock > kFwdRowMaxBlock
+               ? 2
+               : kFwdRowMinBlocks<
+                     kBlock, kFwdRowRegs<kOp, std::max(4, 2 * fwd_row_slots(int(sizeof(T)), kVec, kIters))>, kPlain>)
+        : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, fwd_row_slots(int(sizeof(T)), kVec, kIters)>, kPlain>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
+  static_assert(!(kBody && kEarly), "the scalar-head forward loads its parameters after the reduction");
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -515,32 +532,47 @@ __global__ void __launch_bounds__(
     const int rpb = int(blockDim.x) >> tpr_shift;
     const int team = int(threadIdx.x) >> tpr_shift;
     const int t = int(threadIdx.x) & (tpr - 1);
-    const int n = int(p.n);
     const float inv_n = p.inv_n;
-    const T* __restrict__ wg = static_cast<const T*>(p.weight);
-    const T* __restrict__ bg = static_cast<const T*>(p.bias);
     for (int64_t base = int64_t(blockIdx.x) * rpb; base < p.rows; base += int64_t(gridDim.x) * rpb) {
       const int64_t row = base + team;
       const bool row_ok = row < p.rows;
       const int64_t r = row_ok ? row : 0;
       const T* __restrict__ xr = static_cast<const T*>(p.x) + r * p.x_stride;
       const T* __restrict__ rr = static_cast<const T*>(p.residual) + r * p.res_stride;
+      // kBody: the head (hd elements, thread t < hd holds element t) and the row from hd on
+      int n = int(p.n), hd = 0;
+      float hx = 0.f, hr = 0.f;
+      if constexpr (kBody) {
+        hd = head_elems(xr, n);
+        if (row_ok && t < hd) {
+          hx = to_float(xr[t]);
+          if constexpr (Tr::kRes) hr = to_float(rr[t]);
+        }
+      }
+      const T* __restrict__ wg = p.weight ? static_cast<const T*>(p.weight) + hd : nullptr;
+      const T* __restrict__ bg = p.bias ? static_cast<const T*>(p.bias) + hd : nullptr;
       // Scale/shift rows before the reductions only where they are used there (kEarly, or one row
       // per x row: an L2 prefetch, no division); else they are computed after (below), so that no
       // division delays the loads of x.
       const int64_t ge = !Tr::kAda ? 0 : kEarly ? ada_group(r, p) : r;
-      const T* __restrict__ scr = static_cast<const T*>(p.scale) + ge * p.scale_stride;
-      const T* __restrict__ shr = static_cast<const T*>(p.shift) + ge * p.shift_stride;
+      const T* __restrict__ scr = static_cast<const T*>(p.scale) + ge * p.scale_stride + hd;
+      const T* __restrict__ shr = static_cast<const T*>(p.shift) + ge * p.shift_stride + hd;
       V xv[kIters], rv[kR];
       constexpr int kE = kEarly ? kIters : 1;
       V we[kE], be[kE], sce[kE], she[kE];  // kEarly: parameters loaded with x
       const float shift_k = Tr::kLayer && row_ok ? to_float(xr[0]) : 0.f;
+      xr += hd, rr += hd, n -= hd;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int col = (t + i * tpr) * kVec;
         if (row_ok && col < n) {
-          xv[i] = load_vec<T, kVec>(xr + col);
-          if constexpr (Tr::kRes) rv[i] = load_vec<T, kVec>(rr + col);
+          if constexpr (kBody) {
+            xv[i] = load_row_vec<T, kVec>(xr, col, n, shift_k);
+            if constexpr (Tr::kRes) rv[i] = load_row_vec<T, kVec>(rr, col, n, 0.f);
+          } else {
+            xv[i] = load_vec<T, kVec>(xr + col);
+            if constexpr (Tr::kRes) rv[i] = load_vec<T, kVec>(rr + col);
+          }
           if constexpr (kEarly) {
             if (wg) we[i] = load_vec<T, kVec>(wg + col);
             if constexpr (!Tr::kHfRms) {
@@ -573,6 +605,13 @@ __global__ void __launch_bounds__(
       }
       if constexpr (Tr::kRes) {  // s = T(x + residual), written out for the next block
         T* __restrict__ sr = static_cast<T*>(p.sum) + r * p.sum_stride;
+        if constexpr (kBody) {
+          if (row_ok && t < hd) {
+            hx = round_to<T>(hx + hr);
+            sr[t] = from_float<T>(hx);
+          }
+          sr += hd;
+        }
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           float f[kVec];
@@ -580,7 +619,12 @@ __global__ void __launch_bounds__(
           for (int j = 0; j < kVec; ++j) f[j] = xv[i].get(j) + rv[i].get(j);
           xv[i] = V::from(f);
           const int col = (t + i * tpr) * kVec;
-          if (row_ok && col < n) store_vec<T, kVec>(sr + col, xv[i]);
+          if (row_ok && col < n) {
+            if constexpr (kBody)
+              store_row_vec<T, kVec>(sr, col, n, f);
+            else
+              store_vec<T, kVec>(sr + col, xv[i]);
+          }
         }
       }
       // One reduction for both statistics: the shifted sums S1, S2 of row_stats (K = x[row, 0]).
@@ -598,6 +642,11 @@ __global__ void __launch_bounds__(
           if constexpr (Tr::kLayer) st[0] += ok ? d : 0.f;
         }
       }
+      if constexpr (kBody) {  // the head element (0 for threads without one)
+        const float d = t < hd ? hx - shift_k : 0.f;
+        st[kS - 1] += d * d;
+        if constexpr (Tr::kLayer) st[0] += d;
+      }
       team_sum<kS>(st, tpr, team, sm, slot, 1);
       const RowStats rs = row_stats<Tr::kLayer>(st[0], st[kS - 1], shift_k, inv_n, p.eps);
       const float mean = rs.mean, rstd = rs.rstd;
@@ -607,8 +656,23 @@ __global__ void __launch_bounds__(
       int64_t rl = r;
       if constexpr (Tr::kAda && !kEarly) asm volatile("" : "+l"(rl));
       const int64_t gl = Tr::kAda ? ada_group(rl, p) : 0;
-      const T* __restrict__ scl = static_cast<const T*>(p.scale) + gl * p.scale_stride;
-      const T* __restrict__ shl = static_cast<const T*>(p.shift) + gl * p.shift_stride;
+      const T* __restrict__ scl = static_cast<const T*>(p.scale) + gl * p.scale_stride + hd;
+      const T* __restrict__ shl = static_cast<const T*>(p.shift) + gl * p.shift_stride + hd;
+      if constexpr (kBody) {
+        if (row_ok && t < hd) {  // the head: one element per thread, parameters at column t
+          using V1 = Vec<T, 1>;
+          V1 xh, wh = V1::zero(), bh = V1::zero(), sch = V1::zero(), shh = V1::zero();
+          xh.set(0, hx);
+          if (p.weight) wh = load_vec<T, 1>(wg + t - hd);
+          if (!Tr::kHfRms && p.bias) bh = load_vec<T, 1>(bg + t - hd);
+          if constexpr (Tr::kAda) {
+            sch = load_vec<T, 1>(scl + t - hd);
+            shh = load_vec<T, 1>(shl + t - hd);
+          }
+          store_vec<T, 1>(yr + t, fwd_out<T, kOp, 1>(xh, mean, rstd, p, wh, bh, sch, shh));
+        }
+        yr += hd;
+      }
       // AdaLN scale/shift vectors: with KF_FWD_PARAMS_FIRST (off: more registers, fewer blocks per SM)
       // all of the row's are loaded before its first store, so that the block pays one L1/L2 round
       // trip after the reduction instead of one per vector (the compiler does not move loads across
@@ -617,13 +681,26 @@ __global__ void __launch_bounds__(
       constexpr int kP =
           (KF_FWD_PARAMS_FIRST && Tr::kAda && !kEarly && kIters <= 2 && kBlock <= kFwdRowMaxBlock) ? kIters : 1;
       V scp[kP], shp[kP];
+      // kBody: parameters at any element offset, and the row's last vector may be partial
+      auto load_param = [&](const T* src, int col) {
+        if constexpr (kBody)
+          return load_vec_any<T, kVec>(src, col, n);
+        else
+          return load_vec<T, kVec>(src + col);
+      };
+      auto store_y = [&](int col, const V& v) {
+        if constexpr (kBody)
+          store_row_vec<T, kVec>(yr, col, n, v);
+        else
+          store_vec<T, kVec>(yr + col, v);
+      };
       if constexpr (kP > 1) {
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           const int col = (t + i * tpr) * kVec;
           if (row_ok && col < n) {
-            scp[i] = load_vec<T, kVec>(scl + col);
-            shp[i] = load_vec<T, kVec>(shl + col);
+            scp[i] = load_param(scl, col);
+            shp[i] = load_param(shl, col);
           }
         }
       }
@@ -639,9 +716,9 @@ __global__ void __launch_bounds__(
           shv = she[i];
         } else {
           if constexpr (!kPlain) {
-            if (wg) wv = load_vec<T, kVec>(wg + col);
+            if (wg) wv = load_param(wg, col);
             if constexpr (!Tr::kHfRms) {
-              if (bg) bv = load_vec<T, kVec>(bg + col);
+              if (bg) bv = load_param(bg, col);
             }
           }
           if constexpr (Tr::kAda) {
@@ -649,8 +726,8 @@ __global__ void __launch_bounds__(
               scv = scp[i];
               shv = shp[i];
             } else {
-              scv = load_vec<T, kVec>(scl + col);
-              shv = load_vec<T, kVec>(shl + col);
+              scv = load_param(scl, col);
+              shv = load_param(shl, col);
             }
           }
         }
@@ -658,9 +735,9 @@ __global__ void __launch_bounds__(
         if constexpr (kPlain) {
           float out[kVec];
           fwd_out_elems<T, kOp, kVec, false, false>(xv[i], mean, rstd, wv, bv, scv, shv, out);
-          store_vec<T, kVec>(yr + col, V::from(out));
+          store_y(col, V::from(out));
         } else {
-          store_vec<T, kVec>(yr + col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
+          store_y(col, fwd_out<T, kOp, kVec>(xv[i], mean, rstd, p, wv, bv, scv, shv));
         }
       }
     }
@@ -1770,6 +1847,22 @@ bool can_vectorize(const NormParams& p) {
   return true;
 }
 
+// The forward's row tensors (x, y, residual, sum) all start every row at the same offset from a
+// 16-byte boundary (base pointers and row strides differ by multiples of 16 bytes), so one scalar
+// head per row aligns them all. The parameters may sit anywhere (norm_fwd_row's load_vec_any).
+template <typename T>
+bool can_align_body(const NormParams& p) {
+  const int64_t e = int64_t(sizeof(T));
+  if (reinterpret_cast<uintptr_t>(p.x) % sizeof(T) != 0) return false;
+  const void* rows[] = {p.y, p.residual, p.sum};
+  const int64_t strides[] = {p.y_stride, p.res_stride, p.sum_stride};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t diff = p.rows > 1 ? (strides[i] - p.x_stride) * e : 0;
+    if (rows[i] && !shares_misalignment(p.x, rows[i], diff)) return false;
+  }
+  return true;
+}
+
 // Blocks of `kernel` resident per SM at `threads` threads and `smem` dynamic shared memory; the
 // first call per (kernel, threads, smem) also raises the kernel's dynamic shared memory limit.
 // Cached: these runtime queries cost microseconds, which a decode-sized call cannot afford.
@@ -1837,8 +1930,11 @@ constexpr int kFwdRowBigBlock = kIters == 2 ? 512 : kFwdRowMaxBlock;
 // LayerNorm at 2048 it changes nothing (weight and bias: twice the registers).
 constexpr bool kFwdEarlyRms = true;
 
-template <typename T, NormOp kOp, int kVec, int kIters>
+// kBody: the row kernel with the scalar head (norm_fwd_row); the caller ensures it is the row kernel's
+// case (tpr <= kFwdRowMaxBlock, or 512 x 2 over more than one wave of blocks).
+template <typename T, NormOp kOp, int kVec, int kIters, bool kBody = false>
 Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceInfo& dev, cudaStream_t stream) {
+  if (kBody && cluster != 1) return Status::Cuda("norm forward: no scalar-head kernel for a cluster");
   const int block = std::max(tpr, tune("min_block", kFwdTuning<T>.min_block));
   const int rpb = block / tpr;
   int shift = 0;
@@ -1858,23 +1954,31 @@ Status launch_fwd_regs(const NormParams& p, int tpr, int cluster, const DeviceIn
         if (block > kFwdRowMaxBlock) {  // 512 x 2 (fwd_row_block_cap)
           if constexpr (OpTraits<kOp>::kAda) {
             if (p.weight == nullptr && p.bias == nullptr && tune("ada_plain", 1) != 0)
-              return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true, kB>, p, shift), "norm forward");
+              return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true, kB, kBody>, p, shift),
+                              "norm forward");
           }
-          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, false, kB>, p, shift), "norm forward");
+          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, false, kB, kBody>, p, shift), "norm forward");
         }
       }
       // kEarly: grids of at most one block per SM (decode), and RMSNorm's 2048-element rows (kFwdEarlyRms)
-      if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0 ||
-          (kFwdEarlyRms && kOp == NormOp::kRms && p.n / kVec > 128 && p.n / kVec <= 256 && tune("rms_early", 1) != 0)) {
-        NormParams q = p;
-        q.trigger = units <= dev.sm_count;
-        return launched(row(norm_fwd_row<T, kOp, kVec, kIters, true>, q, shift), "norm forward");
+      if constexpr (!kBody) {
+        if ((units <= dev.sm_count && tune("early", 1) != 0) || tune("early_all", 0) != 0 ||
+            (kFwdEarlyRms && kOp == NormOp::kRms && p.n / kVec > 128 && p.n / kVec <= 256 &&
+             tune("rms_early", 1) != 0)) {
+          NormParams q = p;
+          q.trigger = units <= dev.sm_count;
+          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, true>, q, shift), "norm forward");
+        }
       }
       if constexpr (OpTraits<kOp>::kAda) {
         if (p.weight == nullptr && p.bias == nullptr && tune("ada_plain", 1) != 0)
-          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true>, p, shift), "norm forward");
+          return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, true, kFwdRowMaxBlock, kBody>, p, shift),
+                          "norm forward");
       }
-      return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false>, p, shift), "norm forward");
+      return launched(row(norm_fwd_row<T, kOp, kVec, kIters, false, false, kFwdRowMaxBlock, kBody>, p, shift),
+                      "norm forward");
+    } else if constexpr (kBody) {
+      return Status::Cuda("norm forward: no scalar-head kernel for this configuration");
     } else {  // 512-thread teams: the persistent kernel
       units = std::min<int64_t>(units, int64_t(resident_blocks(kernel, block, dev)) * tune("fwd_waves", 1));
     }
@@ -1975,16 +2079,18 @@ bool try_fwd_bulk(const NormParams& p, const DeviceInfo& dev, cudaStream_t strea
   return true;
 }
 
-template <typename T, NormOp kOp, int kVec>
+// kBody: rows with a scalar head (norm_fwd_row); rows past the row kernel's reach (more than
+// kMaxIters vectors per thread at its largest block) take the one-element kernels instead.
+template <typename T, NormOp kOp, int kVec, bool kBody = false>
 Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
-  if constexpr (kVec > 1) {
+  if constexpr (kVec > 1 && !kBody) {
     Status st;
     if (try_fwd_bulk<T, kOp, kVec>(p, dev, stream, &st)) return st;
   }
   constexpr NormTuning cfg = kFwdTuning<T>;
   constexpr int kMaxIters = kVec == 1 ? 16 : cfg.max_elems / kVec;
-  const int64_t nvec = p.n / kVec;
-  if (kVec > 1 && tune("fwd_persist", kFwdPersist) == 0) {  // one row group per block (norm_fwd_row)
+  const int64_t nvec = kBody ? ceil_div(p.n, kVec) : p.n / kVec;  // kBody: covers the body after any head
+  if (kVec > 1 && tune("fwd_persist", kFwdPersist) == 0) {        // one row group per block (norm_fwd_row)
     const int want = tune("row_iters", kFwdRowIters);
     const int max_block = tune("row_max_block", fwd_row_block_cap<kOp>(p));
     int tpr = int(std::min<int64_t>(max_block, std::max<int64_t>(32, pow2_ceil(ceil_div(nvec, want)))));
@@ -1998,16 +2104,17 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
     if (it <= kMaxIters) {
       switch (it) {
         case 1:
-          return launch_fwd_regs<T, kOp, kVec, 1>(p, tpr, 1, dev, stream);
+          return launch_fwd_regs<T, kOp, kVec, 1, kBody>(p, tpr, 1, dev, stream);
         case 2:
-          return launch_fwd_regs<T, kOp, kVec, 2>(p, tpr, 1, dev, stream);
+          return launch_fwd_regs<T, kOp, kVec, 2, kBody>(p, tpr, 1, dev, stream);
         case 4:
-          return launch_fwd_regs<T, kOp, kVec, 4>(p, tpr, 1, dev, stream);
+          return launch_fwd_regs<T, kOp, kVec, 4, kBody>(p, tpr, 1, dev, stream);
         default:
-          if constexpr (kMaxIters >= 8) return launch_fwd_regs<T, kOp, kVec, 8>(p, tpr, 1, dev, stream);
+          if constexpr (kMaxIters >= 8) return launch_fwd_regs<T, kOp, kVec, 8, kBody>(p, tpr, 1, dev, stream);
       }
     }
   }
+  if constexpr (kBody) return fwd_with_vec<T, kOp, 1>(p, dev, stream);
   const int target_team = tune("fwd_team", cfg.target_team);
   const int cluster_team = tune("cluster_team", cfg.cluster_team);
   const int iters = std::min(kMaxIters, pow2_ceil(ceil_div(nvec, target_team)));
@@ -2043,6 +2150,10 @@ Status fwd_with_vec(const NormParams& p, const DeviceInfo& dev, cudaStream_t str
 template <typename T, NormOp kOp>
 Status fwd_op(const NormParams& p, const DeviceInfo& dev, cudaStream_t stream) {
   if (can_vectorize<T>(p)) return fwd_with_vec<T, kOp, 16 / sizeof(T)>(p, dev, stream);
+  // Odd N or rows off a 16-byte boundary whose row tensors share that offset: a scalar head per row,
+  // 16-byte vectors after it (KF_TUNE norm_body=0: the one-element kernels).
+  if (can_align_body<T>(p) && tune("norm_body", 1) != 0)
+    return fwd_with_vec<T, kOp, 16 / sizeof(T), true>(p, dev, stream);
   return fwd_with_vec<T, kOp, 1>(p, dev, stream);
 }
 

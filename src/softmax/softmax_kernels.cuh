@@ -150,30 +150,6 @@ __device__ __forceinline__ typename Op::V team_reduce(typename Op::V v, int tpr,
   return v;
 }
 
-// ---- loads -------------------------------------------------------------------------------------
-// The vector of row `src` at column c: 16 bytes when it lies inside the row, else element by element
-// (the row's last, partial vector) with `pad` past the end.
-template <typename T, int kVec>
-__device__ __forceinline__ Vec<T, kVec> load_row_vec(const T* src, int c, int n, float pad) {
-  using V = Vec<T, kVec>;
-  if (c <= n - kVec) return load_vec<T, kVec>(src + c);  // (no c + kVec: n may be 2^31 - 1)
-  V v;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) v.set(j, j < n - c ? to_float(src[c + j]) : pad);
-  return v;
-}
-
-template <typename T, int kVec>
-__device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const float (&f)[kVec]) {
-  if (c <= n - kVec) {
-    store_vec<T, kVec>(dst + c, Vec<T, kVec>::from(f));
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      if (j < n - c) dst[c + j] = from_float<T>(f[j]);
-  }
-}
-
 // The (m, s) of kVec values: m = max, s = Σ exp(x − m) (s = 0 when every value is -inf).
 template <typename T, int kVec>
 __device__ __forceinline__ MaxSum vec_max_sum(const Vec<T, kVec>& a) {

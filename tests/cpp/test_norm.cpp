@@ -31,19 +31,22 @@ struct RowShape {
 // row, no rows, and many rows (multi-block weight-gradient reduction; on sm_90 the chunked
 // backward: 8-row chunks with a partial last one at 4099x512, 4 at 1031x2048, 5 rows of 7 warps
 // at 333x1600, one row of 512 threads with two vectors each at 300x8192; the split backward of long
-// rows with many work units and a partial last column tile at 67x12288).
-const RowShape kRowShapes[] = {{1, 1},    {7, 1000},   {3, 4096},    {19, 4097},  {5, 8191},   {2, 131072}, {1, 262144},
-                               {0, 4096}, {4099, 512}, {1031, 2048}, {333, 1600}, {300, 8192}, {67, 12288}};
+// rows with many work units and a partial last column tile at 67x12288; odd N with a scalar head
+// per row in the forward's 512-thread blocks, more blocks than SMs, at 140x8191).
+const RowShape kRowShapes[] = {{1, 1},      {7, 1000},   {3, 4096},   {19, 4097},  {5, 8191},
+                               {2, 131072}, {1, 262144}, {0, 4096},   {4099, 512}, {1031, 2048},
+                               {333, 1600}, {300, 8192}, {67, 12288}, {140, 8191}};
 
 struct AdaShape {
   int64_t b, s, n;
 };
 // 300x3x1024: more groups than resident blocks (a block owns whole groups); 3x100x8192: one row per
 // chunk, two vectors per thread; 3x11x12288 and 181x2x12288: the split backward of long rows, with
-// groups shared by several blocks, and with more groups than work units (a block owns whole groups).
-const AdaShape kAdaShapes[] = {{1, 1, 1},      {2, 3, 1000},   {3, 1, 4096},   {2, 5, 4097},   {1, 5, 8191},
-                               {2, 1, 131072}, {1, 1, 262144}, {2, 0, 4096},   {4, 257, 512},  {2, 259, 2048},
-                               {300, 3, 1024}, {3, 100, 8192}, {3, 11, 12288}, {181, 2, 12288}};
+// groups shared by several blocks, and with more groups than work units (a block owns whole groups);
+// 2x70x8191: odd N with a scalar head per row in the forward's 512-thread blocks.
+const AdaShape kAdaShapes[] = {{1, 1, 1},      {2, 3, 1000},   {3, 1, 4096},   {2, 5, 4097},    {1, 5, 8191},
+                               {2, 1, 131072}, {1, 1, 262144}, {2, 0, 4096},   {4, 257, 512},   {2, 259, 2048},
+                               {300, 3, 1024}, {3, 100, 8192}, {3, 11, 12288}, {181, 2, 12288}, {2, 70, 8191}};
 
 enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned };
 const char* layout_name(LayoutKind l) {
