@@ -157,10 +157,12 @@ run_step() {
 
 want() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
-# The correctness steps (ctest, pytest, check, sanitizer) run side by side after the build when
-# KF_PARALLEL=1 (default): none of them times anything, and one after another they took ~450 s of the
-# 570 (session 15: ctest 97 s, pytest 166 s, check 25 s, memcheck > 150 s), leaving the bench no time.
-# Each step's output goes to its own file, appended to log.txt in step order once all have ended.
+# ctest, pytest and check run side by side after the build when KF_PARALLEL=1 (default): none of them
+# times anything, and one after another the correctness steps took ~450 s of the 570 (session 15:
+# ctest 97 s, pytest 166 s, check 25 s, memcheck > 150 s), leaving the bench no time. memcheck runs
+# alone after them: beside it (its kernels run many times slower and the GPU time-slices between
+# processes) pytest and check ran past 240 s and 120 s. Each background step's output goes to its
+# own file, appended to log.txt in step order once all have ended.
 declare -a BG=()
 bg_step() {  # bg_step NAME CAP COMMAND: run_step in the background (KF_PARALLEL=1) or in place
   if [[ ${KF_PARALLEL:-1} != 1 ]]; then
@@ -226,12 +228,14 @@ fi
 want pytest && bg_step pytest 240 \
   "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} $XDIST -q -rfE -p no:cacheprovider"
 
-want check && bg_step check 120 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
+want check && bg_step check 150 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
+
+join_steps
 
 if want sanitizer; then
   if tests_built; then
     # shellcheck disable=SC2016  # expanded by the step's own bash
-    bg_step sanitizer 270 '
+    run_step sanitizer 200 '
       bin=$(find _build/dev/tests/cpp _build/dev -maxdepth 3 -type f -perm -u+x -name kf_tests 2>/dev/null | head -n1)
       [[ -n $bin ]] || bin=$(find _build/dev/tests/cpp -maxdepth 2 -type f -perm -u+x -name "*test*" 2>/dev/null | head -n1)
       [[ -n $bin ]] || { echo "no C++ test binary under _build/dev/tests/cpp"; exit 3; }
@@ -242,8 +246,6 @@ if want sanitizer; then
     ROWS+=("sanitizer|SKIP (tests not built)|0")
   fi
 fi
-
-join_steps
 
 # The bench gets what is left (up to 480 s) and stops starting new cases 75 s before its timeout,
 # so the CSV, the PNGs and the summary are always written.

@@ -500,20 +500,24 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
 // Weight, bias and scale/shift are then read at columns hd + 8k, off their own 16-byte boundaries:
 // load_vec_any (8-, 4- or 2-byte accesses, L1 hits). Padding elements of the partial vector hold the
 // LayerNorm shift K, so they add exactly 0 to both shifted sums.
-// kBody kernels get the register budget of twice their x slots, at least 64 (512-thread blocks: two
-// per SM): at the aligned rows' budget ptxas spilled 20-140 B (the parameter loads take one of four
-// widths).
+// Blocks per SM the row kernel is compiled for (__launch_bounds__). kBody kernels get the register
+// budget of twice their x slots, at least 64 (512-thread blocks: two per SM): at the aligned rows'
+// budget ptxas spilled 20-140 B (the parameter loads take one of four widths).
+#ifndef KF_FWD_BODY_WIDE  // sweeps: 0 = the aligned rows' budget
+#define KF_FWD_BODY_WIDE 1
+#endif
+template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain, int kBlock, bool kBody>
+constexpr int kFwdRowBounds =
+    kEarly ? 1
+    : !(kBody && KF_FWD_BODY_WIDE)
+        ? kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, fwd_row_slots(int(sizeof(T)), kVec, kIters)>, kPlain>
+    : kBlock > kFwdRowMaxBlock
+        ? 2
+        : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, std::max(4, 2 * fwd_row_slots(int(sizeof(T)), kVec, kIters))>,
+                           kPlain>;
 template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock,
           bool kBody = false>
-__global__ void __launch_bounds__(
-    kBlock,
-    kEarly ? 1
-    : kBody
-        ? (kBlock > kFwdRowMaxBlock
-               ? 2
-               : kFwdRowMinBlocks<
-                     kBlock, kFwdRowRegs<kOp, std::max(4, 2 * fwd_row_slots(int(sizeof(T)), kVec, kIters))>, kPlain>)
-        : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, fwd_row_slots(int(sizeof(T)), kVec, kIters)>, kPlain>)
+__global__ void __launch_bounds__(kBlock, kFwdRowBounds<T, kOp, kVec, kIters, kEarly, kPlain, kBlock, kBody>)
     norm_fwd_row(const NormParams p, const int tpr_shift) {
   static_assert(!(kBody && kEarly), "the scalar-head forward loads its parameters after the reduction");
   if constexpr (!arch_supports<T>()) {
