@@ -157,12 +157,13 @@ run_step() {
 
 want() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
-# ctest, pytest and check run side by side after the build when KF_PARALLEL=1 (default): none of them
-# times anything, and one after another the correctness steps took ~450 s of the 570 (session 15:
-# ctest 97 s, pytest 166 s, check 25 s, memcheck > 150 s), leaving the bench no time. memcheck runs
-# alone after them: beside it (its kernels run many times slower and the GPU time-slices between
-# processes) pytest and check ran past 240 s and 120 s. Each background step's output goes to its
-# own file, appended to log.txt in step order once all have ended.
+# ctest and pytest run side by side after the build when KF_PARALLEL=1 (default): neither times
+# anything, and one after another the correctness steps took ~450 s of the 570 (session 15: ctest
+# 97 s, pytest 166 s, check 25 s, memcheck > 150 s), leaving the bench no time. Side by side (session
+# 15, H100): ctest 124 s, pytest 233 s. check and memcheck run alone after them: beside other GPU
+# processes (the GPU time-slices between them) check ran past 150 s (25 s alone) and, next to
+# memcheck, pytest past 240 s. Each background step's output goes to its own file, appended to
+# log.txt in step order once all have ended.
 declare -a BG=()
 bg_step() {  # bg_step NAME CAP COMMAND: run_step in the background (KF_PARALLEL=1) or in place
   if [[ ${KF_PARALLEL:-1} != 1 ]]; then
@@ -228,9 +229,10 @@ fi
 want pytest && bg_step pytest 240 \
   "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} $XDIST -q -rfE -p no:cacheprovider"
 
-want check && bg_step check 150 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
 
 join_steps
+
+want check && run_step check 120 "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli check ${KF_CHECK_ARGS:-}"
 
 if want sanitizer; then
   if tests_built; then
