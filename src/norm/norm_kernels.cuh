@@ -487,19 +487,6 @@ constexpr int kFwdRowRegs = kSlots <= 0   ? 128
                             : kSlots <= 4 ? kFwdRowRegTable[int(kOp)][2]
                                           : 128;
 
-// kEarly (a grid of at most one block per SM, e.g. decode rows): occupancy does not matter, latency
-// does, so weight, bias and AdaLN scale/shift are loaded together with x, before the reductions
-// (one memory round trip per block instead of two), and there is no register cap.
-// kPlain (AdaLN without weight and bias, the DiT / LTX-Video case): the output loop is compiled for
-// that case alone instead of branching per vector over the four weight/bias variants.
-// kBlock: the largest block the instantiation takes: kFwdRowMaxBlock, or kFwdRowBigBlock (512 threads
-// x 2 vectors for 8 KB rows of rms / LayerNorm / AdaLN without weight and bias).
-// kBody (odd N, or views whose rows start off a 16-byte boundary, with x, y, residual and sum sharing
-// their misalignment): each row's first hd = head_elems(x row) < kVec elements are a scalar head held
-// by threads t < hd, 16-byte vectors of x / y start after it and the last one may be partial.
-// Weight, bias and scale/shift are then read at columns hd + 8k, off their own 16-byte boundaries:
-// load_vec_any (8-, 4- or 2-byte accesses, L1 hits). Padding elements of the partial vector hold the
-// LayerNorm shift K, so they add exactly 0 to both shifted sums.
 // Blocks per SM the row kernel is compiled for (__launch_bounds__). kBody kernels get the register
 // budget of twice their x slots, at least 64 (512-thread blocks: two per SM): at the aligned rows'
 // budget ptxas spilled 20-140 B (the parameter loads take one of four widths).
@@ -515,6 +502,20 @@ constexpr int kFwdRowBounds =
         ? 2
         : kFwdRowMinBlocks<kBlock, kFwdRowRegs<kOp, std::max(4, 2 * fwd_row_slots(int(sizeof(T)), kVec, kIters))>,
                            kPlain>;
+
+// kEarly (a grid of at most one block per SM, e.g. decode rows): occupancy does not matter, latency
+// does, so weight, bias and AdaLN scale/shift are loaded together with x, before the reductions
+// (one memory round trip per block instead of two), and there is no register cap.
+// kPlain (AdaLN without weight and bias, the DiT / LTX-Video case): the output loop is compiled for
+// that case alone instead of branching per vector over the four weight/bias variants.
+// kBlock: the largest block the instantiation takes: kFwdRowMaxBlock, or kFwdRowBigBlock (512 threads
+// x 2 vectors for 8 KB rows of rms / LayerNorm / AdaLN without weight and bias).
+// kBody (odd N, or views whose rows start off a 16-byte boundary, with x, y, residual and sum sharing
+// their misalignment): each row's first hd = head_elems(x row) < kVec elements are a scalar head held
+// by threads t < hd, 16-byte vectors of x / y start after it and the last one may be partial.
+// Weight, bias and scale/shift are then read at columns hd + 8k, off their own 16-byte boundaries:
+// load_vec_any (8-, 4- or 2-byte accesses, L1 hits). Padding elements of the partial vector hold the
+// LayerNorm shift K, so they add exactly 0 to both shifted sums.
 template <typename T, NormOp kOp, int kVec, int kIters, bool kEarly, bool kPlain = false, int kBlock = kFwdRowMaxBlock,
           bool kBody = false>
 __global__ void __launch_bounds__(kBlock, kFwdRowBounds<T, kOp, kVec, kIters, kEarly, kPlain, kBlock, kBody>)
