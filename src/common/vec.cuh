@@ -179,17 +179,8 @@ __device__ __forceinline__ Vec<T, kVec> load_row_vec(const T* src, int c, int n,
   return v;
 }
 
-template <typename T, int kVec>
-__device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const float (&f)[kVec]) {
-  if (c <= n - kVec) {
-    store_vec<T, kVec>(dst + c, Vec<T, kVec>::from(f));
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j)
-      if (j < n - c) dst[c + j] = from_float<T>(f[j]);
-  }
-}
-
+// The vector v (already rounded to T) at column c of row `dst`: 16 bytes when it lies inside the row,
+// else element by element up to n.
 template <typename T, int kVec>
 __device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const Vec<T, kVec>& v) {
   if (c <= n - kVec) {
@@ -197,8 +188,13 @@ __device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const Vec<T,
   } else {
 #pragma unroll
     for (int j = 0; j < kVec; ++j)
-      if (j < n - c) dst[c + j] = from_float<T>(v.get(j));
+      if (j < n - c) dst[c + j] = from_float<T>(v.get(j));  // exact: v's elements are T values
   }
+}
+// The same from float32 values (each rounded to T once, by Vec::from).
+template <typename T, int kVec>
+__device__ __forceinline__ void store_row_vec(T* dst, int c, int n, const float (&f)[kVec]) {
+  store_row_vec<T, kVec>(dst, c, n, Vec<T, kVec>::from(f));
 }
 
 // kVec elements at src[c..c+kVec) of a tensor whose vectors are not 16-byte aligned (a weight or
