@@ -1047,9 +1047,16 @@ struct BwdSeq {
 // into shared memory through cp.async.bulk while the current row is processed; else plain loads.
 // kTile (the split backward's pass 2, long rows): block (b, c) takes the columns of tile c (tpr·kIters
 // vectors) of the rows of work unit b, with the row statistics read from wk.row_stats (no reduction).
-template <typename T, NormOp kOp, int kVec, int kIters, bool kBulk, bool kTile = false>
+// kBody (odd N, or rows off a 16-byte boundary, with x, dy, dx, dsum sharing their misalignment; plain
+// loads): every row of a block starts the same hd = head_elems(x row) elements before a 16-byte
+// boundary (the launcher makes blocks per group a multiple of the rows' alignment period), so thread t
+// owns the columns hd + (i·tpr + t)·kVec + j of every row, plus head column t < hd: its column sums
+// stay in registers as for aligned rows. The head is one element per thread t < hd; the body's last
+// vector may be partial (padded with the LayerNorm shift K for x and 0 for dy: both add 0 to every
+// sum); weight, bias and scale are read at any element offset (load_vec_any).
+template <typename T, NormOp kOp, int kVec, int kIters, bool kBulk, bool kTile = false, bool kBody = false>
 __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork wk, const int stages) {
-  if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk) || (kBulk && kTile)) {
+  if constexpr (!arch_supports<T>() || (kBulk && !kHasBulk) || (kBulk && kTile) || (kBody && (kBulk || kTile))) {
     __trap();
   } else {
     pdl_wait();
@@ -1066,13 +1073,28 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
     const int64_t tile0 = kTile ? int64_t(blockIdx.y) * tpr * kIters * kVec : 0;
     auto col_of = [&](int i) { return tile0 + (int64_t(i) * tpr + t) * kVec; };
 
+    // kBody: the block's head length hd (that of its first row; every row of the block shares it) and
+    // its body of nb = n - hd columns; the vectors' columns (col_of) count from hd.
+    int hd = 0;
+    if constexpr (kBody) {
+      const int64_t row0 = BwdSeq(blockIdx.x, int64_t(gridDim.x), wk.bpg, wk.group_rows, wk.groups).row_of(0);
+      if (row0 >= 0) hd = head_elems(static_cast<const T*>(p.x) + row0 * p.x_stride, n);
+    }
+    const int64_t nb = n - hd;
+    const T* __restrict__ wg = has_w ? static_cast<const T*>(p.weight) + hd : nullptr;
+    const T* __restrict__ bg = has_b ? static_cast<const T*>(p.bias) + hd : nullptr;
     V wv[kIters], bv[kIters];  // the same for every row: kept in registers
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
       const int64_t col = col_of(i);
       wv[i] = bv[i] = V::zero();
-      if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
-      if (Tr::kAda && col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+      if constexpr (kBody) {
+        if (col < nb && has_w) wv[i] = load_vec_any<T, kVec>(wg, int(col), int(nb));
+        if (Tr::kAda && col < nb && has_b) bv[i] = load_vec_any<T, kVec>(bg, int(col), int(nb));
+      } else {
+        if (col < n && has_w) wv[i] = load_vec<T, kVec>(static_cast<const T*>(p.weight) + col);
+        if (Tr::kAda && col < n && has_b) bv[i] = load_vec<T, kVec>(static_cast<const T*>(p.bias) + col);
+      }
     }
     float acc_a[E], acc_d[E];
 #pragma unroll
@@ -1081,6 +1103,48 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
     const int64_t b = blockIdx.x;
     const BwdSeq seq(b, int64_t(gridDim.x), wk.bpg, wk.group_rows, wk.groups);
     const bool per_group = wk.grouped && wk.bpg == 1;
+    // kBody head column t < hd: its weight/bias and column sums
+    const bool head = kBody && t < hd;
+    float hw = 1.f, hb = 0.f, hacc_a = 0.f, hacc_d = 0.f;
+    if constexpr (kBody) {
+      if (head && has_w) hw = to_float(static_cast<const T*>(p.weight)[t]);
+      if (Tr::kAda && head && has_b) hb = to_float(static_cast<const T*>(p.bias)[t]);
+    }
+    // The head's dn = dy·(1 + scale)·w, rounded as a product before any use: the statistics and dx
+    // must see the same value (contracted into dx's subtraction as an FMA, a LayerNorm row of N = 1 gave
+    // dx = rstd·(dn − mean(dn)) = 1e-5 instead of 0).
+    auto head_dn = [](float dy, float sc, float w) {
+      if constexpr (Tr::kAda) dy = __fmul_rn(dy, 1.f + sc);
+      return __fmul_rn(dy, w);
+    };
+    // Writes the column sums to partial row prow (zeroing them when `reset`): body columns hd + col + j,
+    // head column t.
+    auto write_partial = [&](int64_t prow, bool reset) {
+      float* pa = wk.part_a ? wk.part_a + prow * wk.ld + hd : nullptr;
+      float* pd = wk.part_d ? wk.part_d + prow * wk.ld + hd : nullptr;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int64_t col = col_of(i);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const int e = i * kVec + j;
+          if (col + j < nb) {
+            if (pa) pa[col + j] = acc_a[e];
+            if constexpr (kNeedD) {
+              if (pd) pd[col + j] = acc_d[e];
+            }
+          }
+          if (reset) acc_a[e] = acc_d[e] = 0.f;
+        }
+      }
+      if (head) {
+        if (pa) pa[t - hd] = hacc_a;
+        if constexpr (kNeedD) {
+          if (pd) pd[t - hd] = hacc_d;
+        }
+        if (reset) hacc_a = hacc_d = 0.f;
+      }
+    };
 
     // Bulk pipeline state (kBulk only).
     extern __shared__ __align__(128) unsigned char dyn_smem[];
@@ -1129,12 +1193,34 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         else
           shift_k = to_float(static_cast<const T*>(p.x)[row * p.x_stride]);
       }
+      // kBody: this row's tensors from column hd on, and the head element of thread t < hd
+      const T* __restrict__ xr = static_cast<const T*>(p.x) + row * p.x_stride + hd;
+      const T* __restrict__ dyr = static_cast<const T*>(p.dy) + row * p.dy_stride + hd;
+      const T* __restrict__ dsr = static_cast<const T*>(p.dsum) + row * p.dsum_stride + hd;
+      const T* __restrict__ scr = static_cast<const T*>(p.scale) + ga * p.scale_stride + hd;
+      float hx = 0.f, hdy = 0.f, hds = 0.f, hsc = 0.f;
+      if constexpr (kBody) {
+        if (head) {
+          hx = to_float(xr[t - hd]);
+          hdy = to_float(dyr[t - hd]);
+          if (p.dsum) hds = to_float(dsr[t - hd]);
+          if constexpr (Tr::kAda) hsc = to_float(scr[t - hd]);
+        }
+      }
       const V zero = V::zero();
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
         scv[i] = zero;
-        if constexpr (kBulk && !kReread) {
+        if constexpr (kBody) {
+          xv[i] = dyv[i] = dsv[i] = zero;
+          if (col < nb) {
+            xv[i] = load_row_vec<T, kVec>(xr, int(col), int(nb), shift_k);
+            dyv[i] = load_row_vec<T, kVec>(dyr, int(col), int(nb), 0.f);
+            if (p.dsum) dsv[i] = load_row_vec<T, kVec>(dsr, int(col), int(nb), 0.f);
+            if constexpr (Tr::kAda) scv[i] = load_vec_any<T, kVec>(scr, int(col), int(nb));
+          }
+        } else if constexpr (kBulk && !kReread) {
           xv[i] = dyv[i] = dsv[i] = zero;
           if (col < n) {
             xv[i] = *reinterpret_cast<const V*>(xs + col);
@@ -1149,7 +1235,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
             if (p.dsum) dsv[i] = load_vec<T, kVec>(static_cast<const T*>(p.dsum) + row * p.dsum_stride + col);
           }
         }
-        if constexpr (Tr::kAda) {
+        if constexpr (Tr::kAda && !kBody) {
           if (col < n) scv[i] = load_vec<T, kVec>(static_cast<const T*>(p.scale) + ga * p.scale_stride + col);
         }
       }
@@ -1191,7 +1277,7 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         for (int q = 0; q < kS; ++q) st[q] = 0.f;
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
-          const bool ok = col_of(i) < n;
+          const bool ok = col_of(i) < nb;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             const float d = ok ? X(i).get(j) - shift_k : 0.f;  // padding: x = dy = 0 -> d = dn = 0
@@ -1202,6 +1288,16 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
               st[2] += d;
               st[3] += dn;
             }
+          }
+        }
+        if constexpr (kBody) {  // the head element (0 for threads without one)
+          const float d = head ? hx - shift_k : 0.f;
+          const float dn = head_dn(hdy, hsc, hw);
+          st[0] += d * d;
+          st[1] += dn * d;
+          if constexpr (Tr::kLayer) {
+            st[2] += d;
+            st[3] += dn;
           }
         }
         team_sum<kS>(st, tpr, 0, sm, slot, 1);
@@ -1221,10 +1317,30 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
         launder(wv[i]);                   // float32 copies live across rows costs 2x the registers
         if constexpr (Tr::kAda) launder(bv[i]);
       }
+      T* __restrict__ dxr = static_cast<T*>(p.dx) + row * p.dx_stride + hd;
+      T* __restrict__ dscr = static_cast<T*>(p.dscale) + row * n + hd;  // per-row AdaLN scale only
+      T* __restrict__ dshr = static_cast<T*>(p.dshift) + row * n + hd;
+      if constexpr (kBody) {
+        if (head) {  // the head element: the same formulas at column t
+          const float xh = (hx - mean) * rstd;
+          float u = hdy;
+          const float dn = head_dn(hdy, hsc, hw);
+          dxr[t - hd] = from_float<T>(rstd * (dn - mdn - xh * mdnxh) + hds);
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped) {
+              if (p.dscale) dscr[t - hd] = from_float<T>(u * ((has_w ? xh * hw : xh) + hb));
+              if (p.dshift) dshr[t - hd] = from_float<T>(u);
+              u *= 1.f + hsc;
+            }
+          }
+          hacc_a += u * xh;
+          hacc_d += u;
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int64_t col = col_of(i);
-        if (col >= n) continue;
+        if (col >= nb) continue;
         float dxf[kVec], dscf[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
@@ -1244,11 +1360,21 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
           acc_a[i * kVec + j] += u * xh;
           if constexpr (kNeedD) acc_d[i * kVec + j] += u;
         }
-        store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, V::from(dxf));
-        if constexpr (Tr::kAda) {
-          if (!wk.grouped) {
-            if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, V::from(dscf));
-            if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, DY(i));
+        if constexpr (kBody) {
+          store_row_vec<T, kVec>(dxr, int(col), int(nb), dxf);
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped) {
+              if (p.dscale) store_row_vec<T, kVec>(dscr, int(col), int(nb), dscf);
+              if (p.dshift) store_row_vec<T, kVec>(dshr, int(col), int(nb), DY(i));
+            }
+          }
+        } else {
+          store_vec<T, kVec>(static_cast<T*>(p.dx) + row * p.dx_stride + col, V::from(dxf));
+          if constexpr (Tr::kAda) {
+            if (!wk.grouped) {
+              if (p.dscale) store_vec<T, kVec>(static_cast<T*>(p.dscale) + row * n + col, V::from(dscf));
+              if (p.dshift) store_vec<T, kVec>(static_cast<T*>(p.dshift) + row * n + col, DY(i));
+            }
           }
         }
       }
@@ -1259,30 +1385,38 @@ __global__ void KF_BWD_REG_ATTR norm_bwd_regs(const NormParams p, const BwdWork 
       if (per_group && k - div_nonneg(k, wk.group_rows) * wk.group_rows ==
                            wk.group_rows - 1) {  // end of a group owned by this block
         const int64_t grp = row / wk.group_rows;
+        if constexpr (kBody) {
+          write_partial(grp, true);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kIters; ++i) {
+            const int64_t col = col_of(i);
+            if (col >= n) continue;
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              const int e = i * kVec + j;
+              wk.part_a[grp * wk.ld + col + j] = acc_a[e];
+              wk.part_d[grp * wk.ld + col + j] = acc_d[e];
+              acc_a[e] = acc_d[e] = 0.f;
+            }
+          }
+        }
+      }
+    }
+    if (!per_group) {
+      if constexpr (kBody) {
+        write_partial(b, false);
+      } else {
 #pragma unroll
         for (int i = 0; i < kIters; ++i) {
           const int64_t col = col_of(i);
           if (col >= n) continue;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            const int e = i * kVec + j;
-            wk.part_a[grp * wk.ld + col + j] = acc_a[e];
-            wk.part_d[grp * wk.ld + col + j] = acc_d[e];
-            acc_a[e] = acc_d[e] = 0.f;
-          }
-        }
-      }
-    }
-    if (!per_group) {
-#pragma unroll
-      for (int i = 0; i < kIters; ++i) {
-        const int64_t col = col_of(i);
-        if (col >= n) continue;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          if (wk.part_a) wk.part_a[b * wk.ld + col + j] = acc_a[i * kVec + j];
-          if constexpr (kNeedD) {
-            if (wk.part_d) wk.part_d[b * wk.ld + col + j] = acc_d[i * kVec + j];
+            if (wk.part_a) wk.part_a[b * wk.ld + col + j] = acc_a[i * kVec + j];
+            if constexpr (kNeedD) {
+              if (wk.part_d) wk.part_d[b * wk.ld + col + j] = acc_d[i * kVec + j];
+            }
           }
         }
       }
@@ -1868,6 +2002,23 @@ bool can_align_body(const NormParams& p) {
   return true;
 }
 
+// The backward's row tensors (x, dy, dx, dsum; dscale and dshift when they are per-row [rows, N]
+// outputs) likewise, for norm_bwd_regs<..., kBody>.
+template <typename T>
+bool can_align_body_bwd(const NormParams& p) {
+  const int64_t e = int64_t(sizeof(T));
+  if (reinterpret_cast<uintptr_t>(p.x) % sizeof(T) != 0) return false;
+  const void* rows[] = {p.dy, p.dx, p.dsum, p.dscale, p.dshift};
+  const int64_t strides[] = {p.dy_stride, p.dx_stride, p.dsum_stride, p.n, p.n};
+  const bool per_row = p.ada_rpg == 1;  // dscale/dshift: [rows, N] only with one scale row per x row
+  for (int i = 0; i < 5; ++i) {
+    if (i >= 3 && !per_row) continue;
+    const int64_t diff = p.rows > 1 ? (strides[i] - p.x_stride) * e : 0;
+    if (rows[i] && !shares_misalignment(p.x, rows[i], diff)) return false;
+  }
+  return true;
+}
+
 // Blocks of `kernel` resident per SM at `threads` threads and `smem` dynamic shared memory; the
 // first call per (kernel, threads, smem) also raises the kernel's dynamic shared memory limit.
 // Cached: these runtime queries cost microseconds, which a decode-sized call cannot afford.
@@ -2190,7 +2341,9 @@ Status reduce_into(const float* part_a, OutT* out_a, const float* part_d, OutT* 
   return launched(lr(reduce_columns<OutT, T>, a), "norm backward (column reduction)");
 }
 
-template <typename T, NormOp kOp, int kVec>
+// kBody: the register kernel with a scalar head per row (norm_bwd_regs), plain loads; rows its
+// registers cannot hold take the one-element kernels.
+template <typename T, NormOp kOp, int kVec, bool kBody = false>
 Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace, size_t* workspace_bytes,
                     cudaStream_t stream) {
   using Tr = OpTraits<kOp>;
@@ -2201,11 +2354,16 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   const int nbuf = p.dsum ? 3 : 2;
   const int64_t stage_bytes = int64_t(nbuf) * p.n * int64_t(sizeof(T));
   const int budget = tune("bwd_bulk_smem", 96 * 1024);
-  const bool bulk_ok = kVec > 1 && dev.capability >= 90 && tune("bulk", 1) != 0 && 2 * stage_bytes <= budget;
-  const int max_iters = (Tr::kAda && !bulk_ok) ? std::max(1, kMaxIters / 2) : kMaxIters;
-  const int64_t nvec = p.n / kVec;
+  const bool bulk_ok = kVec > 1 && !kBody && dev.capability >= 90 && tune("bulk", 1) != 0 && 2 * stage_bytes <= budget;
+  // (kBody: AdaLN keeps the full count, spilling, unless KF_TUNE body_ada_full=0: sweep)
+  const bool halve = Tr::kAda && !bulk_ok && (!kBody || tune("body_ada_full", 1) == 0);
+  const int max_iters = halve ? std::max(1, kMaxIters / 2) : kMaxIters;
+  const int64_t nvec = kBody ? ceil_div(p.n, kVec) : p.n / kVec;  // kBody: covers the body after any head
   const int iters = std::min(max_iters, pow2_ceil(ceil_div(nvec, tune("bwd_team", kBwdTargetTeam))));
   const bool regs = nvec <= int64_t(kBwdMaxTeam) * iters;
+  if constexpr (kBody) {
+    if (!regs) return bwd_with_vec<T, kOp, 1>(p, dev, workspace, workspace_bytes, stream);
+  }
   const int tpr =
       regs ? std::min(kBwdMaxTeam, std::max(kBwdMinTeam, pow2_ceil(ceil_div(nvec, iters)))) : kBwdStreamTeam;
 
@@ -2218,9 +2376,18 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   using Kernel = void (*)(const NormParams, const BwdWork, const int);
   Kernel kernel = nullptr;
   auto pick = [&](auto k_plain, auto k_bulk) { kernel = bulk ? Kernel(k_bulk) : Kernel(k_plain); };
+  if constexpr (kBody) {  // (the plain kernel with the head; no bulk, chunk or split kernel)
+    if (iters == 1)
+      kernel = norm_bwd_regs<T, kOp, kVec, 1, false, false, true>;
+    else if (iters == 2)
+      kernel = norm_bwd_regs<T, kOp, kVec, 2, false, false, true>;
+    else if constexpr (kMaxIters >= 4) {
+      if (iters == 4) kernel = norm_bwd_regs<T, kOp, kVec, 4, false, false, true>;
+    }
+  }
   // Chunked kernel (norm_bwd_chunk): sm_90, 16-byte rows of up to 2 vectors per thread at <= 512
   // threads, many rows, and no per-row AdaLN scale (its dscale/dshift are row tensors).
-  if constexpr (kVec > 1) {
+  if constexpr (kVec > 1 && !kBody) {
     const int64_t team = tune("bwd_chunk_team", kBwdChunkTeam);
     const int citers = nvec <= team ? 1 : 2;
     const int64_t cthreads = ceil_div(ceil_div(nvec, citers), 32) * 32;
@@ -2248,7 +2415,7 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
   // norm_bwd_regs<..., kTile> over column tiles of kSplitTeam threads x kSplitIters vectors.
   int64_t tiles = 1;
   bool split = false;
-  if constexpr (kVec > 1) {
+  if constexpr (kVec > 1 && !kBody) {
     if (kernel == nullptr && !regs && tune("bwd_split", 1) != 0) {
       kernel = norm_bwd_regs<T, kOp, kVec, kSplitIters, false, true>;
       split = true;
@@ -2291,13 +2458,27 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
     target = int64_t(resident_blocks(kernel, threads, dev)) * tune("bwd_waves", 1);
     if (split) target = std::max<int64_t>(1, ceil_div(target * tune("bwd_split_waves", 2), tiles));
   }
+  // kBody: the rows of a block must share their head length. Row r's head follows the misalignment
+  // of x + r·x_stride, periodic in r with period P = 16 / gcd(16, row stride in bytes mod 16); with
+  // blocks per group a multiple of P, block b's rows (b % bpg) + k·bpg of its group all have the same.
+  int64_t period = 1;
+  if constexpr (kBody) {
+    const int64_t sb = p.rows > 1 ? (p.x_stride * int64_t(sizeof(T))) % 16 : 0;
+    while (period < 16 && (sb * period) % 16 != 0) period *= 2;
+  }
   int64_t nblocks;
-  if (wk.groups >= target) {
+  if (wk.groups >= target && period == 1) {
     wk.bpg = 1;
     nblocks = std::min<int64_t>(target, INT_MAX);
   } else {  // blocks per group: at most one per work unit (row or chunk) of the group
     wk.bpg = std::max<int64_t>(1, std::min(ceil_div(wk.group_rows, chunk), ceil_div(target, wk.groups)));
+    // (rounded down: one more block than the resident ones would run a second wave of blocks; 136
+    // instead of 132 blocks doubled the time of a 16384x8191 RMSNorm backward)
+    wk.bpg = std::max<int64_t>(period, wk.bpg / period * period);
     nblocks = wk.groups * wk.bpg;
+    if constexpr (kBody) {
+      if (nblocks > INT_MAX) return bwd_with_vec<T, kOp, 1>(p, dev, workspace, workspace_bytes, stream);
+    }
   }
   // Partial rows: one per block, or one per group when a block owns whole groups. Grouped AdaLN
   // with bpg > 1 also needs the per-group sums A, D [G, N] before the final step.
@@ -2385,6 +2566,10 @@ Status bwd_with_vec(const NormParams& p, const DeviceInfo& dev, void* workspace,
 template <typename T, NormOp kOp>
 Status bwd_op(const NormParams& p, const DeviceInfo& dev, void* ws, size_t* bytes, cudaStream_t stream) {
   if (can_vectorize<T>(p)) return bwd_with_vec<T, kOp, 16 / sizeof(T)>(p, dev, ws, bytes, stream);
+  // Odd N or rows off a 16-byte boundary whose row tensors share their misalignment: a scalar head
+  // per row, 16-byte vectors after it (KF_TUNE norm_body=0: the one-element kernels).
+  if (can_align_body_bwd<T>(p) && tune("norm_body", 1) != 0)
+    return bwd_with_vec<T, kOp, 16 / sizeof(T), true>(p, dev, ws, bytes, stream);
   return bwd_with_vec<T, kOp, 1>(p, dev, ws, bytes, stream);
 }
 
