@@ -1,6 +1,8 @@
 // kernelforge: fast CUDA kernels for transformer workloads. Umbrella header of the C++ API.
 #pragma once
 
+#include <string>
+
 #include "kernelforge/activation.h"
 #include "kernelforge/cross_entropy.h"
 #include "kernelforge/norm.h"
@@ -16,4 +18,8 @@
 namespace kernelforge {
 // Compute capability (major * 10 + minor) of `device`, or a failed status without a GPU.
 Status device_capability(int device, int* capability);
+
+// The plan of the last kernelforge launch on this thread (kernel kind and launch parameters, e.g.
+// "fwd_row vec=8 iters=2 threads=256 rows/block=1"), as text; empty before the first launch.
+std::string last_plan();
 }  // namespace kernelforge

@@ -44,6 +44,20 @@ Status current_device_info(int* device, const DeviceInfo** info) {
   return Status::Ok();
 }
 
+Status check_device(const char* op, int device_index, DType dtype, const DeviceInfo** info) {
+  int dev = 0;
+  Status s = current_device_info(&dev, info);
+  if (!s.ok()) return Status(s.code(), std::string(op) + ": " + s.message());
+  if (device_index != dev)
+    return Status::Invalid(std::string(op) + ": the tensors are on cuda:" + std::to_string(device_index) +
+                           " but the current CUDA device is cuda:" + std::to_string(dev));
+  if (dtype == DType::kBFloat16 && (*info)->capability < 80)
+    return Status::NotSupported(std::string(op) +
+                                ": bfloat16 needs a GPU of compute capability 8.0 or newer, this one is sm_" +
+                                std::to_string((*info)->capability) + "; use float16 or float32");
+  return Status::Ok();
+}
+
 Status device_capability(int device, int* capability) {
   int major = 0, minor = 0;
   cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernelforge/status.h"
+#include "kernelforge/tensor.h"
 
 namespace kernelforge {
 
@@ -18,6 +19,11 @@ struct DeviceInfo {
 
 // Info of the current CUDA device (cudaGetDevice); `device` receives its ordinal.
 Status current_device_info(int* device, const DeviceInfo** info);
+
+// The device check every public entry makes after validating its arguments: a GPU is present, the
+// tensors sit on the current device (`device_index`), and the dtype runs on it (bfloat16 needs sm_80).
+// `op` names the entry in the message; `info` receives the current device's facts.
+Status check_device(const char* op, int device_index, DType dtype, const DeviceInfo** info);
 
 // Converts a CUDA error into a Status naming the operation.
 inline Status cuda_status(cudaError_t err, const char* op, const char* what) {

@@ -12,11 +12,10 @@
 #include <utility>
 
 #include "common/device.h"
+#include "common/math.h"
 #include "kernelforge/status.h"
 
 namespace kernelforge {
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // bf16 kernels are not built for sm_75 (no bf16 there; the host rejects such calls): a kernel body
 // is `if constexpr (!arch_supports<T>()) __trap(); else { ... }`.

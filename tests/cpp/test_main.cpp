@@ -1,4 +1,6 @@
-// Test entry point: says up front which GPU the kernel tests run on (or why they skip).
+// Test entry point: says up front which GPU the kernel tests run on (or why they skip), and prints
+// the plan of the last kernelforge launch (kernelforge::last_plan()) under every failed assertion,
+// so that a failure names the kernel and launch parameters that produced it.
 //
 // --kf_no_gpu_exit_code=N: when no GPU is present and every selected test passed or skipped,
 // exit with N instead of 0, so that ctest (SKIP_RETURN_CODE) shows the GPU group as skipped rather
@@ -7,10 +9,23 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernelforge/kernelforge.h"
 #include "test_util.h"
+
+namespace {
+class PrintPlanOnFailure : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed()) {
+      const std::string plan = kernelforge::last_plan();
+      std::printf("  last kernelforge plan: %s\n", plan.empty() ? "(none launched)" : plan.c_str());
+    }
+  }
+};
+}  // namespace
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  ::testing::UnitTest::GetInstance()->listeners().Append(new PrintPlanOnFailure);
   int no_gpu_exit_code = 0;
   const char* flag = "--kf_no_gpu_exit_code=";
   for (int i = 1; i < argc; ++i)

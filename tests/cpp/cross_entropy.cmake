@@ -1,0 +1,5 @@
+# ctest groups of the cross_entropy family (included by tests/cpp/CMakeLists.txt).
+add_test(NAME ce_reference COMMAND kf_tests --gtest_filter=*CeReference*)
+add_test(NAME ce_validation COMMAND kf_tests --gtest_filter=*CeValidation*)
+add_test(NAME ce_gpu COMMAND kf_tests --gtest_filter=*CeGpu* --kf_no_gpu_exit_code=77)
+set_tests_properties(ce_gpu PROPERTIES TIMEOUT 1800 SKIP_RETURN_CODE 77)
