@@ -1,32 +1,17 @@
 // Public entry points of the activation family: validate (activation_validate.cpp), check the
-// device, dispatch the dtype once, launch (activation_kernels.cuh).
+// device (common/device.h), plan (activation_plan.cpp), launch (activation_launch.cuh) with the dtype
+// dispatched once (common/dispatch.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "activation/activation_plan.h"
 #include "activation/activation_problem.h"
 #include "common/device.h"
+#include "common/dispatch.h"
 
 namespace kernelforge {
 
 namespace {
-
-Status check_device(const ActCall& c, const TensorView& x, DType dtype, ActParams* p) {
-  int dev = 0;
-  const DeviceInfo* info = nullptr;
-  Status s = current_device_info(&dev, &info);
-  if (!s.ok()) return Status(s.code(), std::string(c.name) + ": " + s.message());
-  if (x.device.index != dev)
-    return Status::Invalid(std::string(c.name) + ": inputs are on cuda:" + std::to_string(x.device.index) +
-                           " but the current CUDA device is cuda:" + std::to_string(dev));
-  if (dtype == DType::kBFloat16 && info->capability < 80)
-    return Status::NotSupported(std::string(c.name) +
-                                ": bfloat16 needs a GPU of compute capability 8.0 or newer, "
-                                "this one is sm_" +
-                                std::to_string(info->capability) + "; use float16 or float32");
-  p->capability = info->capability;
-  p->sm_count = info->sm_count;
-  return Status::Ok();
-}
 
 // The primary input (the one whose device the call runs on).
 const TensorView& primary(const ActCall& c) {
@@ -35,26 +20,37 @@ const TensorView& primary(const ActCall& c) {
   return *c.x;
 }
 
-Status run(const ActCall& c, cudaStream_t stream) {
+// A validated call on the current device: its params, dtype, device facts and problem.
+struct Prepared {
   ActParams p;
-  DType dtype;
-  Status s = validate_activation(c, &p, &dtype);
+  DType dtype = DType::kFloat32;
+  const DeviceInfo* dev = nullptr;
+  ActProblem problem;
+};
+
+Status prepare(const ActCall& c, Prepared* out) {
+  Status s = validate_activation(c, &out->p, &out->dtype);
   if (!s.ok()) return s;
-  if (!(s = check_device(c, primary(c), dtype, &p)).ok()) return s;
-  if (p.rows == 0) return Status::Ok();  // nothing to compute: no launch
+  if (!(s = check_device(c.name, primary(c).device.index, out->dtype, &out->dev)).ok()) return s;
+  out->problem = make_act_problem(out->p, c.backward, int(dtype_size(out->dtype)));
+  return Status::Ok();
+}
+
+Status launch(const ActPlan& plan, const ActCall& c, const Prepared& w, cudaStream_t stream) {
   const ActFn fn = act_fn(c.op, c.approx);
   const bool gated = act_is_gated(c.op);
-  switch (dtype) {
-    case DType::kFloat32:
-      return c.backward ? launch_act_bwd<float>(fn, gated, p, stream) : launch_act_fwd<float>(fn, gated, p, stream);
-    case DType::kFloat16:
-      return c.backward ? launch_act_bwd<__half>(fn, gated, p, stream) : launch_act_fwd<__half>(fn, gated, p, stream);
-    case DType::kBFloat16:
-      return c.backward ? launch_act_bwd<__nv_bfloat16>(fn, gated, p, stream)
-                        : launch_act_fwd<__nv_bfloat16>(fn, gated, p, stream);
-    default:
-      return Status::Invalid(std::string(c.name) + ": unsupported dtype");
-  }
+  return dispatch_dtype(w.dtype, c.name,
+                        [&](auto t) { return launch_activation<decltype(t)>(plan, fn, gated, w.p, *w.dev, stream); });
+}
+
+bool empty(const ActProblem& pr) { return pr.rows == 0 || pr.n == 0; }
+
+Status run(const ActCall& c, cudaStream_t stream) {
+  Prepared w;
+  Status s = prepare(c, &w);
+  if (!s.ok()) return s;
+  if (empty(w.problem)) return Status::Ok();  // nothing to compute: no launch
+  return launch(plan_activation(w.problem, *w.dev), c, w, stream);
 }
 
 ActCall make(const char* name, ActOp op, bool bwd) {
@@ -67,6 +63,22 @@ ActCall make(const char* name, ActOp op, bool bwd) {
 }
 
 }  // namespace
+
+Status launch_with_plan(const ActPlan& plan, const ActCall& call, cudaStream_t stream) {
+  Prepared w;
+  Status s = prepare(call, &w);
+  if (!s.ok()) return s;
+  if (!(s = check_plan(plan, w.problem, *w.dev)).ok()) return s;
+  return launch(plan, call, w, stream);
+}
+
+Status act_candidate_plans(const ActCall& call, std::vector<ActPlan>* plans) {
+  Prepared w;
+  Status s = prepare(call, &w);
+  if (!s.ok()) return s;
+  *plans = candidate_plans(w.problem, *w.dev);
+  return Status::Ok();
+}
 
 Status silu_and_mul(const TensorView& x, const TensorView& y, cudaStream_t stream) {
   ActCall c = make("silu_and_mul", ActOp::kSiluAndMul, false);

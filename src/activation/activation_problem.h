@@ -33,10 +33,8 @@ struct ActParams {
   int64_t rows = 0;
   int64_t n = 0;  // columns of y (I for the gated ops)
   int64_t a_stride = 0, b_stride = 0, y_stride = 0, dy_stride = 0, da_stride = 0, db_stride = 0;
-  // launch: the device's compute capability and SM count (set after validation), and whether the
-  // kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid resident)
-  int capability = 0;
-  int sm_count = 0;
+  // whether the kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid
+  // resident)
   bool trigger = false;
 };
 
@@ -70,12 +68,5 @@ inline ActFn act_fn(ActOp op, GeluApprox approx) {
 
 // Checks every argument of `c` and fills `p` (pointers, strides, sizes). `dtype` receives the dtype.
 Status validate_activation(const ActCall& c, ActParams* p, DType* dtype);
-
-// CUDA launchers, one instantiation per dtype (activation_<dtype>.cu).
-struct DeviceInfo;
-template <typename T>
-Status launch_act_fwd(ActFn fn, bool gated, const ActParams& p, cudaStream_t stream);
-template <typename T>
-Status launch_act_bwd(ActFn fn, bool gated, const ActParams& p, cudaStream_t stream);
 
 }  // namespace kernelforge

@@ -9,12 +9,14 @@
 // 16-byte vectors, partial last vector), the common MLP widths, decode rows (1, 7), many rows, no
 // rows; each runs contiguous, row-padded, odd-row-stride, unaligned (base + 1 element) and mixed
 // (first input aligned, the rest unaligned) layouts. Tests skip without a GPU, and fail instead
-// when KF_REQUIRE_GPU=1.
+// when KF_REQUIRE_GPU=1. ActGpuAllPlans runs every candidate plan of the planner (vector widths,
+// vectors per thread) on each shape through launch_with_plan.
 #include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "activation/activation_plan.h"
 #include "test_util.h"
 
 namespace {
@@ -259,6 +261,115 @@ INSTANTIATE_TEST_SUITE_P(All, ActGpu,
                                             ::testing::ValuesIn(kShapes),
                                             ::testing::Values(LayoutKind::kContiguous, LayoutKind::kRowPadded,
                                                               LayoutKind::kOddStride, LayoutKind::kUnaligned,
+                                                              LayoutKind::kMixed)),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const DType t = std::get<0>(info.param);
+                           const Shape s = std::get<1>(info.param);
+                           const char* tag = t == DType::kFloat32 ? "fp32" : t == DType::kFloat16 ? "fp16" : "bf16";
+                           return std::string(tag) + "_" + std::to_string(s.rows) + "x" + std::to_string(s.n) + "_" +
+                                  layout_name(std::get<2>(info.param));
+                         });
+
+// ---- every candidate plan --------------------------------------------------------------------
+// The internal call of a variant (as the public entries build it), for launch_with_plan.
+kf::ActCall internal_call(const Variant& v, bool bwd, const std::vector<TensorView>& in, const TensorView* y,
+                          const TensorView* dy, const std::vector<TensorView>& grads) {
+  kf::ActCall c;
+  c.backward = bwd;
+  c.approx = v.approx;
+  c.gate_first = v.gate_first;
+  c.y = y;
+  c.dy = dy;
+  switch (v.op) {
+    case Op::kSiluAndMul:
+    case Op::kGeluAndMul:
+    case Op::kGelu:
+      c.name = v.op == Op::kSiluAndMul ? "silu_and_mul" : v.op == Op::kGelu ? "gelu" : "gelu_and_mul";
+      c.op = v.op == Op::kSiluAndMul ? kf::ActOp::kSiluAndMul
+             : v.op == Op::kGelu     ? kf::ActOp::kGelu
+                                     : kf::ActOp::kGeluAndMul;
+      c.x = &in[0];
+      if (bwd) c.dx = &grads[0];
+      break;
+    case Op::kSwiglu:
+      c.name = "swiglu";
+      c.op = kf::ActOp::kSwiglu;
+      c.gate = &in[0], c.up = &in[1];
+      if (bwd) c.dgate = &grads[0], c.dup = &grads[1];
+      break;
+    case Op::kGeglu:
+      c.name = "geglu";
+      c.op = kf::ActOp::kGeglu;
+      c.up = &in[0], c.gate = &in[1];
+      if (bwd) c.dup = &grads[0], c.dgate = &grads[1];
+      break;
+  }
+  return c;
+}
+
+class ActGpuAllPlans : public ActGpu {};
+
+TEST_P(ActGpuAllPlans, EveryCandidate) {
+  const DType t = dtype();
+  const Variant kVariants[] = {{Op::kSwiglu, GeluApprox::kNone, true},
+                               {Op::kGeluAndMul, GeluApprox::kTanh, false},
+                               {Op::kGelu, GeluApprox::kNone, true}};
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(v.name());
+    Rng rng(seed(v.name() + " plans"));
+    std::vector<HostTensor> in = inputs(v, rng);
+    HostTensor dy = random_tensor(t, {M(), N()}, rng);
+    std::vector<TensorView> hv, hg;
+    std::vector<HostTensor> want_g;
+    for (const HostTensor& h : in) {
+      hv.push_back(h.view());
+      want_g.emplace_back(t, h.shape);
+    }
+    for (const HostTensor& w : want_g) hg.push_back(w.view());
+    HostTensor want_y(t, {M(), N()});
+    KF_ASSERT_OK(forward(v, hv, want_y.view(), false, nullptr));
+    KF_ASSERT_OK(backward(v, dy.view(), hv, hg, false, nullptr));
+
+    std::vector<DeviceTensor> din, dgrad;
+    std::vector<TensorView> dv, dg;
+    for (size_t k = 0; k < in.size(); ++k) {
+      din.push_back(to_device(in[k], layout_of(layout(), int(k))));
+      dgrad.emplace_back(t, in[k].shape, layout_of(layout(), int(k) + 2));
+    }
+    for (const DeviceTensor& d : din) dv.push_back(d.view());
+    for (const DeviceTensor& d : dgrad) dg.push_back(d.view());
+    DeviceTensor y(t, {M(), N()}, layout_of(layout(), 2)), d_dy = to_device(dy, layout_of(layout(), 1));
+    const TensorView yv = y.view(), dyv = d_dy.view();
+
+    for (bool bwd : {false, true}) {
+      const kf::ActCall call = internal_call(v, bwd, dv, &yv, &dyv, dg);
+      std::vector<kf::ActPlan> plans;
+      KF_ASSERT_OK(kf::act_candidate_plans(call, &plans));
+      EXPECT_EQ(plans.empty(), M() == 0 || N() == 0);
+      for (const kf::ActPlan& plan : plans) {
+        SCOPED_TRACE(kf::to_string(plan));
+        y.poison();
+        for (DeviceTensor& d : dgrad) d.poison();
+        ASSERT_TRUE(finish(kf::launch_with_plan(plan, call, stream_)));
+        if (!bwd) {
+          EXPECT_TRUE(all_close("y", y.download(), want_y, tolerance(t)));
+          EXPECT_TRUE(y.check_untouched("y"));
+          continue;
+        }
+        for (size_t k = 0; k < in.size(); ++k) {
+          const std::string name = "gradient of input " + std::to_string(k);
+          EXPECT_TRUE(all_close(name.c_str(), dgrad[k].download(), want_g[k], tolerance(t)));
+          EXPECT_TRUE(dgrad[k].check_untouched(name.c_str()));
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ActGpuAllPlans,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                                            ::testing::ValuesIn(kShapes),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kOddStride,
                                                               LayoutKind::kMixed)),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const DType t = std::get<0>(info.param);
