@@ -1,46 +1,70 @@
-// Public entry points of the RoPE family: validate (rope_validate.cpp), check the device, dispatch
-// the dtype once, launch (rope_kernels.cuh).
+// Public entry points of the RoPE family: validate (rope_validate.cpp), check the device
+// (common/device.h), plan (rope_plan.cpp), launch (rope_launch.cuh) with the dtype dispatched once
+// (common/dispatch.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "common/device.h"
+#include "common/dispatch.h"
+#include "rope/rope_plan.h"
 #include "rope/rope_problem.h"
 
 namespace kernelforge {
 
 namespace {
 
-Status run(const RopeCall& c, cudaStream_t stream) {
+// A validated call on the current device: its params, dtypes, device facts and problem.
+struct Prepared {
   RopeParams p;
-  DType dtype, cs_dtype;
-  Status s = validate_rope(c, &p, &dtype, &cs_dtype);
+  DType dtype = DType::kFloat32;
+  DType cs_dtype = DType::kFloat32;
+  const DeviceInfo* dev = nullptr;
+  RopeProblem problem;
+};
+
+Status prepare(const RopeCall& c, Prepared* out) {
+  Status s = validate_rope(c, &out->p, &out->dtype, &out->cs_dtype);
   if (!s.ok()) return s;
-  int dev = 0;
-  const DeviceInfo* info = nullptr;
-  if (!(s = current_device_info(&dev, &info)).ok()) return Status(s.code(), std::string(c.name) + ": " + s.message());
-  if (c.q->device.index != dev)
-    return Status::Invalid(std::string(c.name) + ": inputs are on cuda:" + std::to_string(c.q->device.index) +
-                           " but the current CUDA device is cuda:" + std::to_string(dev));
-  if ((dtype == DType::kBFloat16 || cs_dtype == DType::kBFloat16) && info->capability < 80)
-    return Status::NotSupported(std::string(c.name) +
-                                ": bfloat16 needs a GPU of compute capability 8.0 or newer, this one is sm_" +
-                                std::to_string(info->capability) + "; use float16 or float32");
-  p.capability = info->capability;
-  p.sm_count = info->sm_count;
-  const bool cs_float = cs_dtype == DType::kFloat32;
-  switch (dtype) {
-    case DType::kFloat32:
-      return launch_rope<float>(p, cs_float, stream);
-    case DType::kFloat16:
-      return launch_rope<__half>(p, cs_float, stream);
-    case DType::kBFloat16:
-      return launch_rope<__nv_bfloat16>(p, cs_float, stream);
-    default:
-      return Status::Invalid(std::string(c.name) + ": unsupported dtype");
-  }
+  // bfloat16 q/k or cos/sin both need sm_80: the device check is asked about bfloat16 if either is
+  const DType need = out->cs_dtype == DType::kBFloat16 ? DType::kBFloat16 : out->dtype;
+  if (!(s = check_device(c.name, c.q->device.index, need, &out->dev)).ok()) return s;
+  out->problem = make_rope_problem(out->p, int(dtype_size(out->dtype)));
+  return Status::Ok();
+}
+
+Status launch(const RopePlan& plan, const RopeCall& c, const Prepared& w, cudaStream_t stream) {
+  const bool cs_float = w.cs_dtype == DType::kFloat32;
+  return dispatch_dtype(w.dtype, c.name,
+                        [&](auto t) { return launch_rope<decltype(t)>(plan, w.p, cs_float, *w.dev, stream); });
+}
+
+bool empty(const RopeProblem& pr) { return pr.tokens == 0 || pr.heads == 0; }
+
+Status run(const RopeCall& c, cudaStream_t stream) {
+  Prepared w;
+  Status s = prepare(c, &w);
+  if (!s.ok()) return s;
+  if (empty(w.problem)) return Status::Ok();  // nothing to compute: no launch
+  return launch(plan_rope(w.problem, *w.dev), c, w, stream);
 }
 
 }  // namespace
+
+Status launch_with_plan(const RopePlan& plan, const RopeCall& call, cudaStream_t stream) {
+  Prepared w;
+  Status s = prepare(call, &w);
+  if (!s.ok()) return s;
+  if (!(s = check_plan(plan, w.problem, *w.dev)).ok()) return s;
+  return launch(plan, call, w, stream);
+}
+
+Status rope_candidate_plans(const RopeCall& call, std::vector<RopePlan>* plans) {
+  Prepared w;
+  Status s = prepare(call, &w);
+  if (!s.ok()) return s;
+  *plans = candidate_plans(w.problem, *w.dev);
+  return Status::Ok();
+}
 
 Status apply_rope(const TensorView& q, const TensorView* k, const TensorView& cos, const TensorView& sin,
                   const TensorView* position_ids, const RopeOptions& opts, const TensorView& q_out,

@@ -1,6 +1,6 @@
-// RoPE kernels instantiated for __nv_bfloat16 q/k (one file per dtype: parallel compilation).
-#include "rope/rope_kernels.cuh"
+// The RoPE launcher instantiated for __nv_bfloat16 q/k (one file per dtype: parallel compilation).
+#include "rope/rope_launch.cuh"
 
 namespace kernelforge {
-KF_ROPE_DEFINE(__nv_bfloat16)
+template Status launch_rope<__nv_bfloat16>(const RopePlan&, const RopeParams&, bool, const DeviceInfo&, cudaStream_t);
 }  // namespace kernelforge

@@ -1,6 +1,6 @@
-// RoPE kernels instantiated for __half q/k (one file per dtype: parallel compilation).
-#include "rope/rope_kernels.cuh"
+// The RoPE launcher instantiated for __half q/k (one file per dtype: parallel compilation).
+#include "rope/rope_launch.cuh"
 
 namespace kernelforge {
-KF_ROPE_DEFINE(__half)
+template Status launch_rope<__half>(const RopePlan&, const RopeParams&, bool, const DeviceInfo&, cudaStream_t);
 }  // namespace kernelforge

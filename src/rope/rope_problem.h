@@ -41,10 +41,8 @@ struct RopeParams {
   int32_t rot_dim = 0;   // R (even, <= D)
   bool interleaved = false;
   bool backward = false;
-  // launch: the device's compute capability and SM count (set after validation), and whether the
-  // kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid resident)
-  int capability = 0;
-  int sm_count = 0;
+  // whether the kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid
+  // resident)
   bool trigger = false;
 };
 
@@ -64,10 +62,5 @@ struct RopeCall {
 
 // Checks every argument of `c` and fills `p`. `dtype` receives q's dtype, `cs_dtype` cos/sin's.
 Status validate_rope(const RopeCall& c, RopeParams* p, DType* dtype, DType* cs_dtype);
-
-// CUDA launcher, one instantiation per q/k dtype (rope_<dtype>.cu); cs_float: cos/sin are float32
-// (otherwise they have T's dtype).
-template <typename T>
-Status launch_rope(const RopeParams& p, bool cs_float, cudaStream_t stream);
 
 }  // namespace kernelforge

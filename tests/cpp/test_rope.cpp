@@ -7,12 +7,15 @@
 // each output view (padding, base offset, guard) untouched. Cases cover: both layouts, GQA / MQA /
 // q only, partial rotary (passthrough columns, a head_dim that is not a multiple of the vector),
 // position_ids, [B, S, R] and [1, S, R] tables, odd S and B = 1, decode (S = 1), unaligned and
-// padded views (the one-element path), in place, in place on a fused qkv buffer. Tests skip without
-// a GPU, and fail instead when KF_REQUIRE_GPU=1.
+// padded views (the one-element path), in place, in place on a fused qkv buffer. Every case runs
+// the public entry (the default plan) and then every candidate plan of the planner (flat and token
+// kernels, both vector widths) through launch_with_plan. Tests skip without a GPU, and fail instead
+// when KF_REQUIRE_GPU=1.
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "rope/rope_plan.h"
 #include "test_util.h"
 
 namespace {
@@ -145,23 +148,40 @@ void RopeGpu::run_case(const RopeCase& c, bool interleaved, bool backward) {
     return backward ? ref::apply_rope_backward(q, k, cos.view(), sin.view(), has_pos ? &hpos : nullptr, o, qo, ko)
                     : ref::apply_rope(q, k, cos.view(), sin.view(), has_pos ? &hpos : nullptr, o, qo, ko);
   };
+  const TensorView cosv = dcos.view(), sinv = dsin.view();
+
+  // Run 0 is the public entry (the default plan); it also lists the call's candidate plans, and every
+  // one of them then runs through launch_with_plan on fresh buffers.
+  std::vector<kf::RopePlan> plans;
+  size_t run = 0;
   auto call_gpu = [&](const TensorView& q, const TensorView* k, const TensorView& qo, const TensorView* ko) {
-    return backward
-               ? kf::apply_rope_backward(q, k, dcos.view(), dsin.view(), has_pos ? &dposv : nullptr, o, qo, ko, stream_)
-               : kf::apply_rope(q, k, dcos.view(), dsin.view(), has_pos ? &dposv : nullptr, o, qo, ko, stream_);
+    kf::RopeCall rc;
+    rc.name = backward ? "apply_rope_backward" : "apply_rope";
+    rc.backward = backward;
+    rc.q = &q, rc.k = k, rc.cos = &cosv, rc.sin = &sinv, rc.pos = has_pos ? &dposv : nullptr, rc.opts = o;
+    rc.q_out = &qo, rc.k_out = ko;
+    if (run > 0) return kf::launch_with_plan(plans[run - 1], rc, stream_);
+    const Status s = kf::rope_candidate_plans(rc, &plans);
+    if (!s.ok()) return s;
+    EXPECT_EQ(plans.empty(), c.S == 0);
+    return backward ? kf::apply_rope_backward(q, k, cosv, sinv, rc.pos, o, qo, ko, stream_)
+                    : kf::apply_rope(q, k, cosv, sinv, rc.pos, o, qo, ko, stream_);
   };
 
   if (c.fused) {  // one [B, S, Hq + 2 Hk, D] buffer; q and k rotated in place, v untouched
     const int64_t Ht = c.Hq + 2 * c.Hk;
     HostTensor qkv = random_tensor(t, {c.B, c.S, Ht, c.D}, rng);
-    DeviceTensor d = to_device(qkv, c.mem);
     HostTensor want = qkv;
     TensorView hq = heads_of(want.view(), 0, c.Hq), hk = heads_of(want.view(), c.Hq, c.Hk);
     KF_ASSERT_OK(call_ref(hq, &hk, hq, &hk));
-    TensorView dq = heads_of(d.view(), 0, c.Hq), dk = heads_of(d.view(), c.Hq, c.Hk);
-    ASSERT_TRUE(finish(call_gpu(dq, &dk, dq, &dk)));
-    EXPECT_TRUE(all_close("qkv", d.download(), want, tolerance(t)));
-    EXPECT_TRUE(d.check_untouched("qkv"));
+    for (run = 0; run <= plans.size(); ++run) {
+      SCOPED_TRACE(run == 0 ? std::string("default plan") : kf::to_string(plans[run - 1]));
+      DeviceTensor d = to_device(qkv, c.mem);
+      TensorView dq = heads_of(d.view(), 0, c.Hq), dk = heads_of(d.view(), c.Hq, c.Hk);
+      ASSERT_TRUE(finish(call_gpu(dq, &dk, dq, &dk)));
+      EXPECT_TRUE(all_close("qkv", d.download(), want, tolerance(t)));
+      EXPECT_TRUE(d.check_untouched("qkv"));
+    }
     return;
   }
 
@@ -172,28 +192,31 @@ void RopeGpu::run_case(const RopeCase& c, bool interleaved, bool backward) {
   TensorView hk = k.view(), hkw = kw.view();
   KF_ASSERT_OK(call_ref(q.view(), has_k ? &hk : nullptr, qw.view(), has_k ? &hkw : nullptr));
 
-  DeviceTensor dq = to_device(q, c.mem), dk = to_device(k, c.mem);
-  TensorView dqv = dq.view(), dkv = dk.view();
-  if (c.inplace) {
-    ASSERT_TRUE(finish(call_gpu(dqv, has_k ? &dkv : nullptr, dqv, has_k ? &dkv : nullptr)));
-    EXPECT_TRUE(all_close("q (in place)", dq.download(), qw, tolerance(t)));
-    EXPECT_TRUE(dq.check_untouched("q"));
-    if (has_k) {
-      EXPECT_TRUE(all_close("k (in place)", dk.download(), kw, tolerance(t)));
-      EXPECT_TRUE(dk.check_untouched("k"));
+  for (run = 0; run <= plans.size(); ++run) {
+    SCOPED_TRACE(run == 0 ? std::string("default plan") : kf::to_string(plans[run - 1]));
+    DeviceTensor dq = to_device(q, c.mem), dk = to_device(k, c.mem);
+    TensorView dqv = dq.view(), dkv = dk.view();
+    if (c.inplace) {
+      ASSERT_TRUE(finish(call_gpu(dqv, has_k ? &dkv : nullptr, dqv, has_k ? &dkv : nullptr)));
+      EXPECT_TRUE(all_close("q (in place)", dq.download(), qw, tolerance(t)));
+      EXPECT_TRUE(dq.check_untouched("q"));
+      if (has_k) {
+        EXPECT_TRUE(all_close("k (in place)", dk.download(), kw, tolerance(t)));
+        EXPECT_TRUE(dk.check_untouched("k"));
+      }
+      continue;
     }
-    return;
-  }
-  DeviceTensor dqo(t, q.shape, c.mem), dko(t, k.shape, c.mem);
-  TensorView dqov = dqo.view(), dkov = dko.view();
-  ASSERT_TRUE(finish(call_gpu(dqv, has_k ? &dkv : nullptr, dqov, has_k ? &dkov : nullptr)));
-  EXPECT_TRUE(all_close("q_out", dqo.download(), qw, tolerance(t)));
-  EXPECT_TRUE(dqo.check_untouched("q_out"));
-  EXPECT_TRUE(bit_equal("q is not written", dq.download(), q));
-  if (has_k) {
-    EXPECT_TRUE(all_close("k_out", dko.download(), kw, tolerance(t)));
-    EXPECT_TRUE(dko.check_untouched("k_out"));
-    EXPECT_TRUE(bit_equal("k is not written", dk.download(), k));
+    DeviceTensor dqo(t, q.shape, c.mem), dko(t, k.shape, c.mem);
+    TensorView dqov = dqo.view(), dkov = dko.view();
+    ASSERT_TRUE(finish(call_gpu(dqv, has_k ? &dkv : nullptr, dqov, has_k ? &dkov : nullptr)));
+    EXPECT_TRUE(all_close("q_out", dqo.download(), qw, tolerance(t)));
+    EXPECT_TRUE(dqo.check_untouched("q_out"));
+    EXPECT_TRUE(bit_equal("q is not written", dq.download(), q));
+    if (has_k) {
+      EXPECT_TRUE(all_close("k_out", dko.download(), kw, tolerance(t)));
+      EXPECT_TRUE(dko.check_untouched("k_out"));
+      EXPECT_TRUE(bit_equal("k is not written", dk.download(), k));
+    }
   }
 }
 
