@@ -1,6 +1,7 @@
-// Cross-entropy kernels instantiated for __nv_bfloat16 (one file per dtype: parallel compilation).
-#include "cross_entropy/cross_entropy_kernels.cuh"
+// The cross-entropy launcher instantiated for __nv_bfloat16 logits (one file per dtype: parallel compilation).
+#include "cross_entropy/cross_entropy_launch.cuh"
 
 namespace kernelforge {
-KF_CE_DEFINE(__nv_bfloat16)
+template Status launch_cross_entropy<__nv_bfloat16>(const CePlan&, const CeParams&, const DeviceInfo&, void*,
+                                                    cudaStream_t);
 }  // namespace kernelforge

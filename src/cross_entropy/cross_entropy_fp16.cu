@@ -1,6 +1,6 @@
-// Cross-entropy kernels instantiated for __half (one file per dtype: parallel compilation).
-#include "cross_entropy/cross_entropy_kernels.cuh"
+// The cross-entropy launcher instantiated for __half logits (one file per dtype: parallel compilation).
+#include "cross_entropy/cross_entropy_launch.cuh"
 
 namespace kernelforge {
-KF_CE_DEFINE(__half)
+template Status launch_cross_entropy<__half>(const CePlan&, const CeParams&, const DeviceInfo&, void*, cudaStream_t);
 }  // namespace kernelforge

@@ -1,6 +1,6 @@
-// Cross-entropy kernels instantiated for float (one file per dtype: parallel compilation).
-#include "cross_entropy/cross_entropy_kernels.cuh"
+// The cross-entropy launcher instantiated for float logits (one file per dtype: parallel compilation).
+#include "cross_entropy/cross_entropy_launch.cuh"
 
 namespace kernelforge {
-KF_CE_DEFINE(float)
+template Status launch_cross_entropy<float>(const CePlan&, const CeParams&, const DeviceInfo&, void*, cudaStream_t);
 }  // namespace kernelforge

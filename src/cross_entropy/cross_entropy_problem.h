@@ -39,9 +39,6 @@ struct CeParams {
   int64_t dloss_stride = 0;
   const float* lse = nullptr;
   const float* valid = nullptr;
-  // launch facts (set after validation)
-  int capability = 0;
-  int sm_count = 0;
 };
 
 struct CeCall {
@@ -67,16 +64,11 @@ struct CeCall {
 Status validate_cross_entropy(const CeCall& c, CeParams* p, DType* dtype);
 
 // Forward partials: one float4 (max, sum of exp, sum of logits, 0) per (row, segment) of
-// ce_segment_len<T>() logits, then one float2 (sum of row losses, valid rows) per finalize block.
+// ce_segment_len(dtype) logits (ce_segment_elems in cross_entropy_plan.h), then one float2 (sum of row losses, valid
+// rows) per finalize block.
 constexpr int kCeFinalizeBlock = 256;  // rows per finalize block (one thread each)
 int64_t ce_segment_len(DType t);
 int64_t ce_segments(int64_t vocab, DType t);
 size_t ce_workspace_bytes(int64_t rows, int64_t vocab, DType t);
-
-// CUDA launchers, one instantiation per dtype (cross_entropy_<dtype>.cu).
-template <typename T>
-Status launch_ce_fwd(const CeParams& p, void* workspace, cudaStream_t stream);
-template <typename T>
-Status launch_ce_bwd(const CeParams& p, cudaStream_t stream);
 
 }  // namespace kernelforge
