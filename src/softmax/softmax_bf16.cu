@@ -2,6 +2,6 @@
 #include "softmax/softmax_launch.cuh"
 
 namespace kernelforge {
-template Status launch_softmax<__nv_bfloat16>(const SoftmaxPlan&, const SoftmaxProblem&, const SoftmaxParams&, const DeviceInfo&,
-                                   cudaStream_t);
+template Status launch_softmax<__nv_bfloat16>(const SoftmaxPlan&, const SoftmaxProblem&, const SoftmaxParams&,
+                                              const DeviceInfo&, cudaStream_t);
 }  // namespace kernelforge

@@ -202,8 +202,7 @@ inline Status launch_bulk(BulkKernel kernel, const SoftmaxPlan& plan, const Soft
   const int active = resident_units(kernel, plan.cluster, plan.threads, probe, dev);
   if (active < 1) return *resident = false, Status::Ok();
   const int64_t units = std::min<int64_t>(p.rows, active);
-  Launch l(dim3(unsigned(units * plan.cluster)), dim3(unsigned(plan.threads)), size_t(smem), stream, pdl,
-           plan.cluster);
+  Launch l(dim3(unsigned(units * plan.cluster)), dim3(unsigned(plan.threads)), size_t(smem), stream, pdl, plan.cluster);
   return launched(l(kernel, p, plan.cluster, plan.stages), "softmax (bulk)");
 }
 

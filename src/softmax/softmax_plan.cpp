@@ -122,7 +122,8 @@ TeamPlan team_plan(const SoftmaxProblem& pr, const DeviceInfo& dev, int vec) {
   // register cluster on sm_90.
   pl.stream = true;
   if (!pr.backward || dev.capability < 90) return pl;
-  const int c0 = int(std::min<int64_t>(kSoftmaxMaxCluster, std::max<int64_t>(2, ceil_div(row_bytes(pr), kClusterSliceBytes))));
+  const int c0 =
+      int(std::min<int64_t>(kSoftmaxMaxCluster, std::max<int64_t>(2, ceil_div(row_bytes(pr), kClusterSliceBytes))));
   const int it = pow2_ceil(ceil_div(nvec, int64_t(c0) * kSoftmaxMaxTeam));
   if (it > kTeam.max_iters) return pl;
   pl.stream = false;
@@ -145,7 +146,8 @@ SoftmaxPlan regs_plan(const SoftmaxProblem& pr, const TeamPlan& tp, int vec, boo
   // softmax at 512-thread teams keeps x packed and recomputes exp (16384x8192: 2619 vs 2542).
   pl.mode = SoftmaxRegsMode::kOnline;
   if (!pr.backward && tp.iters * vec <= 16 && tp.cluster == 1)
-    pl.mode = (!pr.log && tp.tpr >= kSoftmaxMaxTeam) ? SoftmaxRegsMode::kMaxThenSumRepeat : SoftmaxRegsMode::kMaxThenSum;
+    pl.mode =
+        (!pr.log && tp.tpr >= kSoftmaxMaxTeam) ? SoftmaxRegsMode::kMaxThenSumRepeat : SoftmaxRegsMode::kMaxThenSum;
   pl.scalar_head = head && pr.backward && vec > 1;
   return pl;
 }
@@ -176,12 +178,13 @@ bool bulk_plan_at(const SoftmaxProblem& pr, int cluster, int stages, int threads
   if (pr.n % cluster != 0 || ((pr.n / cluster) * pr.elem_size) % 16 != 0) return false;
   const int64_t slice_bytes = row_bytes(pr) / cluster;
   if (stages == 0)
-    stages = int(std::min<int64_t>(kSoftmaxBulkMaxStages, std::max<int64_t>(2, kBulkStageBudget / (slice_bytes * buffers))));
+    stages =
+        int(std::min<int64_t>(kSoftmaxBulkMaxStages, std::max<int64_t>(2, kBulkStageBudget / (slice_bytes * buffers))));
   if (int64_t(stages) * buffers * slice_bytes > kSoftmaxBulkMaxSmem) return false;
   const int64_t svec = (pr.n / cluster) / vec;
   if (threads == 0)
-    threads = std::min(kSoftmaxBulkMaxThreads,
-                       std::max(kBulkMinThreads, pow2_ceil(ceil_div(svec, kBulkVecsPerThread))));
+    threads =
+        std::min(kSoftmaxBulkMaxThreads, std::max(kBulkMinThreads, pow2_ceil(ceil_div(svec, kBulkVecsPerThread))));
   SoftmaxPlan pl;
   pl.kind = pr.backward ? SoftmaxKernel::kBulkBwd : SoftmaxKernel::kBulkFwd;
   pl.vec = vec;
@@ -376,8 +379,8 @@ std::vector<SoftmaxPlan> candidate_plans(const SoftmaxProblem& pr, const DeviceI
         if (w.head && base.threads < w.vec) continue;  // a thread per head element
         add_unique(&v, base);
         if (!pr.backward && it * w.vec <= 16) {  // the other forward modes compiled for this shape
-          for (SoftmaxRegsMode m : {SoftmaxRegsMode::kOnline, SoftmaxRegsMode::kMaxThenSum,
-                                    SoftmaxRegsMode::kMaxThenSumRepeat}) {
+          for (SoftmaxRegsMode m :
+               {SoftmaxRegsMode::kOnline, SoftmaxRegsMode::kMaxThenSum, SoftmaxRegsMode::kMaxThenSumRepeat}) {
             if (pr.log && m == SoftmaxRegsMode::kMaxThenSumRepeat) continue;
             SoftmaxPlan p = base;
             p.mode = m;
@@ -442,8 +445,9 @@ Status check_plan(const SoftmaxPlan& plan, const SoftmaxProblem& pr, const Devic
   if (plan.vec != 1 && plan.vec != vec16)
     return bad(plan, "vec must be 1 or " + std::to_string(vec16) + " (16 bytes) elements");
   if (plan.vec == vec16 && vec16 > 1 && !pr.vec_ok && !(plan.scalar_head && pr.head_ok))
-    return bad(plan, "16-byte vectors need 16-byte aligned pointers and row strides (or rows sharing a misalignment, "
-                     "with scalar_head)");
+    return bad(plan,
+               "16-byte vectors need 16-byte aligned pointers and row strides (or rows sharing a misalignment, "
+               "with scalar_head)");
   if (plan.scalar_head && (!pr.head_ok || plan.vec != vec16 || vec16 == 1))
     return bad(plan, "scalar_head needs 16-byte vectors and rows that share their misalignment");
   if (plan.cluster < 1 || plan.cluster > kSoftmaxMaxCluster) return bad(plan, "cluster must be 1..8");
@@ -455,7 +459,8 @@ Status check_plan(const SoftmaxPlan& plan, const SoftmaxProblem& pr, const Devic
   const int64_t nvec = ceil_div(n, plan.vec);
   switch (plan.kind) {
     case SoftmaxKernel::kRegs: {
-      if (!is_pow2(plan.threads) || plan.threads > kSoftmaxMaxTeam) return bad(plan, "threads must be a power of two <= 512");
+      if (!is_pow2(plan.threads) || plan.threads > kSoftmaxMaxTeam)
+        return bad(plan, "threads must be a power of two <= 512");
       if (plan.iters != 1 && plan.iters != 2 && plan.iters != 4 && plan.iters != 8)
         return bad(plan, "iters must be 1, 2, 4 or 8");
       const int block = plan.threads * plan.rows_per_block;
@@ -502,7 +507,8 @@ Status check_plan(const SoftmaxPlan& plan, const SoftmaxProblem& pr, const Devic
     case SoftmaxKernel::kBulkFwd:
     case SoftmaxKernel::kBulkBwd: {
       if ((plan.kind == SoftmaxKernel::kBulkBwd) != pr.backward)
-        return bad(plan, pr.backward ? "the backward's bulk kernel is bulk_bwd" : "the forward's bulk kernel is bulk_fwd");
+        return bad(plan,
+                   pr.backward ? "the backward's bulk kernel is bulk_bwd" : "the forward's bulk kernel is bulk_fwd");
       if (dev.capability < 90) return bad(plan, "the bulk kernels need sm_90");
       if (!pr.vec_ok || plan.vec != vec16 || plan.scalar_head)
         return bad(plan, "the bulk kernels copy whole 16-byte aligned rows");

@@ -34,12 +34,12 @@ enum class SoftmaxRegsMode : uint8_t { kOnline = 0, kMaxThenSum = 1, kMaxThenSum
 // streaming and bulk kernels, the register cluster's residency) are computed by the launcher.
 struct SoftmaxPlan {
   SoftmaxKernel kind = SoftmaxKernel::kRegs;
-  int vec = 1;            // elements per access: 16 bytes' worth, or 1 (rows that do not allow 16-byte vectors)
-  int iters = 1;          // vectors per thread held in registers (0: the kernel loops over the row)
-  int threads = 0;        // threads per row per CTA (softmax_regs: a team; the others: the CTA)
-  int rows_per_block = 1; // softmax_regs: teams per block (short rows); 1 elsewhere
-  int cluster = 1;        // CTAs per row (a thread-block cluster on sm_90)
-  int stages = 0;         // bulk kernels: rows in flight per CTA (shared-memory stages)
+  int vec = 1;             // elements per access: 16 bytes' worth, or 1 (rows that do not allow 16-byte vectors)
+  int iters = 1;           // vectors per thread held in registers (0: the kernel loops over the row)
+  int threads = 0;         // threads per row per CTA (softmax_regs: a team; the others: the CTA)
+  int rows_per_block = 1;  // softmax_regs: teams per block (short rows); 1 elsewhere
+  int cluster = 1;         // CTAs per row (a thread-block cluster on sm_90)
+  int stages = 0;          // bulk kernels: rows in flight per CTA (shared-memory stages)
   SoftmaxRegsMode mode = SoftmaxRegsMode::kOnline;  // softmax_regs only
   bool scalar_head = false;  // rows read as a scalar head up to a 16-byte boundary, then 16-byte vectors
 };
@@ -54,7 +54,7 @@ struct SoftmaxProblem {
   bool backward = false;  // *_backward
   int elem_size = 2;      // bytes per element: 4 (float32) or 2 (float16, bfloat16)
   int64_t rows = 0;
-  int64_t n = 0;          // row length
+  int64_t n = 0;  // row length
   // 16-byte vectors: every base pointer and (with more than one row) every row stride in bytes is a
   // multiple of 16
   bool vec_ok = false;
@@ -68,12 +68,12 @@ struct SoftmaxProblem {
 SoftmaxProblem make_softmax_problem(const SoftmaxParams& p, bool log, bool backward, int elem_size);
 
 // Fixed launch constants, shared with the kernels (their __launch_bounds__ and shared-memory sizes).
-constexpr int kSoftmaxMaxTeam = 512;        // threads per row per CTA of softmax_regs / softmax_fwd_row
-constexpr int kSoftmaxStreamThreads = 1024; // threads of softmax_stream's CTA
-constexpr int kSoftmaxBulkMaxThreads = 512; // threads of a bulk kernel's CTA
-constexpr int kSoftmaxBulkMaxStages = 4;    // shared-memory stages of a bulk kernel
+constexpr int kSoftmaxMaxTeam = 512;                 // threads per row per CTA of softmax_regs / softmax_fwd_row
+constexpr int kSoftmaxStreamThreads = 1024;          // threads of softmax_stream's CTA
+constexpr int kSoftmaxBulkMaxThreads = 512;          // threads of a bulk kernel's CTA
+constexpr int kSoftmaxBulkMaxStages = 4;             // shared-memory stages of a bulk kernel
 constexpr int64_t kSoftmaxBulkMaxSmem = 200 * 1024;  // dynamic shared memory cap of a bulk kernel (bytes)
-constexpr int kSoftmaxMaxCluster = 8;       // the portable cluster size limit
+constexpr int kSoftmaxMaxCluster = 8;                // the portable cluster size limit
 
 // The planner (tables in softmax_plan.cpp). No environment variables, no run-time switches.
 SoftmaxPlan plan_softmax(const SoftmaxProblem& pr, const DeviceInfo& dev);
@@ -102,7 +102,7 @@ Status softmax_candidate_plans(const SoftmaxCall& call, std::vector<SoftmaxPlan>
 
 // CUDA launcher, one instantiation per dtype (softmax_<dtype>.cu; softmax_launch.cuh).
 template <typename T>
-Status launch_softmax(const SoftmaxPlan& plan, const SoftmaxProblem& pr, const SoftmaxParams& p,
-                      const DeviceInfo& dev, cudaStream_t stream);
+Status launch_softmax(const SoftmaxPlan& plan, const SoftmaxProblem& pr, const SoftmaxParams& p, const DeviceInfo& dev,
+                      cudaStream_t stream);
 
 }  // namespace kernelforge

@@ -171,10 +171,10 @@ TEST(SoftmaxPlan, CandidatesRunnable) {
   const Op ops[] = {kFwd, kLogFwd, kBwd, kLogBwd};
   const Align aligns[] = {kAligned, kShared, kNone};
   const kf::DeviceInfo devs[] = {h100(), a100(), t4()};
-  const int64_t shapes[][2] = {{1, 1},        {3, 7},          {1, 4096},     {64, 4096},   {16384, 1024},
-                               {16384, 2048}, {16384, 4096},   {16384, 8192}, {16384, 32768}, {4096, 32768},
-                               {4096, 131072}, {256, 262144},  {16384, 2047}, {16384, 4095}, {8192, 32001},
-                               {2, 131073},   {5, 16383}};
+  const int64_t shapes[][2] = {{1, 1},         {3, 7},        {1, 4096},     {64, 4096},     {16384, 1024},
+                               {16384, 2048},  {16384, 4096}, {16384, 8192}, {16384, 32768}, {4096, 32768},
+                               {4096, 131072}, {256, 262144}, {16384, 2047}, {16384, 4095},  {8192, 32001},
+                               {2, 131073},    {5, 16383}};
   for (const kf::DeviceInfo& dev : devs)
     for (Op op : ops)
       for (int es : {2, 4})
@@ -190,7 +190,8 @@ TEST(SoftmaxPlan, CandidatesRunnable) {
             for (size_t i = 0; i < c.size(); ++i) {
               const kf::Status st = kf::check_plan(c[i], pr, dev);
               EXPECT_TRUE(st.ok()) << what << ": " << st.message();
-              for (size_t j = 0; j < i; ++j) EXPECT_FALSE(c[i] == c[j]) << what << ": duplicate " << kf::to_string(c[i]);
+              for (size_t j = 0; j < i; ++j)
+                EXPECT_FALSE(c[i] == c[j]) << what << ": duplicate " << kf::to_string(c[i]);
             }
             // the fallback of every plan runs too
             for (const SoftmaxPlan& p : c) {
@@ -282,7 +283,8 @@ TEST(SoftmaxPlan, ImpossiblePlansRejected) {
        "scalar_head"},
       {"forward register kernel with a head", head_regs_fwd, prob(kFwd, 2, 16384, 4095, kShared), h100(),
        "backward only"},
-      {"streaming at 512 threads", [] {
+      {"streaming at 512 threads",
+       [] {
          SoftmaxPlan p = stream(8, 1);
          p.threads = 512;
          return p;

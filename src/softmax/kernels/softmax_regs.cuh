@@ -90,7 +90,6 @@ __device__ __forceinline__ void fwd_modes(Vec<T, kVec> (&a)[kIters], const Softm
   }
 }
 
-
 // ---- the kernel ----------------------------------------------------------------------------------
 constexpr int regs_min_blocks(int vec_bytes, int iters, SoftmaxRegsMode mode) {
   if ((mode == SoftmaxRegsMode::kMaxThenSum || mode == SoftmaxRegsMode::kMaxThenSumRepeat) && vec_bytes == 16 &&
