@@ -90,7 +90,7 @@ double floor_of(DType t) { return t == DType::kFloat16 ? 6.0e-8 : 1.0e-37; }
 //   softmax bwd   y (g - Σ g y)         |y| (|g| + Σ |g y|)              (cancellation in g - dot)
 //   log bwd       g - exp(y) Σ g        |g| + exp(y) Σ |g|
 // The backward's float32 row sum has an error relative to Σ |terms|, not to |Σ terms| (a row of g in
-// [-2, 2) summing to ~0.3 over 520 elements lost 1e-4 of the sum: the one failing element of session 7).
+// [-2, 2) summing to ~0.3 over 520 elements loses ~1e-4 of the sum in float32).
 struct Bound {
   bool log, bwd;
 };
