@@ -1,6 +1,7 @@
-// Softmax kernels instantiated for __half (one file per dtype: parallel compilation).
-#include "softmax/softmax_kernels.cuh"
+// The softmax launcher instantiated for __half (one file per dtype: parallel compilation).
+#include "softmax/softmax_launch.cuh"
 
 namespace kernelforge {
-KF_SOFTMAX_DEFINE(__half)
+template Status launch_softmax<__half>(const SoftmaxPlan&, const SoftmaxProblem&, const SoftmaxParams&,
+                                       const DeviceInfo&, cudaStream_t);
 }  // namespace kernelforge

@@ -1,6 +1,7 @@
-// Softmax kernels instantiated for float (one file per dtype: parallel compilation).
-#include "softmax/softmax_kernels.cuh"
+// The softmax launcher instantiated for float (one file per dtype: parallel compilation).
+#include "softmax/softmax_launch.cuh"
 
 namespace kernelforge {
-KF_SOFTMAX_DEFINE(float)
+template Status launch_softmax<float>(const SoftmaxPlan&, const SoftmaxProblem&, const SoftmaxParams&,
+                                      const DeviceInfo&, cudaStream_t);
 }  // namespace kernelforge

@@ -24,15 +24,14 @@ struct SoftmaxParams {
   int64_t rows = 0;
   int64_t n = 0;
   int64_t in_stride = 0, y_stride = 0, out_stride = 0;
-  // launch: the device's compute capability and SM count (set after validation), and whether the
-  // kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid resident)
-  int capability = 0;
-  int sm_count = 0;
+  // launch: whether the kernel triggers its dependents at once (set by the launcher: PDL on sm_90,
+  // the whole grid resident)
   bool trigger = false;
   // launch: rows whose pointers are not 16-byte aligned but share their misalignment (odd n,
   // contiguous): each row is read as a scalar head up to the next 16-byte boundary, then 16-byte
-  // vectors (set by the launcher; softmax_stream reads it, softmax_fwd_row is instantiated for it)
-  bool body = false;
+  // vectors (set by the launcher from SoftmaxPlan::scalar_head; softmax_stream reads it, the other
+  // kernels are instantiated for it)
+  bool scalar_head = false;
 };
 
 struct SoftmaxCall {
@@ -48,9 +47,5 @@ struct SoftmaxCall {
 
 // Checks every argument of `c` and fills `p` (pointers, strides, sizes). `dtype` receives the dtype.
 Status validate_softmax(const SoftmaxCall& c, SoftmaxParams* p, DType* dtype);
-
-// CUDA launchers, one instantiation per dtype (softmax_<dtype>.cu).
-template <typename T>
-Status launch_softmax(bool log, bool backward, const SoftmaxParams& p, cudaStream_t stream);
 
 }  // namespace kernelforge
