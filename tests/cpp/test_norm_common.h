@@ -80,7 +80,7 @@ Status with_workspace(F call) {
   cudaMemset(ws, 0xFF, bytes > 0 ? bytes : 16);
   // cudaMemset runs on the legacy default stream and may return before it is done; the tests' streams
   // are non-blocking and do not wait for it (a late fill overwrote the backward's partial rows with
-  // NaN when ctest ran several GPU tests at once: dweight / dshift all NaN, session 10). Wait here.
+  // NaN when ctest ran several GPU tests at once: dweight / dshift all NaN). Wait here.
   cudaDeviceSynchronize();
   st = call(ws, &bytes);
   cudaDeviceSynchronize();

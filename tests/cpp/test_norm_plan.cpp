@@ -265,6 +265,40 @@ TEST(NormPlan, CandidatesRunTheProblem) {
   }
 }
 
+// The alternatives a sweep needs are candidates: the bulk pipeline at any row length and row count,
+// the early-parameter kernel on every grid, other team sizes, the persistent kernel, clusters, the
+// streaming kernels; chunked / staged / plain / split / streaming backward and other chunk sizes.
+TEST(NormPlan, CandidatesIncludeTheAlternatives) {
+  auto kinds_of = [](const Shape& s) {
+    std::set<std::string> out;
+    for (const NormPlan& p : candidate_plans(problem(s), kH100)) out.insert(to_string(p));
+    return out;
+  };
+  const std::set<std::string> f = kinds_of({kRms, false, kBf16, 16384, 4096});
+  for (const char* want : {"fwd_row vec=8 iters=2 threads=256", "fwd_row vec=8 iters=2 threads=256 early_params",
+                           "fwd_row vec=8 iters=4 threads=128", "fwd_row vec=8 iters=2 threads=512",
+                           "fwd_cluster vec=8 iters=2 threads=256", "fwd_stream vec=8 iters=1 threads=1024",
+                           "fwd_stream vec=1 iters=1 threads=1024", "fwd_row vec=1 iters=16 threads=256",
+                           "fwd_bulk vec=8 iters=1 threads=128 stages=4 params_in_regs",
+                           "fwd_bulk vec=8 iters=1 threads=128 cluster=2 stages=4 params_in_regs",
+                           "fwd_bulk vec=8 iters=1 threads=128 stages=4"})
+    EXPECT_EQ(f.count(want), 1u) << want;
+  const std::set<std::string> c = kinds_of({kRms, false, kBf16, 2, 131072});
+  EXPECT_EQ(c.count("fwd_cluster vec=8 iters=4 threads=512 cluster=8"), 1u);
+  EXPECT_EQ(c.count("fwd_bulk vec=8 iters=1 threads=256 cluster=8 stages=2 params_in_regs"), 1u);
+  const std::set<std::string> b = kinds_of({kRms, true, kBf16, 16384, 4096});
+  for (const char* want : {"bwd_chunk vec=8 iters=2 threads=256 stages=3 chunk_rows=2",
+                           "bwd_chunk vec=8 iters=1 threads=512 stages=3 chunk_rows=4",
+                           "bwd_chunk vec=8 iters=2 threads=256 stages=3 chunk_rows=1",
+                           "bwd_regs vec=8 iters=2 threads=256", "bwd_regs_bulk vec=8 iters=2 threads=256 stages=4",
+                           "bwd_regs vec=8 iters=1 threads=512", "bwd_split vec=8 iters=2 threads=256",
+                           "bwd_stream vec=8 iters=1 threads=512", "bwd_regs vec=1 iters=16 threads=256"})
+    EXPECT_EQ(b.count(want), 1u) << want;
+  const std::set<std::string> h = kinds_of({kRms, true, kBf16, 16384, 4095});
+  EXPECT_EQ(h.count("bwd_regs vec=8 iters=2 threads=256 scalar_head"), 1u);
+  EXPECT_EQ(h.count("bwd_regs vec=1 iters=16 threads=256"), 1u);
+}
+
 TEST(NormPlan, CheckPlanRejects) {
   const NormProblem fwd = problem({kRms, false, kBf16, 16384, 4096});
   const NormProblem bwd = problem({kRms, true, kBf16, 16384, 4096});
