@@ -1,41 +1,28 @@
 // Public entry points of the normalization family: validate (norm_validate.cpp), check the device,
-// dispatch the dtype once, launch (norm_kernels.cuh).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+// plan (norm_plan.cpp), launch (norm_launch.cuh) with the dtype dispatched once.
 #include "common/device.h"
+#include "common/dispatch.h"
+#include "norm/norm_plan.h"
 #include "norm/norm_problem.h"
 
 namespace kernelforge {
 
 namespace {
 
-Status check_device(const NormCall& c, const TensorView& x, DType dtype, const DeviceInfo** info) {
-  int dev = 0;
-  Status s = current_device_info(&dev, info);
-  if (!s.ok()) return Status(s.code(), std::string(c.name) + ": " + s.message());
-  if (x.device.index != dev)
-    return Status::Invalid(std::string(c.name) + ": x is on cuda:" + std::to_string(x.device.index) +
-                           " but the current CUDA device is cuda:" + std::to_string(dev));
-  if (dtype == DType::kBFloat16 && (*info)->capability < 80)
-    return Status::NotSupported(std::string(c.name) +
-                                ": bfloat16 needs a GPU of compute capability 8.0 or newer, "
-                                "this one is sm_" +
-                                std::to_string((*info)->capability) + "; use float16 or float32");
-  return Status::Ok();
-}
-
-Status run(const NormCall& c, void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
+// validate -> check the device -> plan (or check the given plan) -> launch.
+Status run(const NormCall& c, const NormPlan* given, void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
   NormParams p;
   DType dtype;
   Status s = validate_norm(c, &p, &dtype);
   if (!s.ok()) return s;
+  if (!c.cuda) return Status::Invalid(std::string(c.name) + ": the CUDA entry needs a CUDA call");
   if (c.backward && workspace_bytes == nullptr)
     return Status::Invalid(std::string(c.name) + ": workspace_bytes must not be null");
   const DeviceInfo* info = nullptr;
-  if (!(s = check_device(c, *c.x, dtype, &info)).ok()) return s;
-  if (c.backward && p.rows == 0) {  // nothing to normalize: parameter gradients are zero
-    if (workspace == nullptr) {
+  if (!(s = check_device(c.name, c.x->device.index, dtype, &info)).ok()) return s;
+  if (p.rows == 0) {  // nothing to normalize
+    if (!c.backward) return Status::Ok();
+    if (workspace == nullptr) {  // backward: the parameter gradients of no rows are zero
       *workspace_bytes = 0;
       return Status::Ok();
     }
@@ -49,19 +36,22 @@ Status run(const NormCall& c, void* workspace, size_t* workspace_bytes, cudaStre
       }
     return Status::Ok();
   }
-  switch (dtype) {
-    case DType::kFloat32:
-      return c.backward ? launch_norm_bwd<float>(c.op, p, *info, workspace, workspace_bytes, stream)
-                        : launch_norm_fwd<float>(c.op, p, *info, stream);
-    case DType::kFloat16:
-      return c.backward ? launch_norm_bwd<__half>(c.op, p, *info, workspace, workspace_bytes, stream)
-                        : launch_norm_fwd<__half>(c.op, p, *info, stream);
-    case DType::kBFloat16:
-      return c.backward ? launch_norm_bwd<__nv_bfloat16>(c.op, p, *info, workspace, workspace_bytes, stream)
-                        : launch_norm_fwd<__nv_bfloat16>(c.op, p, *info, stream);
-    default:
-      return Status::Invalid(std::string(c.name) + ": unsupported dtype");
+  const NormProblem problem = make_norm_problem(c.op, c.backward, p, dtype);
+  NormPlan plan;
+  if (given != nullptr) {
+    if (!(s = check_plan(*given, problem, *info)).ok())
+      return Status(s.code(), std::string(c.name) + ": " + s.message());
+    plan = *given;
+  } else {
+    plan = plan_norm(problem, *info);
   }
+  return dispatch_dtype(dtype, c.name, [&](auto t) {
+    return launch_norm<decltype(t)>(plan, c.op, p, *info, workspace, workspace_bytes, stream);
+  });
+}
+
+Status run(const NormCall& c, void* workspace, size_t* workspace_bytes, cudaStream_t stream) {
+  return run(c, nullptr, workspace, workspace_bytes, stream);
 }
 
 NormCall make(const char* name, NormOp op, bool bwd, float eps) {
@@ -138,6 +128,22 @@ Status ada_norm_backward(const TensorView& dy, const TensorView& x, const Tensor
   c.dy = &dy, c.x = &x, c.scale = &scale, c.shift = &shift, c.weight = weight, c.bias = bias, c.dx = &dx, c.kind = kind;
   c.dscale = dscale, c.dshift = dshift, c.dweight = dweight, c.dbias = dbias;
   return run(c, workspace, workspace_bytes, stream);
+}
+
+Status launch_with_plan(const NormPlan& plan, const NormCall& call, void* workspace, size_t* workspace_bytes,
+                        cudaStream_t stream) {
+  return run(call, &plan, workspace, workspace_bytes, stream);
+}
+
+Status candidate_plans_for(const NormCall& c, std::vector<NormPlan>* plans) {
+  NormParams p;
+  DType dtype;
+  Status s = validate_norm(c, &p, &dtype);
+  if (!s.ok()) return s;
+  const DeviceInfo* info = nullptr;
+  if (!(s = check_device(c.name, c.x->device.index, dtype, &info)).ok()) return s;
+  *plans = candidate_plans(make_norm_problem(c.op, c.backward, p, dtype), *info);
+  return Status::Ok();
 }
 
 }  // namespace kernelforge

@@ -1,6 +1,11 @@
-// Backward normalization kernels instantiated for __half (one file per dtype: parallel compilation).
-#include "norm/norm_kernels.cuh"
+// The backward launches for __half (one file per dtype and direction: parallel compilation).
+#include <cuda_fp16.h>
+
+#include "norm/norm_launch_bwd.cuh"
 
 namespace kernelforge {
-KF_NORM_BWD_DEFINE(__half)
+namespace norm_detail {
+template Status launch_bwd<__half>(const NormPlan&, NormOp, const NormParams&, const DeviceInfo&, void*, size_t*,
+                                   cudaStream_t);
+}  // namespace norm_detail
 }  // namespace kernelforge

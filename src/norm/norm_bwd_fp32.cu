@@ -1,6 +1,9 @@
-// Backward normalization kernels instantiated for float (one file per dtype: parallel compilation).
-#include "norm/norm_kernels.cuh"
+// The backward launches for float (one file per dtype and direction: parallel compilation).
+#include "norm/norm_launch_bwd.cuh"
 
 namespace kernelforge {
-KF_NORM_BWD_DEFINE(float)
+namespace norm_detail {
+template Status launch_bwd<float>(const NormPlan&, NormOp, const NormParams&, const DeviceInfo&, void*, size_t*,
+                                  cudaStream_t);
+}  // namespace norm_detail
 }  // namespace kernelforge

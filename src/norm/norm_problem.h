@@ -1,4 +1,4 @@
-// Internal description of one normalization call, shared by the CUDA launchers and the float64
+// Internal description of one normalization call, shared by the planner, the CUDA launchers and the float64
 // reference. validate_norm() fills it from the public TensorViews; it is the only place that checks
 // arguments (dtype, shape, strides, device, sizes), so every error message comes from one file.
 #pragma once
@@ -45,8 +45,8 @@ struct NormParams {
   // r / ada_rpg for 0 <= r < 2^31 without a division: (umulhi(ada_mul, r) + r) >> ada_shr
   // (set by validate_norm with make_fast_div, below; used when rows and ada_rpg fit in 31 bits).
   uint32_t ada_mul = 1, ada_shr = 0;
-  // launch: the forward's kEarly kernel lets the next kernel in at once (programmatic dependent
-  // launch) when its whole grid is resident (set by the launcher)
+  // launch: the forward's early-parameter kernel lets the next kernel in at once (programmatic
+  // dependent launch) when its whole grid is resident (set by the launcher)
   bool trigger = false;
 };
 
@@ -98,14 +98,5 @@ Status validate_norm(const NormCall& c, NormParams* p, DType* dtype);
 
 inline bool norm_is_layer(NormOp op) { return op == NormOp::kLayer || op == NormOp::kAdaLayer; }
 inline bool norm_is_ada(NormOp op) { return op == NormOp::kAdaRms || op == NormOp::kAdaLayer; }
-
-// CUDA launchers, one instantiation per dtype (norm_fwd_<dtype>.cu, norm_bwd_<dtype>.cu).
-struct DeviceInfo;
-template <typename T>
-Status launch_norm_fwd(NormOp op, const NormParams& p, const DeviceInfo& dev, cudaStream_t stream);
-// With workspace == nullptr only sets *workspace_bytes.
-template <typename T>
-Status launch_norm_bwd(NormOp op, const NormParams& p, const DeviceInfo& dev, void* workspace, size_t* workspace_bytes,
-                       cudaStream_t stream);
 
 }  // namespace kernelforge
