@@ -1,5 +1,5 @@
 // Helpers shared by the kernel families' launchers and kernels: integer ceiling division, the guard
-// for bf16 code on sm_75, launch-error reporting and the KF_TUNE override of tuning tables.
+// for bf16 code on sm_75, launch-error reporting, programmatic dependent launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,23 +44,6 @@ inline Status check_launch(const char* what) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return Status::Cuda(std::string(what) + ": kernel launch failed: " + cudaGetErrorString(err));
   return Status::Ok();
-}
-
-// Developer override of a family's tuning tables for sweeps: KF_TUNE="fwd_team=128,rope_hpt=4".
-// Read once per process; unknown keys are ignored. Production runs leave KF_TUNE unset.
-inline int tune(const char* key, int def) {
-  static const std::string env = [] {
-    const char* e = std::getenv("KF_TUNE");
-    return std::string(e ? e : "");
-  }();
-  if (env.empty()) return def;
-  const std::string k = std::string(key) + "=";
-  size_t pos = 0;
-  while ((pos = env.find(k, pos)) != std::string::npos) {
-    if (pos == 0 || env[pos - 1] == ',') return std::atoi(env.c_str() + pos + k.size());
-    pos += k.size();
-  }
-  return def;
 }
 
 // ---- programmatic dependent launch (sm_90) ------------------------------------------------------
@@ -124,7 +107,7 @@ inline Status launched(cudaError_t err, const char* what) {
   return check_launch(what);
 }
 
-// Programmatic dependent launch for every kernel on sm_90 (see pdl_wait); KF_TUNE pdl=0 turns it off.
-inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90 && tune("pdl", 1) != 0; }
+// Programmatic dependent launch for every kernel on sm_90 (see pdl_wait).
+inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90; }
 
 }  // namespace kernelforge
