@@ -2,7 +2,7 @@
 shapes and dtypes, then a short timing table of the acceptance shapes against torch peers.
 Not the benchmark (that is `kforge bench`); this exists to iterate on kernels inside one device call.
 
-    PYTHONPATH=python python3 scripts/gpu_smoke.py [--time-only] [--check-only]
+    PYTHONPATH=python python3 dev/gpu_smoke.py [--time-only] [--check-only]
 """
 import argparse
 import sys
@@ -133,7 +133,7 @@ def main():
     copy_dst = torch.empty_like(copy_src)
     t = time_fn(lambda: copy_dst.copy_(copy_src))
     bw = 2 * (1 << 30) / t / 1e6
-    print(f"d2d copy: {bw:.0f} GB/s  KF_TUNE={__import__('os').environ.get('KF_TUNE', '')}")
+    print(f"d2d copy: {bw:.0f} GB/s")
     comp = torch.compile(hf_rms)
     for rows, n in [tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",")]:
         x = make((rows, n), torch.bfloat16, "cuda", 1)

@@ -1,8 +1,7 @@
 """Developer tool: event-timed activation forwards (silu_and_mul, swiglu, geglu) at ROWSxI shapes, L2
-flushed, median; GB/s over the minimum bytes (read gate and up, write out: 3·ROWS·I·2 B, bf16). For
-KF_TUNE sweeps (read once per process: one process per setting):
+flushed, median; GB/s over the minimum bytes (read gate and up, write out: 3·ROWS·I·2 B, bf16).
 
-    KF_TUNE=act_one_vec=1 PYTHONPATH=python python3 scripts/prof_act.py [--shapes 16384x2048,...]
+    PYTHONPATH=python python3 dev/prof_act.py [--shapes 16384x2048,...] [--graph [--compile]]
 
 --graph: per-call time under CUDA-graph replay instead (kforge bench's Timer.graph_ms: 100 calls in
 one graph, median of 20 replays), with --compile also for torch.compile of the bench's eager code.
@@ -25,7 +24,6 @@ def main():
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
-    tag = os.environ.get("KF_TUNE", "default")
     graph = None
     if a.graph:  # the bench's own graph timer (kernelforge.bench.Timer.graph_ms)
         graph = bench.Timer(torch.device("cuda"), bench.Budget())
@@ -45,7 +43,7 @@ def main():
         with torch.no_grad():
             for name, fn in fns.items():
                 us = (graph.graph_ms(fn) if a.graph else time_fn(fn, reps=100)) * 1e3  # both in ms
-                print(f"{tag:20s} {shp:12s} {name:22s} {us:8.3f} us {nb / us / 1e3:6.0f} GB/s", flush=True)
+                print(f"{shp:12s} {name:22s} {us:8.3f} us {nb / us / 1e3:6.0f} GB/s", flush=True)
 
 
 if __name__ == "__main__":

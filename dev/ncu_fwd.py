@@ -1,5 +1,5 @@
 """One launch of each forward kernel of interest (kernelforge and Liger) for Nsight Compute:
-    ncu --clock-control none --section SpeedOfLight ... python3 scripts/ncu_fwd.py ROWSxN [OPS]
+    ncu --clock-control none --section SpeedOfLight ... python3 dev/ncu_fwd.py ROWSxN [OPS]
 OPS: comma-separated from rms, layer, layer_plain, ada, ada_d ([N] scale/shift), add, liger, softmax, log_softmax, liger_softmax, the
 backward calls rms_bwd, layer_bwd, ada_bwd, and compile_rms, compile_layer, compile_ada (torch.compile of
 the bench's eager code, compiled and warmed up before the profiler range; run ncu with

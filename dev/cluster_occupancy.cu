@@ -1,7 +1,7 @@
 // Developer tool: how many clusters of C CTAs the GPU keeps resident at once (cudaOccupancyMaxActiveClusters),
 // for CTAs that take one SM each (large dynamic shared memory) or several. Clusters are placed inside one
 // GPC, so C × clusters can be below the SM count: those SMs idle under a persistent cluster kernel.
-//     nvcc -arch=sm_90a -o /tmp/cluster_occupancy scripts/cluster_occupancy.cu && /tmp/cluster_occupancy
+//     built by dev/CMakeLists.txt (sm_90a), or: nvcc -arch=sm_90a -o /tmp/cluster_occupancy dev/cluster_occupancy.cu
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -5,7 +5,7 @@
   rdflush  a read-only flush (sum over 256 MB: L2 left clean) + head start
 and, as references at the same size, torch's copy_ of x into y (read + write the same bytes as a
 norm forward) and an empty kernel between the events (the fixed cost of one timed launch).
-    KF_PYDIR=python python3 scripts/timer_probe.py [--shapes 16384x2048,16384x8192]
+    KF_PYDIR=python python3 dev/timer_probe.py [--shapes 16384x2048,16384x8192]
 """
 import argparse
 import os

@@ -3,7 +3,7 @@ For every op and shape: event-timed forward and backward alone (L2 flushed, medi
 (forward 2 passes, backward 3 passes over the activations; add_rms_norm 4 and 4), and the average
 duration of each CUDA kernel the backward launches (main kernel, column reduction, AdaLN grads).
 
-    KF_PYDIR=python python3 scripts/prof_norm.py [--shapes 16384x2048,...] [--ops rms_norm,...]
+    KF_PYDIR=python python3 dev/prof_norm.py [--shapes 16384x2048,...] [--ops rms_norm,...]
 (ops: rms_norm, add_rms_norm, layer_norm, ada_norm, and rms_norm_plain / layer_norm_plain without
 weight and bias)
 """
@@ -73,7 +73,6 @@ def main():
     ap.add_argument("--fwd-only", action="store_true")
     a = ap.parse_args()
     FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    tune = os.environ.get("KF_TUNE", "")
     for op in a.ops.split(","):
         for shape in a.shapes.split(","):
             rows, n = (int(v) for v in shape.split("x"))
@@ -85,7 +84,7 @@ def main():
                 tb = timed(bwd)
                 line += f" | bwd {tb * 1e3:8.1f} us {pb * pass_bytes / tb / 1e6:7.0f} GB/s"
                 line += f" | fwd+bwd {5 * pass_bytes / (tf + tb) / 1e6:7.0f} GB/s (5 passes)"
-            print(f"[{tune}] {line}", flush=True)
+            print(line, flush=True)
             if not a.fwd_only:
                 for t, cnt, name in kernels(bwd)[:4]:
                     print(f"      {t:8.1f} us x{cnt} {name[:110]}", flush=True)

@@ -1,8 +1,7 @@
 """Developer tool: event-timed softmax / log_softmax (forward, and forward+backward with --bwd) at the
-given shapes, L2 flushed, median; GB/s over the minimum bytes (forward 2 passes, fwd+bwd 5). For
-KF_TUNE sweeps (the tuning is read once per process: one process per setting):
+given shapes, L2 flushed, median; GB/s over the minimum bytes (forward 2 passes, fwd+bwd 5).
 
-    KF_TUNE=sm_fwd_mode=1 PYTHONPATH=python python3 scripts/prof_softmax.py [--shapes 16384x2048,...]
+    PYTHONPATH=python python3 dev/prof_softmax.py [--shapes 16384x2048,...]
         [--peers] [--bwd]
 """
 import argparse
@@ -23,7 +22,6 @@ def main():
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--ops", default="softmax,log_softmax")
     a = ap.parse_args()
-    tag = os.environ.get("KF_TUNE", "default")
     for shp in a.shapes.split(","):
         m, n = (int(v) for v in shp.split("x"))
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -46,7 +44,7 @@ def main():
         with torch.no_grad():
             for name, fn in fns.items():
                 t = time_fn(fn, reps=100)
-                print(f"{tag:24s} fwd    {shp:12s} {name:16s} {t * 1e3:9.1f} us {nb / t / 1e6:7.0f} GB/s", flush=True)
+                print(f"fwd    {shp:12s} {name:16s} {t * 1e3:9.1f} us {nb / t / 1e6:7.0f} GB/s", flush=True)
         if a.bwd:
             for op in a.ops.split(","):
                 f = getattr(kf, op)
@@ -58,7 +56,7 @@ def main():
                     f(xg, -1).backward(dy)
 
                 t = time_fn(step, reps=50)
-                print(f"{tag:24s} fwdbwd {shp:12s} kf.{op:13s} {t * 1e3:9.1f} us {2.5 * nb / t / 1e6:7.0f} GB/s",
+                print(f"fwdbwd {shp:12s} kf.{op:13s} {t * 1e3:9.1f} us {2.5 * nb / t / 1e6:7.0f} GB/s",
                       flush=True)
 
 

@@ -1,13 +1,11 @@
 """Developer tool: apply_rope forward on q and k as HF hands them over ([B, H, S, D] views of
 [B, S, H, D] memory, cos/sin [B, S, D] in q's dtype, 32/8 heads of 128, bf16), CUDA-graph replay
 time per call (100 calls per graph, median of 20 replays, no L2 flush: the decode metric of
-`kforge bench`), optionally Liger's. For the flat/token kernel crossover (KF_TUNE is read once per
-process: one process per setting):
+`kforge bench`), optionally Liger's, over a range of token counts (the flat/token kernel crossover):
 
-    KF_TUNE=rope_flat_max=0 PYTHONPATH=python python3 scripts/prof_rope.py [--tokens 1,8,64,256] [--liger]
+    PYTHONPATH=python python3 dev/prof_rope.py [--tokens 1,8,64,256] [--liger]
 """
 import argparse
-import os
 
 import torch
 
@@ -20,7 +18,6 @@ def main():
     ap.add_argument("--tokens", default="1,8,64,128,256,512,1024")
     ap.add_argument("--liger", action="store_true")
     a = ap.parse_args()
-    tag = os.environ.get("KF_TUNE", "default")
     timer = Timer(torch.device("cuda"), Budget())  # kforge bench's fwd_graph timing
     hq, hk, d = 32, 8, 128
     for t in (int(v) for v in a.tokens.split(",")):
@@ -39,7 +36,7 @@ def main():
             fns["liger"] = lambda: liger_rotary_pos_emb(qc, kc, cos, sin)
         with torch.no_grad():
             for name, fn in fns.items():
-                print(f"{tag:20s} tokens {t:6d} {name:6s} {timer.graph_ms(fn) * 1e3:7.2f} us/call (graph)", flush=True)
+                print(f"tokens {t:6d} {name:6s} {timer.graph_ms(fn) * 1e3:7.2f} us/call (graph)", flush=True)
 
 
 if __name__ == "__main__":
