@@ -103,7 +103,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time-only", action="store_true")
     ap.add_argument("--check-only", action="store_true")
-    ap.add_argument("--kf-only", action="store_true", help="time kernelforge only (tuning sweeps)")
+    ap.add_argument("--kf-only", action="store_true", help="time kernelforge only, no peers")
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument("--shapes", default="16384x2048,16384x4096,16384x8192,4096x65536,2048x131072")
     a = ap.parse_args()
