@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, C++ tests, Python tests, kforge check, compute-sanitizer
-# memcheck of the C++ GPU tests (norm, activation, rope), kforge bench. Every step is time-boxed and
+# memcheck of the C++ GPU tests (every candidate plan of every family) and racecheck of the norm and
+# softmax block and cluster reductions, kforge bench --save. Every step is time-boxed and
 # the run goes on after a failed step; the whole run keeps inside KF_DEADLINE seconds (default 570:
 # the device's 10-minute limit per command, less a margin). Run from anywhere; it works in the
 # repository root.
 #
-#   scripts/gpu_run.sh OUTDIR [STEP ...]    STEP: build ctest pytest check sanitizer bench (default all)
+#   scripts/gpu_run.sh OUTDIR [STEP ...]    STEP: build ctest pytest check sanitizer racecheck bench
+#                                           (default all)
 #
 # OUTDIR gets few files (the device returns at most 8, two folder levels deep):
 #   OUTDIR/log.txt                    every step's output, concatenated in order, with headers
 #   OUTDIR/bench/bench.csv            one row per (op, mode, shape, dtype, provider)
 #   OUTDIR/bench/summary.txt          the bench summary table
 #   OUTDIR/bench/<op>.png             GB/s per shape and provider, copy bandwidth line
+#   OUTDIR/bench/<gpu>.csv            benchmarks/<gpu>.csv as `kforge bench --save` rewrote it (the
+#                                     device's copy of the tree does not come back: commit this file)
 # The last lines printed are the key results and a table: step, status, seconds.
 #
 # Environment:
@@ -22,10 +26,11 @@
 #   KF_CTEST_JOBS=4            ctest -j (the GPU tests share the GPU; their host references use the cores)
 #   KF_PYTEST_JOBS=1           pytest -n when > 1 (pytest-xdist, if importable; 4 measured slower than serial)
 #   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything)
-#   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default: the norm GPU tests, the
-#                              activation GPU tests of the odd-row-stride and mixed-alignment layouts,
-#                              the rope GPU tests, and the softmax / cross-entropy GPU tests of the
-#                              odd rows that read a scalar head before 16-byte vectors)
+#   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default '*Gpu*': every C++ GPU test,
+#                              which runs every candidate plan of every family)
+#   KF_RACECHECK_FILTER=...    gtest filter for the racecheck run (default: the norm and softmax GPU
+#                              tests whose plans reduce across a block or a cluster, a subset that
+#                              fits the step's time box)
 #   KF_COMMIT=<sha>            commit stamped into the CSV when the tree has no .git
 #   KF_JOBS, KF_CUDA_ARCHS     build parallelism (default nproc) and arch (default 90a-real)
 # Carried extras (name them in the device call's `carry`):
@@ -41,7 +46,7 @@ fi
 mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
 shift
-ALL_STEPS=(build ctest pytest check sanitizer bench)
+ALL_STEPS=(build ctest pytest check sanitizer racecheck bench)
 STEPS=("$@")
 [[ ${#STEPS[@]} -eq 0 ]] && STEPS=("${ALL_STEPS[@]}")
 for s in "${STEPS[@]}"; do
@@ -53,6 +58,7 @@ T0=$(date +%s)
 DEADLINE=$((T0 + ${KF_DEADLINE:-570}))
 LOG=$OUT/log.txt
 TMPD=$(mktemp -d /tmp/kf_gpu_run.XXXXXX)
+touch "$TMPD/start"  # files newer than this were written by this run
 : >"$LOG"
 declare -a ROWS=()
 
@@ -158,12 +164,11 @@ run_step() {
 want() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
 # ctest and pytest run side by side after the build when KF_PARALLEL=1 (default): neither times
-# anything, and one after another the correctness steps took ~450 s of the 570 (session 15: ctest
-# 97 s, pytest 166 s, check 25 s, memcheck > 150 s), leaving the bench no time. Side by side (session
-# 15, H100): ctest 124 s, pytest 233 s. check and memcheck run alone after them: beside other GPU
-# processes (the GPU time-slices between them) check ran past 150 s (25 s alone) and, next to
-# memcheck, pytest past 240 s. Each background step's output goes to its own file, appended to
-# log.txt in step order once all have ended.
+# anything, and one after another the correctness steps leave the bench no time (on the H100: ctest
+# 97 s, pytest 166 s, check 25 s, memcheck > 150 s; side by side ctest 124 s, pytest 233 s). check
+# and the sanitizers run alone after them: the GPU time-slices between processes, and check beside
+# other GPU processes ran past 150 s (25 s alone). Each background step's output goes to its own
+# file, appended to log.txt in step order once all have ended.
 declare -a BG=()
 bg_step() {  # bg_step NAME CAP COMMAND: run_step in the background (KF_PARALLEL=1) or in place
   if [[ ${KF_PARALLEL:-1} != 1 ]]; then
@@ -191,10 +196,12 @@ join_steps() {
   done
   BG=()
 }
-# memcheck: every norm and RoPE GPU test (72 s for 1199 tests on the H100 with all of them); the activation GPU tests whose layouts exercise every vector width
-# and the partial last vectors (odd row stride, one input aligned and the others not); the softmax and
-# cross-entropy odd rows with a scalar head (session 14: 579 such tests took 4 s under memcheck)
-export SAN_FILTER='*NormGpu*:*ActGpu.*/*_oddstride:*ActGpu.*/*_mixed:*ActGpuSpecial*:*RopeGpu*:*SoftmaxGpu*x4095*:*SoftmaxGpu*x1031*:*SoftmaxGpu*x127*:*CeGpu*x50257*:*CeGpu*x4099*:*CeGpu*x13*'
+# memcheck: every C++ GPU test (each runs every candidate plan of its shapes through launch_with_plan).
+export SAN_FILTER='*Gpu*'
+# racecheck (shared-memory hazards) is ~10-100x slower than memcheck: the norm and softmax forward
+# and backward tests of the shapes whose plans reduce across a block (rows of thousands of elements)
+# or a cluster (the longest rows), every dtype.
+export RACE_FILTER='*NormGpu.RmsNorm/*:*NormGpu.RmsNormBackward/*:*NormGpu.LayerNormBackward/*:*SoftmaxGpu.Forward/*:*SoftmaxGpu.Backward/*'
 
 # C++ tests are skipped only when the build was configured without them
 tests_built() { ! grep -qs '^KF_BUILD_TESTS:BOOL=OFF' _build/dev/CMakeCache.txt; }
@@ -221,7 +228,7 @@ if want ctest; then
 fi
 
 # pytest-xdist, where installed and asked for: KF_PYTEST_JOBS workers, one test file per worker at a time
-# (default 1, serial: with 4 workers the suite took longer than its 180 s box, serial ~120-140 s)
+# (default 1, serial: with 4 workers the suite took longer than its 180 s box, serial 120-140 s)
 XDIST=""
 if [[ ${KF_PYTEST_JOBS:-1} -gt 1 ]] && PYTHONPATH=$PYPATH python3 -c "import xdist" 2>/dev/null; then
   XDIST="-n ${KF_PYTEST_JOBS} --dist loadfile"
@@ -249,10 +256,31 @@ if want sanitizer; then
   fi
 fi
 
+# racecheck of the block and cluster reductions: shared-memory and distributed-shared-memory hazards.
+if want racecheck; then
+  if tests_built; then
+    # shellcheck disable=SC2016  # expanded by the step's own bash
+    run_step racecheck 120 '
+      bin=$(find _build/dev/tests/cpp -maxdepth 2 -type f -perm -u+x -name kf_tests 2>/dev/null | head -n1)
+      [[ -n $bin ]] || { echo "no kf_tests under _build/dev/tests/cpp"; exit 3; }
+      echo "racecheck: $bin --gtest_filter=${KF_RACECHECK_FILTER:-$RACE_FILTER}"
+      KF_REQUIRE_GPU=1 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 86 \
+        --print-limit 50 "$bin" --gtest_filter="${KF_RACECHECK_FILTER:-$RACE_FILTER}"'
+  else
+    ROWS+=("racecheck|SKIP (tests not built)|0")
+  fi
+fi
+
 # The bench gets what is left (up to 480 s) and stops starting new cases 75 s before its timeout,
-# so the CSV, the PNGs and the summary are always written.
-want bench && run_step bench 480 \
-  "PYTHONPATH=\$PYPATH python3 -m kernelforge.cli bench --out '$OUT/bench' --max-seconds \$((STEP_TIMEOUT > 150 ? STEP_TIMEOUT - 75 : STEP_TIMEOUT / 2)) ${KF_BENCH_ARGS:-}"
+# so the CSV, the PNGs and the summary are always written. --save rewrites benchmarks/<gpu>.csv,
+# copied to OUTDIR/bench/ because the device's tree does not come back.
+# shellcheck disable=SC2016  # expanded by the step's own bash
+want bench && run_step bench 480 '
+  PYTHONPATH=$PYPATH python3 -m kernelforge.cli bench --save --out "'"$OUT"'/bench" \
+    --max-seconds $((STEP_TIMEOUT > 150 ? STEP_TIMEOUT - 75 : STEP_TIMEOUT / 2)) ${KF_BENCH_ARGS:-}
+  rc=$?
+  for f in benchmarks/*.csv; do [[ $f -nt "'"$TMPD"'/start" ]] && cp -f "$f" "'"$OUT"'/bench/"; done
+  exit $rc'
 
 # ---- results ------------------------------------------------------------------------------------
 excerpt() {  # excerpt STEP PATTERN MAXLINES
@@ -268,6 +296,7 @@ excerpt() {  # excerpt STEP PATTERN MAXLINES
   excerpt pytest '(passed|failed|error|skipped)( |,|$)|^FAILED|^ERROR' 25
   excerpt check '^(PASS|FAIL) |^ {8}|kforge check|Error' 40
   excerpt sanitizer 'ERROR SUMMARY|Invalid|memcheck:|PASSED|FAILED' 15
+  excerpt racecheck 'ERROR SUMMARY|RACECHECK SUMMARY|[Hh]azard|racecheck:|PASSED|FAILED' 15
   if [[ -f $OUT/bench/summary.txt ]]; then
     echo "--- bench ($OUT/bench)"
     head -n 90 "$OUT/bench/summary.txt"
