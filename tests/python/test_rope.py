@@ -116,12 +116,14 @@ def test_reference_matches_transformers(shape, layout):
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_reference_matches_diffusers(shape, layout):
-    """rope_ref (interleaved) is diffusers' apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)."""
+    """rope_ref (interleaved) is diffusers' apply_rotary_emb(use_real=True, use_real_unbind_dim=-1).
+    diffusers computes x * cos + rot(x) * sin in float32 (x.float()), whatever x's dtype: the two agree
+    to float32 rounding."""
     B, S, Hq, Hk, D, R_ = shape
     x = torch.randn(heads_shape(layout, B, S, Hq, D), dtype=f64)
     cos, sin = diffusers_tables(torch.arange(S), R_)
     torch.testing.assert_close(rope_ref(x, cos, sin, True, layout), diffusers_reference(x, cos, sin, layout, R_),
-                               rtol=1e-12, atol=1e-12)
+                               rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)

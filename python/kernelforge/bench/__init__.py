@@ -51,7 +51,13 @@ SWEEP_PROVIDERS = ("kernelforge", "eager", "torch_native", "liger")  # compile: 
 DEFAULT_SAVE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.realpath(__file__))))), "benchmarks")
 
-__all__ = ["add_arguments", "main", "parse_shapes", "plan_cases", "CSV_FIELDS", "DEFAULT_OPS"]
+__all__ = ["add_arguments", "main", "parse_shapes", "plan_cases", "eager_provider", "Budget", "Timer",
+           "CSV_FIELDS", "DEFAULT_OPS"]
+
+
+def eager_provider(op: str):
+    """The eager peer of `op` (the code the model libraries run): t (the spec's inputs) -> outputs."""
+    return SPECS[op].eager()
 
 
 def _csv_list(allowed, what):

@@ -12,7 +12,6 @@ per output: `dq_out`, `dk_out`); check inputs add the variant's optional tensors
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -218,7 +217,3 @@ def grads_of(outputs: list, grads: list, leaves: Tensors, names: list[str], like
             raise AssertionError(f"d{k} has shape {tuple(g.shape)}, expected {tuple(like[k].shape)}")
         res["d" + k] = g
     return res
-
-
-def prod(*xs: int) -> int:
-    return math.prod(xs)
