@@ -1,9 +1,11 @@
 """`kforge`: the kernelforge command line.
 
-    kforge bench [ops...] [--shapes 16384x4096,1x4096] [--dtype bf16] [--providers ...]
-                          [--modes fwd,fwdbwd,fwd_graph,fwd_call] [--out bench_out] [--quick]
+    kforge bench [ops...] [--ops LIST] [--shapes 16384x4096,1x4096] [--dtype bf16] [--providers ...]
+                 [--modes fwd,fwdbwd,fwd_graph,fwd_call] [--rows 4096,...] [--sweep] [--plan]
+                 [--save [--out-dir benchmarks]] [--out bench_out] [--quick] [--max-seconds S]
     kforge check [ops...] [--dtype bf16,fp16,fp32] [--seed N]
 
+Both read the op specs of kernelforge.specs.
 Both need a CUDA GPU and the built extension; without one they say so and exit with status 2.
 Also runnable as `python -m kernelforge.cli`.
 """

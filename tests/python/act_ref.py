@@ -1,48 +1,15 @@
-"""float64 PyTorch references for the activation family, written from the model libraries' code, and
-the op table the activation tests are driven by. Tolerances: norm_ref's table (TOL / GRAD_TOL, one
-per dtype: the kernels compute in float32 and round once, well inside it).
-
-References take tensors of any dtype, compute in float64 and round the result once to ``dtype`` (the
-fused kernels' semantics; eager PyTorch also rounds act(gate) before the multiply, which the
-tolerance covers). With ``dtype=torch.float64`` they are differentiable: the gradient reference.
+"""Test harness of the activation family: the op variants the tests are driven by, their inputs and
+calls. The float64 references live in kernelforge.specs.activation; tolerances are the one table of
+kernelforge.specs (norm_ref.TOL / GRAD_TOL: the kernels compute in float32 and round once).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from kernelforge.specs import activation as spec
 
 f64 = torch.float64
-
-
-def silu_and_mul(x, dtype):
-    """vLLM / kernels ``silu_and_mul``: gate first. HF LlamaMLP: act_fn(gate_proj(x)) * up_proj(x)."""
-    x = x.to(f64)
-    i = x.shape[-1] // 2
-    return (F.silu(x[..., :i]) * x[..., i:]).to(dtype)
-
-
-def swiglu(gate, up, dtype):
-    return (F.silu(gate.to(f64)) * up.to(f64)).to(dtype)
-
-
-def gelu_and_mul(x, approximate, gate_first, dtype):
-    """gate_first: vLLM ``gelu_and_mul`` / ``gelu_tanh_and_mul``; else diffusers GEGLU:
-    ``hidden_states, gate = proj(x).chunk(2, dim=-1); return hidden_states * self.gelu(gate)``."""
-    x = x.to(f64)
-    first, second = x.chunk(2, dim=-1)
-    if gate_first:
-        return (F.gelu(first, approximate=approximate) * second).to(dtype)
-    return (first * F.gelu(second, approximate=approximate)).to(dtype)
-
-
-def geglu(hidden, gate, approximate, dtype):
-    """diffusers GEGLU after the projection: ``hidden_states * F.gelu(gate)``."""
-    return (hidden.to(f64) * F.gelu(gate.to(f64), approximate=approximate)).to(dtype)
-
-
-def gelu(x, approximate, dtype):
-    return F.gelu(x.to(f64), approximate=approximate).to(dtype)
 
 
 # ---- the op variants under test, driven by one table -------------------------------------------------
@@ -100,16 +67,9 @@ def run_kf(kf, op, inp):
 
 
 def run_ref(op, inp, dtype):
+    """The float64 reference of kernelforge.specs.activation, rounded once to dtype."""
     k, ap, gf = VARIANTS[op]
-    if k == "silu_and_mul":
-        return silu_and_mul(inp["x"], dtype)
-    if k == "swiglu":
-        return swiglu(inp["gate"], inp["up"], dtype)
-    if k == "gelu_and_mul":
-        return gelu_and_mul(inp["x"], ap, gf, dtype)
-    if k == "geglu":
-        return geglu(inp["hidden"], inp["gate"], ap, dtype)
-    return gelu(inp["x"], ap, dtype)
+    return spec.reference_call(k, inp, {"approximate": ap, "gate_first": gf}, dtype)
 
 
 def out_shape(op, inp):

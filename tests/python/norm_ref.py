@@ -1,9 +1,9 @@
-"""float64 PyTorch references for the norm family, written from the model libraries' semantics, plus
-the tolerance table and input builders shared by the tests.
+"""Test harness of the norm family, shared by the other families' tests: devices and dtypes, the
+tolerance comparison, random inputs, memory layouts, the NaN-poisoned allocator, and the op table the
+norm tests are driven by.
 
-Each reference takes tensors of any dtype, computes in float64 and applies the roundings the model
-library applies (``dtype`` = the tensor dtype). With ``dtype=torch.float64`` nothing is rounded and
-the function is differentiable: that is the gradient reference.
+The float64 references and the one tolerance table live in kernelforge.specs (specs/norm.py,
+specs/_spec.py TOL); the names below re-export them for the tests that use this module.
 """
 
 from __future__ import annotations
@@ -12,31 +12,23 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
+
+from kernelforge.specs import TOL as SPEC_TOL
+from kernelforge.specs.norm import EPS as SPEC_EPS
+from kernelforge.specs.norm import ada_norm_ref as ada_norm
+from kernelforge.specs.norm import add_rms_norm_ref as add_rms_norm
+from kernelforge.specs.norm import layer_norm_ref as layer_norm
+from kernelforge.specs.norm import rms_norm_ref as rms_norm
 
 f64 = torch.float64
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
-# Tolerance per dtype, used as assert_close(rtol=tol, atol=tol). The kernels compute in float32 and
-# round once; rms_norm rounds twice (x * rstd is cast to the dtype before * weight, as in HF), so a
-# float32 rounding difference at the first cast moves the result by |w| ulp(x_hat) + ulp(y)/2: up to
-# 1.5 ulp relative. The half-precision entries allow 2 ulp (fp16 2^-9, bf16 2^-6); float32 allows
-# the accumulation error of 131072-element rows with margin.
-TOL = {
-    torch.float32: 1e-5,
-    torch.float16: 2e-3,
-    torch.bfloat16: 1.6e-2,
-    torch.float64: 1e-12,
-}
-# Gradients: compared with rtol=tol and atol=tol * max|reference| (dx and dweight involve row/column
-# reductions whose terms cancel, so elementwise relative error is meaningless near zero).
-GRAD_TOL = {
-    torch.float32: 1e-4,
-    torch.float16: 3e-3,
-    torch.bfloat16: 1e-2,
-    torch.float64: 1e-10,
-}
+# Views of the one tolerance table (kernelforge.specs.TOL): outputs with rtol = atol = TOL[dtype];
+# gradients with rtol = GRAD_TOL[dtype] and atol = GRAD_TOL[dtype] * max|reference| (dx and dweight
+# involve row/column reductions whose terms cancel, so elementwise relative error is meaningless near 0).
+TOL = {dt: t.out for dt, t in SPEC_TOL.items()}
+GRAD_TOL = {dt: t.grad for dt, t in SPEC_TOL.items()}
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -49,47 +41,6 @@ def assert_close(actual, expected, dtype, *, grad=False, msg=""):
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
     atol = tol * max(1.0, e.abs().max().item()) if grad and e.numel() else tol
     torch.testing.assert_close(a, e, rtol=tol, atol=atol, equal_nan=False, msg=lambda m: f"{msg}\n{m}")
-
-
-# ---- references -----------------------------------------------------------------------------------
-
-
-def _round(t: torch.Tensor, dtype) -> torch.Tensor:
-    return t if dtype == f64 else t.to(dtype).to(f64)
-
-
-def rms_norm(x, weight, eps, dtype):
-    """HF LlamaRMSNorm: normalize in high precision, cast to the input dtype, then * weight."""
-    x = x.to(f64)
-    y = _round(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), dtype)
-    if weight is not None:
-        y = y * weight.to(f64)
-    return y.to(dtype)
-
-
-def add_rms_norm(x, residual, weight, eps, dtype):
-    s = _round(x.to(f64) + residual.to(f64), dtype)
-    return rms_norm(s, weight, eps, dtype), s.to(dtype)
-
-
-def layer_norm(x, weight, bias, eps, dtype):
-    w = None if weight is None else weight.to(f64)
-    b = None if bias is None else bias.to(f64)
-    return F.layer_norm(x.to(f64), (x.shape[-1],), w, b, eps).to(dtype)
-
-
-def ada_norm(x, scale, shift, weight, bias, eps, kind, dtype):
-    """norm(x) * (1 + scale) + shift, all in float64, one rounding at the end."""
-    x = x.to(f64)
-    if kind == "layer":
-        n = F.layer_norm(x, (x.shape[-1],), None, None, eps)
-    else:
-        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        n = n * weight.to(f64)
-    if bias is not None:
-        n = n + bias.to(f64)
-    return (n * (1 + scale.to(f64)) + shift.to(f64)).to(dtype)
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -129,7 +80,7 @@ def numel(shape) -> int:
 # ---- the ops under test, driven by one table --------------------------------------------------------
 # Each case: how to call kernelforge, how to call the reference, which inputs it takes.
 OPS = ["rms_norm", "add_rms_norm", "layer_norm", "ada_norm_layer", "ada_norm_rms"]
-EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6, "layer_norm": 1e-5, "ada_norm_layer": 1e-6, "ada_norm_rms": 1e-6}
+EPS = {op: SPEC_EPS["ada_norm" if op.startswith("ada_norm") else op] for op in OPS}
 HAS_BIAS = {"layer_norm", "ada_norm_layer", "ada_norm_rms"}
 
 

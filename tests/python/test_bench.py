@@ -1,12 +1,14 @@
-"""`kforge bench` and `kforge check` on the CPU: the pure-Python parts (shape parsing, byte and flop
-counts, the case plan, the rope inputs), the refusal without a GPU, and smoke runs through the
-hidden `--device cpu` (on CPU the kernelforge ops run the float64 C++ reference, so these check the
-wiring of inputs, providers and comparisons, not the kernels)."""
+"""`kforge bench`, `kforge check` and the op specs on the CPU: spec consistency, byte and FLOP counts,
+shape parsing, the case plan, the command line (--plan, --sweep, --save), the CSV schema, the refusal
+without a GPU, and smoke runs through the hidden `--device cpu` (on CPU the kernelforge ops run the
+float64 C++ reference, so these check the wiring of inputs, providers and comparisons, not the
+kernels)."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import math
 import types
 
@@ -14,122 +16,196 @@ import pytest
 import torch
 
 from kernelforge import bench, check, cli
-from kernelforge.bench import RopeShape
+from kernelforge.bench import report, runner
+from kernelforge.specs import GROUPS, OPS, SPECS, TOL, FlceShape, RopeShape, shape_label, shape_rows
+from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
+from kernelforge.specs.rope import hf_rope_tables
 
-LLAMA = RopeShape(4, 4096, 32, 8, 128)  # the issue's first acceptance shape
-
-
-def test_parse_shapes_both_kinds():
-    got = bench.parse_shapes("16384x4096, b4s4096h32/8d128,B1S1H32/8D128,")
-    assert got == [(16384, 4096), LLAMA, RopeShape(1, 1, 32, 8, 128)]
-    assert isinstance(got[1], RopeShape) and not isinstance(got[0], RopeShape)
-    assert str(got[1]) == "b4s4096h32/8d128"
-    assert [bench.shape_label(s) for s in got] == ["16384x4096", "b4s4096h32/8d128", "b1s1h32/8d128"]
+LLAMA = RopeShape(4, 4096, 32, 8, 128)
+CPU = torch.device("cpu")
+# one small shape of each kind, for inputs and smoke runs on the CPU
+SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101)}
 
 
-@pytest.mark.parametrize("text", ["b4s4096h32d128", "b4s4096h32/8", "b1s1h32/8d127", "b0s1h32/8d128",
-                                  "b1s1h32/0d128", "16384x", "x4096", "16384x4096x2", ","])
-def test_parse_shapes_rejects(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        bench.parse_shapes(text)
+# ---- the specs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_spec_is_complete(op):
+    """Every spec: a float64 reference and the C++ one, check inputs, shapes and variants, default
+    bench shapes of its kind with bytes and FLOPs > 0 in both modes, kernelforge first of its
+    providers, and a factory for every peer it lists."""
+    s = SPECS[op]
+    assert s.name == op and op in GROUPS[s.family]
+    for f in ("reference", "cpp_reference", "check_run", "check_inputs", "inputs", "run"):
+        assert callable(getattr(s, f)), f"{op}: no {f}"
+    assert s.check_shapes and s.variants and s.shapes and s.grad_inputs and s.grad_outputs
+    assert all(runner._kind(sh) == s.shape_kind for sh in s.shapes + s.sweep_shapes)
+    for sh in s.shapes:
+        for mode in ("fwd", "fwdbwd", "fwd_graph", "fwd_call"):
+            for elt in (2, 4):
+                assert s.traffic(sh, mode, elt) > 0
+            assert s.flop_count(sh, mode) > 0
+        assert s.traffic(sh, "fwdbwd", 2) > s.traffic(sh, "fwd", 2)
+        assert s.traffic(sh, "fwd", 4) == 2 * s.traffic(sh, "fwd", 2)
+    assert s.providers[0] == "kernelforge" and set(s.providers) <= set(report.PROVIDERS)
+    for p, factory in (("eager", s.eager), ("torch_native", s.torch_native), ("liger", s.liger)):
+        assert (p not in s.providers) or factory is not None, f"{op}: lists {p} but has no factory"
+    assert ("compile" not in s.providers) or s.eager is not None
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_spec_inputs_cpu(op):
+    """The bench inputs hold every differentiated input and incoming gradient, never all zeros, and
+    are the same for the same seed."""
+    s = SPECS[op]
+    sh = SMALL[s.shape_kind]
+    t = s.inputs(sh, torch.bfloat16, CPU, torch.Generator().manual_seed(0))
+    u = s.inputs(sh, torch.bfloat16, CPU, torch.Generator().manual_seed(0))
+    for k in s.grad_inputs + s.grad_outputs:
+        assert isinstance(t[k], torch.Tensor) and t[k].is_floating_point(), f"{op}: {k}"
+        assert torch.equal(t[k], u[k])
+    for k in s.grad_inputs:
+        assert t[k].count_nonzero() > 0
+
+
+def test_tolerance_table():
+    """One row per dtype; every kind of comparison is tighter in float32 than in the half types."""
+    assert set(TOL) == {torch.float32, torch.float16, torch.bfloat16, torch.float64}
+    for f in dataclasses.fields(TOL[torch.float32]):
+        v32, v16, vbf = (getattr(TOL[d], f.name) for d in (torch.float32, torch.float16, torch.bfloat16))
+        assert 0 < v32 <= v16 and v32 <= vbf, f.name
+
+
+def test_families_and_groups():
+    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss")
+    assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
+    assert OPS[-2:] == ("cross_entropy", "fused_linear_cross_entropy")
+    assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
+
+
+# ---- bytes and FLOPs --------------------------------------------------------------------------------
 
 
 def test_rope_bytes():
     # |q| + |k| = B*S*(Hq + Hk)*D; cos/sin [B, S, D] each
     qk = 4 * 4096 * (32 + 8) * 128
     cs = 4 * 4096 * 128
-    # the anchors' rope_fwd rows (and notes/rope.md) count q and k only: 335.5 MB in bf16
-    assert 2 * qk * 2 == 335_544_320
-    assert bench.traffic_bytes("apply_rope", "fwd", LLAMA, 2) == (2 * qk + 2 * cs) * 2
-    assert bench.traffic_bytes("apply_rope", "fwdbwd", LLAMA, 2) == (4 * qk + 4 * cs) * 2
-    # the decode modes count the forward's bytes; fp32 doubles everything
-    one = RopeShape(1, 1, 32, 8, 128)
-    assert bench.traffic_bytes("apply_rope", "fwd_graph", one, 4) == (2 * 40 * 128 + 2 * 128) * 4
-    assert bench.traffic_bytes("apply_rope", "fwd_call", one, 4) == bench.traffic_bytes("apply_rope", "fwd", one, 4)
-    # ours / the anchors' = (Hq + Hk + 1) / (Hq + Hk)
-    assert bench.traffic_bytes("apply_rope", "fwd", LLAMA, 2) / (2 * qk * 2) == pytest.approx(41 / 40)
-    assert bench.flop_count("apply_rope", "fwd", LLAMA) == 3 * qk
-    assert bench.flop_count("apply_rope", "fwdbwd", LLAMA) == 6 * qk
+    s = SPECS["apply_rope"]
+    assert 2 * qk * 2 == 335_544_320  # q and k only: 335.5 MB in bf16
+    assert s.traffic(LLAMA, "fwd", 2) == (2 * qk + 2 * cs) * 2
+    assert s.traffic(LLAMA, "fwdbwd", 2) == (4 * qk + 4 * cs) * 2
+    one = RopeShape(1, 1, 32, 8, 128)  # the decode modes count the forward's bytes
+    assert s.traffic(one, "fwd_graph", 4) == (2 * 40 * 128 + 2 * 128) * 4
+    assert s.traffic(one, "fwd_call", 4) == s.traffic(one, "fwd", 4)
+    assert s.traffic(LLAMA, "fwd", 2) / (2 * qk * 2) == pytest.approx(41 / 40)
+    assert s.flop_count(LLAMA, "fwd") == 3 * qk and s.flop_count(LLAMA, "fwdbwd") == 6 * qk
 
 
-def test_norm_and_activation_bytes_unchanged():
+def test_row_op_bytes():
     M, N = 16384, 4096
-    assert bench.traffic_bytes("rms_norm", "fwd", (M, N), 2) == (2 * M * N + N) * 2
-    assert bench.traffic_bytes("add_rms_norm", "fwdbwd", (M, N), 2) == (7 * M * N + 3 * N) * 2
-    assert bench.traffic_bytes("ada_norm", "fwdbwd", (M, N), 4) == (5 * M * N + 5 * 4 * N) * 4  # B = 4
-    assert bench.traffic_bytes("ada_norm", "fwd", (1, N), 2) == (2 * N + 2 * N) * 2  # B = 1
-    assert bench.traffic_bytes("silu_and_mul", "fwd_graph", (64, N), 2) == 3 * 64 * N * 2
-    assert bench.flop_count("layer_norm", "fwdbwd", (M, N)) == 17 * M * N
+    assert SPECS["rms_norm"].traffic((M, N), "fwd", 2) == (2 * M * N + N) * 2
+    assert SPECS["add_rms_norm"].traffic((M, N), "fwdbwd", 2) == (7 * M * N + 3 * N) * 2
+    assert SPECS["ada_norm"].traffic((M, N), "fwdbwd", 4) == (5 * M * N + 5 * 4 * N) * 4  # B = 4
+    assert SPECS["ada_norm"].traffic((1, N), "fwd", 2) == (2 * N + 2 * N) * 2  # B = 1
+    assert SPECS["silu_and_mul"].traffic((64, N), "fwd_graph", 2) == 3 * 64 * N * 2
+    assert SPECS["gelu"].traffic((64, N), "fwdbwd", 2) == 5 * 64 * N * 2
+    assert SPECS["layer_norm"].flop_count((M, N), "fwdbwd") == 17 * M * N
+    assert SPECS["softmax"].traffic((M, N), "fwd", 2) == 2 * M * N * 2
+    assert SPECS["log_softmax"].traffic((M, N), "fwdbwd", 2) == 5 * M * N * 2
+    assert SPECS["cross_entropy"].traffic((4096, 128256), "fwdbwd", 2) == 3 * 4096 * 128256 * 2
+    f = FlceShape(8192, 4096, 128256)
+    assert SPECS["fused_linear_cross_entropy"].traffic(f, "fwd", 2) == (8192 + 128256) * 4096 * 2
+    assert SPECS["fused_linear_cross_entropy"].flop_count(f, "fwdbwd") == 3 * 2 * 8192 * 4096 * 128256
+
+
+# ---- shapes and the case plan -----------------------------------------------------------------------
+
+
+def test_parse_shapes_all_kinds():
+    got = runner.parse_shapes("16384x4096, b4s4096h32/8d128,B1S1H32/8D128,t8h4v7")
+    assert got == [(16384, 4096), LLAMA, RopeShape(1, 1, 32, 8, 128), FlceShape(8, 4, 7)]
+    assert [shape_label(s) for s in got] == ["16384x4096", "b4s4096h32/8d128", "b1s1h32/8d128", "t8h4v7"]
+
+
+@pytest.mark.parametrize("text", ["b4s4096h32d128", "b4s4096h32/8", "b1s1h32/8d127", "b0s1h32/8d128",
+                                  "b1s1h32/0d128", "16384x", "x4096", "16384x4096x2", ",", "t0h1v1"])
+def test_parse_shapes_rejects(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        runner.parse_shapes(text)
 
 
 def test_decode_modes_count_tokens():
-    modes = list(bench.MODES)
-    assert bench.modes_for(bench.case_rows(RopeShape(64, 1, 32, 8, 128)), modes) == modes
-    assert bench.modes_for(bench.case_rows(RopeShape(1, 1, 32, 8, 128)), modes) == modes
-    assert bench.modes_for(bench.case_rows(RopeShape(65, 1, 32, 8, 128)), modes) == ["fwd", "fwdbwd"]
-    assert bench.modes_for(bench.case_rows(RopeShape(1, 16384, 32, 8, 128)), modes) == ["fwd", "fwdbwd"]
-    assert bench.case_rows((64, 4096)) == 64
+    modes = list(report.MODES)
+    rows = shape_rows
+    assert runner.modes_for(rows(RopeShape(64, 1, 32, 8, 128)), modes) == modes
+    assert runner.modes_for(rows(RopeShape(65, 1, 32, 8, 128)), modes) == ["fwd", "fwdbwd"]
+    assert runner.modes_for(rows(RopeShape(1, 16384, 32, 8, 128)), modes) == ["fwd", "fwdbwd"]
+    assert runner.modes_for(rows((64, 4096)), modes) == modes
+
+
+def test_plan_defaults():
+    cases = runner.plan_cases(bench.DEFAULT_OPS, None, ["bf16"])
+    assert cases[0] == ("rms_norm", (16384, 2048), "bf16")
+    fam = {op: i for i, f in enumerate(GROUPS[k] for k in ("norm", "activation", "rope")) for op in f}
+    assert [fam[op] for op, _, _ in cases] == sorted(fam[op] for op, _, _ in cases)  # family by family
+    rope = [dims for op, dims, _ in cases if op == "apply_rope"]
+    assert [str(s) for s in rope] == ["b4s4096h32/8d128", "b1s16384h32/8d128", "b1s1h32/8d128", "b64s1h32/8d128"]
+    assert ("rms_norm", (2048, 131072), "bf16") in cases and ("add_rms_norm", (2048, 131072), "bf16") not in cases
+    assert runner.plan_cases(["rms_norm", "softmax"], None, ["bf16"])[-1] == ("softmax", (4096, 131072), "bf16")
+
+
+def test_plan_shapes_by_kind_and_rows():
+    shapes = [(8, 64), RopeShape(1, 2, 2, 1, 8), (16, 64)]
+    assert runner.plan_cases(["rms_norm", "apply_rope"], shapes, ["bf16", "fp32"]) == [
+        ("rms_norm", (8, 64), "bf16"), ("rms_norm", (8, 64), "fp32"),
+        ("rms_norm", (16, 64), "bf16"), ("rms_norm", (16, 64), "fp32"),
+        ("apply_rope", RopeShape(1, 2, 2, 1, 8), "bf16"), ("apply_rope", RopeShape(1, 2, 2, 1, 8), "fp32")]
+    assert runner.plan_cases(["apply_rope"], [(8, 64)], ["bf16"]) == []
+    assert runner.plan_cases(["rms_norm"], shapes, ["bf16"], rows=[16]) == [("rms_norm", (16, 64), "bf16")]
+
+
+def test_sweep_grid():
+    """Rows {4096, 16384} x hidden 1024..16384 in steps of 512 plus the model sizes, per norm op."""
+    assert SWEEP_ROWS == (4096, 16384)
+    assert set(range(1024, 16385, 512)) <= set(SWEEP_HIDDEN)
+    assert {2880, 3584, 5120, 6144, 7168, 10240, 11008, 13824, 14336} <= set(SWEEP_HIDDEN)
+    assert len(SWEEP_HIDDEN) == 31 + 2 and list(SWEEP_HIDDEN) == sorted(SWEEP_HIDDEN)
+    cases = runner.plan_cases(GROUPS["norm"], None, ["bf16"], sweep=True, rows=[4096])
+    assert len(cases) == 4 * len(SWEEP_HIDDEN) and all(dims[0] == 4096 for _, dims, _ in cases)
+    assert {op for op, _, _ in cases} == set(GROUPS["norm"])
+    assert [op for op in OPS if SPECS[op].sweep_shapes] == list(GROUPS["norm"])
+
+
+# ---- the command line ----------------------------------------------------------------------------
 
 
 def _bench_args(argv):
     return cli.build_parser().parse_args(["bench", *argv])
 
 
-def test_plan_rope_last_and_defaults():
-    args = _bench_args([])
-    args.ops = list(bench.DEFAULT_OPS)
-    cases = bench.plan_cases(args)
-    assert bench.DEFAULT_OPS[-1] == "apply_rope" and "apply_rope" in bench.OP_GROUPS["all"]
-    assert bench.OP_GROUPS["rope"] == ("apply_rope",)
-    # the norm plan first (as before the other families), then the activations, then rope
-    assert cases[0] == ("rms_norm", (16384, 2048), "bf16")
-    families = [0 if op in bench.NORM_OPS else 1 if op in bench.ACT_OPS else 2 for op, _, _ in cases]
-    assert families == sorted(families)
-    rope = [dims for op, dims, _ in cases if op == "apply_rope"]
-    assert rope == list(bench.ROPE_SHAPES)
-    assert [str(s) for s in rope] == ["b4s4096h32/8d128", "b1s16384h32/8d128", "b1s1h32/8d128", "b64s1h32/8d128"]
+def test_cli_parses_new_options():
+    a = _bench_args(["rms_norm", "--plan", "--sweep", "--rows", "4096,16384", "--save", "--out-dir", "/tmp/x"])
+    assert a.plan and a.sweep and a.save and a.rows == [4096, 16384] and a.out_dir == "/tmp/x"
+    a = _bench_args([])
+    assert not (a.plan or a.sweep or a.save) and a.rows is None and a.out == "bench_out"
+    assert a.out_dir.endswith("benchmarks")
+    # the options scripts/gpu_run.sh passes
+    a = _bench_args(["--out", "o/bench", "--max-seconds", "300", "--quick", "--dtype", "bf16,fp32",
+                     "--modes", "fwd,fwdbwd", "--providers", "eager", "--shapes", "8x64"])
+    assert a.max_seconds == 300 and a.quick and a.dtype == ["bf16", "fp32"] and a.shapes == [(8, 64)]
+    with pytest.raises(SystemExit):
+        _bench_args(["--rows", "0"])
 
 
-def test_plan_shapes_by_kind():
-    args = _bench_args(["--shapes", "8x64,b1s2h2/1d8", "--dtype", "bf16,fp32"])
-    args.ops = ["rms_norm", "apply_rope"]
-    assert bench.plan_cases(args) == [
-        ("rms_norm", (8, 64), "bf16"), ("rms_norm", (8, 64), "fp32"),
-        ("apply_rope", RopeShape(1, 2, 2, 1, 8), "bf16"), ("apply_rope", RopeShape(1, 2, 2, 1, 8), "fp32")]
-    args = _bench_args(["--shapes", "8x64"])
-    args.ops = ["apply_rope"]
-    assert bench.plan_cases(args) == []
-
-
-def test_rope_inputs_are_hf_views():
-    dims = RopeShape(2, 5, 4, 2, 16)
-    t = bench.make_inputs("apply_rope", dims, torch.bfloat16, torch.device("cpu"))
-    for name, h in (("q", 4), ("k", 2), ("dq_out", 4), ("dk_out", 2)):
-        x = t[name]
-        assert x.shape == (2, h, 5, 16) and x.dtype == torch.bfloat16
-        assert not x.is_contiguous() and x.transpose(1, 2).is_contiguous()  # [B, S, H, D] memory
-    assert t["cos"].shape == t["sin"].shape == (2, 5, 16) and t["cos"].dtype == torch.bfloat16
-    assert t["cos"].is_contiguous() and t["sin"].is_contiguous()
-
-
-def test_rope_tables_match_llama_rotary_embedding():
-    transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    pos = torch.tensor([[5, 6, 7], [4000, 4001, 4095]])
-    for d in (16, 128):
-        cfg = transformers.LlamaConfig(hidden_size=4 * d, num_attention_heads=4, num_key_value_heads=2, head_dim=d)
-        emb = LlamaRotaryEmbedding(cfg)
-        for dtype in (torch.bfloat16, torch.float32):
-            want_cos, want_sin = emb(torch.zeros(1, dtype=dtype), pos)
-            cos, sin = bench.hf_rope_tables(pos, d, dtype)
-            torch.testing.assert_close(cos, want_cos, rtol=0, atol=0)
-            torch.testing.assert_close(sin, want_sin, rtol=0, atol=0)
+def test_sweep_rejects_ops_without_grid(capsys):
+    assert cli.main(["bench", "--sweep", "apply_rope"]) == 2
+    assert "--sweep has no grid for apply_rope" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-@pytest.mark.parametrize("argv", [["bench"], ["bench", "apply_rope"], ["check"], ["check", "rope"],
-                                  ["check", "cross_entropy"], ["check", "loss"]])
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "apply_rope"], ["bench", "--sweep"], ["check"],
+                                  ["check", "rope"], ["check", "cross_entropy"], ["check", "loss"]])
 def test_no_gpu_fails_clearly(argv, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -142,38 +218,147 @@ def test_unknown_op(argv, capsys):
     assert "unknown op" in capsys.readouterr().err
 
 
-def test_bench_smoke_cpu(tmp_path):
-    """apply_rope and a norm op through the whole bench on the CPU: every peer agrees with kernelforge
-    (forward and gradients), one CSV schema, the summary lists no problem."""
+@pytest.mark.parametrize("name,short", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100"), ("Tesla T4", "t4"),
+                                        ("NVIDIA GeForce RTX 4090", "rtx4090"), ("cpu", "cpu")])
+def test_gpu_short_name(name, short):
+    assert report.gpu_short_name(name) == short
+
+
+# ---- the CSV and --save -------------------------------------------------------------------------
+
+
+def _info():
+    return report.RunInfo(gpu="NVIDIA H100 80GB HBM3", torch_version="2.x", commit="abc", copy_gbps=3000.0,
+                          copy_at={})
+
+
+def test_csv_rows_schema():
+    info = _info()
+    group = [report.Result("rms_norm", "fwd", (16384, 4096), "bf16", "kernelforge", 0.1),
+             report.Result("rms_norm", "fwd", (16384, 4096), "bf16", "eager", 0.3),
+             report.Result("rms_norm", "fwd", (16384, 4096), "bf16", "liger", float("nan"), "FAILED: x")]
+    info.copy_at[SPECS["rms_norm"].traffic((16384, 4096), "fwd", 2)] = 2800.0
+    rows = report.csv_rows(group, info)
+    assert [list(r) for r in rows] == [list(report.CSV_FIELDS)] * 3
+    kf = rows[0]
+    nbytes = (2 * 16384 * 4096 + 4096) * 2
+    assert float(kf["gbps"]) == pytest.approx(nbytes / 1e-4 / 1e9, abs=0.1)
+    assert float(kf["speedup_vs_best_peer"]) == pytest.approx(3.0)
+    assert float(kf["pct_of_copy_bw"]) == pytest.approx(100 * float(kf["gbps"]) / 3000, abs=0.1)
+    assert float(kf["copy_same_bytes_gbps"]) == 2800.0 and kf["gpu"] == info.gpu and kf["commit"] == "abc"
+    assert rows[2]["ms_median"] == "nan" and rows[2]["gbps"] == ""
+
+
+def test_save_merges_and_plots(tmp_path):
+    info = _info()
+    g1 = [report.Result("rms_norm", m, (4096, h), "bf16", p, ms) for m in ("fwd", "fwdbwd")
+          for h in (1024, 1536) for p, ms in (("kernelforge", 0.02), ("eager", 0.05))]
+    path, pngs, problems = report.save(report.csv_rows(g1, info), info, str(tmp_path))
+    assert path == str(tmp_path / "h100.csv") and not problems
+    g2 = [report.Result("rms_norm", "fwd", (4096, 1024), "bf16", "kernelforge", 0.01),
+          report.Result("layer_norm", "fwd", (4096, 1024), "bf16", "kernelforge", 0.03)]
+    report.save(report.csv_rows(g2, info), info, str(tmp_path))
+    with open(path) as f:
+        r = csv.DictReader(f)
+        assert tuple(r.fieldnames) == report.CSV_FIELDS
+        rows = list(r)
+    assert len(rows) == len(g1) + 1  # one row replaced, one added
+    kf = [x for x in rows if (x["op"], x["mode"], x["shape"], x["provider"]) == ("rms_norm", "fwd", "4096x1024", "kernelforge")]
+    assert len(kf) == 1 and float(kf[0]["ms_median"]) == 0.01
+    if report.have_matplotlib():
+        assert (tmp_path / "h100_rms_norm.png").exists() and (tmp_path / "h100_layer_norm.png").exists()
+
+
+# ---- smoke runs on the CPU --------------------------------------------------------------------------
+
+
+def test_bench_smoke_cpu(tmp_path, capsys):
+    """A norm op and apply_rope through the whole bench on the CPU with --plan and --save: every peer
+    agrees with kernelforge (forward and gradients), one CSV schema, the summary lists no problem."""
     pytest.importorskip("transformers")
-    out = tmp_path / "bench"
+    out, saved = tmp_path / "bench", tmp_path / "benchmarks"
     rc = cli.main(["bench", "rms_norm", "apply_rope", "--device", "cpu", "--quick", "--shapes",
-                   "8x64,b2s5h4/2d16", "--modes", "fwd,fwdbwd", "--providers", "eager", "--out", str(out)])
+                   "8x64,b2s5h4/2d16", "--modes", "fwd,fwdbwd", "--providers", "eager", "--out", str(out),
+                   "--plan", "--save", "--out-dir", str(saved)])
     assert rc == 0
-    with open(out / "bench.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["op"], r["mode"], r["shape"], r["provider"]) for r in rows] == [
-        (op, mode, shape, p)
-        for op, shape in (("rms_norm", "8x64"), ("apply_rope", "b2s5h4/2d16"))
-        for mode in ("fwd", "fwdbwd") for p in ("kernelforge", "eager")]
-    assert list(rows[0]) == list(bench.CSV_FIELDS)
+    text = capsys.readouterr().out
+    assert "plan rms_norm fwd 8x64 bf16: " in text and "plan apply_rope fwdbwd b2s5h4/2d16 bf16: " in text
+    want = [(op, mode, shape, p) for op, shape in (("rms_norm", "8x64"), ("apply_rope", "b2s5h4/2d16"))
+            for mode in ("fwd", "fwdbwd") for p in ("kernelforge", "eager")]
+    for path in (out / "bench.csv", saved / "cpu.csv"):
+        with open(path) as f:
+            r = csv.DictReader(f)
+            assert tuple(r.fieldnames) == report.CSV_FIELDS
+            assert [(x["op"], x["mode"], x["shape"], x["provider"]) for x in r] == want
     summary = (out / "summary.txt").read_text()
-    assert "problems:" not in summary
-    assert "b2s5h4/2d16" in summary
+    assert "problems:" not in summary and "b2s5h4/2d16" in summary and "saved: " in summary
 
 
-def _rope_tally(kf, dtype):
+def test_bench_smoke_cpu_every_family(tmp_path):
+    """One small shape of every op, kernelforge against the eager / native peers: no mismatch."""
+    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce"))
+    try:
+        import transformers  # noqa: F401  (apply_rope's eager peer)
+        ops = OPS
+    except ImportError:
+        ops = tuple(o for o in OPS if o != "apply_rope")
+    argv = ["bench", "--ops", ",".join(ops), "--device", "cpu", "--quick", "--shapes", shapes, "--modes",
+            "fwd,fwdbwd", "--providers", "eager,torch_native", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "problems:" not in summary, summary
+    for op in ops:
+        assert f"{op} " in summary
+
+
+def test_hf_rope_tables_match_llama_rotary_embedding():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    pos = torch.tensor([[5, 6, 7], [4000, 4001, 4095]])
+    for d in (16, 128):
+        cfg = transformers.LlamaConfig(hidden_size=4 * d, num_attention_heads=4, num_key_value_heads=2, head_dim=d)
+        emb = LlamaRotaryEmbedding(cfg)
+        for dtype in (torch.bfloat16, torch.float32):
+            want_cos, want_sin = emb(torch.zeros(1, dtype=dtype), pos)
+            cos, sin = hf_rope_tables(pos, d, dtype)
+            torch.testing.assert_close(cos, want_cos, rtol=0, atol=0)
+            torch.testing.assert_close(sin, want_sin, rtol=0, atol=0)
+
+
+def test_rope_inputs_are_hf_views():
+    t = SPECS["apply_rope"].inputs(RopeShape(2, 5, 4, 2, 16), torch.bfloat16, CPU, torch.Generator().manual_seed(0))
+    for name, h in (("q", 4), ("k", 2), ("dq_out", 4), ("dk_out", 2)):
+        x = t[name]
+        assert x.shape == (2, h, 5, 16) and x.dtype == torch.bfloat16
+        assert not x.is_contiguous() and x.transpose(1, 2).is_contiguous()  # [B, S, H, D] memory
+    assert t["cos"].shape == t["sin"].shape == (2, 5, 16) and t["cos"].dtype == torch.bfloat16
+
+
+# ---- kforge check on the CPU ------------------------------------------------------------------------
+
+CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), "layer_norm": ((5, 64),),
+                    "ada_norm": ((4, 40), (3, 7)), "silu_and_mul": ((3, 17),), "swiglu": ((3, 17),),
+                    "gelu_and_mul": ((2, 9),), "geglu": ((2, 9),), "gelu": ((2, 9),), "softmax": ((3, 50),),
+                    "log_softmax": ((3, 50),), "apply_rope": ((1, 3, 2, 1, 16, 8), (2, 4, 3, 3, 10, 10)),
+                    "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7))}
+
+
+def _tally(kf, op, dtype):
     tally = check.Tally()
-    for shape in ((1, 3, 2, 1, 16, 8), (2, 4, 3, 3, 10, 10)):
-        for v in check.VARIANTS["apply_rope"]:
-            check.check_case(kf, "apply_rope", shape, v, dtype, torch.device("cpu"), tally)
+    for shape in CPU_CHECK_SHAPES[op]:
+        for v in SPECS[op].variants:
+            check.check_case(kf, op, shape, v, dtype, CPU, tally)
     return tally
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_check_rope_cpu(kf, dtype):
-    tally = _rope_tally(kf, dtype)
-    assert tally.cases == 2 * len(check.VARIANTS["apply_rope"])
+@pytest.mark.parametrize("op", OPS)
+def test_check_cpu(kf, op, dtype):
+    """Every spec's check path on CPU tensors: both oracles agree with the op."""
+    tally = _tally(kf, op, dtype)
+    assert tally.cases == len(CPU_CHECK_SHAPES[op]) * len(SPECS[op].variants)
     assert not tally.failures, tally.failures[:4]
 
 
@@ -190,32 +375,29 @@ def test_check_rope_catches(kf, broken):
             return q, k
         return kf.apply_rope(q, k, cos, sin, **kw)
 
-    tally = _rope_tally(types.SimpleNamespace(apply_rope=apply_rope), torch.float32)
+    tally = _tally(types.SimpleNamespace(apply_rope=apply_rope), "apply_rope", torch.float32)
     assert tally.failures
     if broken == "inplace_skipped":
         assert all("_inplace vs" in f for f in tally.failures)
 
 
-def test_softmax_ops_in_the_plan():
-    """softmax / log_softmax: their own group, the default shapes plus the 4096x131072 acceptance
-    rows, 2 (fwd) and 5 (fwd+bwd) passes over M*N elements."""
-    assert bench.OP_GROUPS["softmax"] == ("softmax", "log_softmax")
-    assert set(bench.SOFTMAX_OPS) <= set(bench.OP_GROUPS["all"])
-    assert (4096, 131072) in bench.default_shapes("softmax")
-    assert bench.traffic_bytes("softmax", "fwd", (16384, 4096), 2) == 2 * 16384 * 4096 * 2
-    assert bench.traffic_bytes("log_softmax", "fwdbwd", (16384, 4096), 2) == 5 * 16384 * 4096 * 2
-    args = _bench_args([])
-    args.ops = ["rms_norm", "softmax"]
-    cases = bench.plan_cases(args)
-    assert cases[-1] == ("softmax", (4096, 131072), "bf16")
+@pytest.mark.parametrize("broken", ["eps", "weight_ignored", "dweight_scaled"])
+def test_check_norm_catches(kf, broken):
+    """A wrong eps, a dropped weight and a wrong weight gradient fail."""
 
+    def rms_norm(x, weight, eps):
+        if broken == "eps":
+            eps = 1e-2
+        if broken == "weight_ignored":
+            weight = None
+        if broken == "dweight_scaled" and weight is not None:
+            weight = weight * 1.01 - (weight * 0.01).detach()
+        return kf.rms_norm(x, weight, eps)
 
-def test_check_ops_and_groups():
-    """The loss ops are in the default list (last) and selectable by name or as the group "loss"."""
-    assert check.OPS[-2:] == ("cross_entropy", "fused_linear_cross_entropy")
-    assert check.op_shapes("cross_entropy") == check.CE_SHAPES
-    assert check.op_shapes("fused_linear_cross_entropy") == check.FLCE_SHAPES
-    assert check.op_shapes("rms_norm") == check.SHAPES
+    tally = _tally(types.SimpleNamespace(rms_norm=rms_norm), "rms_norm", torch.float32)
+    assert tally.failures
+    if broken == "dweight_scaled":
+        assert all("dweight vs" in f for f in tally.failures), tally.failures[:4]
 
 
 def test_errors_nan_rule():
@@ -229,23 +411,11 @@ def test_errors_nan_rule():
     assert check.errors(torch.tensor([nan, nan]), torch.tensor([nan, 1.0]))[0] == math.inf
 
 
-CE_CPU_SHAPES = {"cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7))}
-
-
-def _ce_tally(kf, op, dtype):
-    tally = check.Tally()
-    for shape in CE_CPU_SHAPES[op]:
-        for v in check.VARIANTS[op]:
-            check.check_case(kf, op, shape, v, dtype, torch.device("cpu"), tally)
-    return tally
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("op", ["cross_entropy", "fused_linear_cross_entropy"])
-def test_check_ce_cpu(kf, op, dtype):
-    tally = _ce_tally(kf, op, dtype)
-    assert tally.cases == 2 * len(check.VARIANTS[op])
-    assert not tally.failures, tally.failures[:4]
+def test_check_tolerance_from_the_table():
+    t = TOL[torch.bfloat16]
+    assert check.tolerance(SPECS["rms_norm"], "dx", torch.bfloat16) == (t.max_err, t.rel_l2)
+    assert check.tolerance(SPECS["fused_linear_cross_entropy"], "dweight", torch.bfloat16) == (2 * t.max_err, 2 * t.rel_l2)
+    assert check.tolerance(SPECS["fused_linear_cross_entropy"], "loss", torch.bfloat16) == (t.max_err, t.rel_l2)
 
 
 @pytest.mark.parametrize("broken", ["label_smoothing", "z_loss", "softcap", "all_ignored_zero"])
@@ -264,7 +434,7 @@ def test_check_ce_catches(kf, broken):
             loss = torch.nan_to_num(loss)
         return loss, lse
 
-    tally = _ce_tally(types.SimpleNamespace(cross_entropy=cross_entropy), "cross_entropy", torch.float32)
+    tally = _tally(types.SimpleNamespace(cross_entropy=cross_entropy), "cross_entropy", torch.float32)
     want = {"label_smoothing": "ls=0.1", "z_loss": "z=0.0001", "softcap": "softcap=30",
             "all_ignored_zero": "all_ignored"}[broken]
     assert tally.failures
@@ -280,8 +450,8 @@ def test_check_flce_catches(kf, broken):
             weight = weight * 1.01 - (weight * 0.01).detach()
         return kf.fused_linear_cross_entropy(hidden, weight, target, bias, **kw)
 
-    tally = _ce_tally(types.SimpleNamespace(fused_linear_cross_entropy=fused_linear_cross_entropy),
-                      "fused_linear_cross_entropy", torch.float32)
+    tally = _tally(types.SimpleNamespace(fused_linear_cross_entropy=fused_linear_cross_entropy),
+                   "fused_linear_cross_entropy", torch.float32)
     assert tally.failures
     if broken == "weight_grad_scaled":
         assert all("dweight vs" in f for f in tally.failures), tally.failures[:4]

@@ -1,11 +1,12 @@
-"""cross_entropy and fused_linear_cross_entropy against float64 PyTorch references.
-
-The references are written from the formulas (cross_entropy.h) in float64 and checked against
-F.cross_entropy where that has the option. Forward outputs are poisoned first (norm_ref.poison), so
-an unwritten loss or lse would show as NaN; NaN never passes. One tolerance table per dtype:
-  loss / lse: float32 math on exactly representable inputs, rows up to 262144 terms -> LOSS_TOL
-  (the loss itself comes back in the logits' dtype, as F.cross_entropy: one rounding more)
-  gradients:  one rounding to the dtype -> norm_ref.GRAD_TOL, relative to max |reference|
+"""cross_entropy and fused_linear_cross_entropy against the float64 references of
+kernelforge.specs.cross_entropy (written from the formulas of cross_entropy.h and checked against
+F.cross_entropy where that has the option). Forward outputs are poisoned first (norm_ref.poison), so
+an unwritten loss or lse would show as NaN; NaN never passes. Tolerances: the one table
+kernelforge.specs.TOL:
+  lse:        float32 math on exactly representable inputs, rows up to 262144 terms -> TOL.lse
+  loss:       in the logits' dtype, as F.cross_entropy: one rounding more -> TOL.loss
+  gradients:  one rounding to the dtype -> TOL.grad, relative to max |reference|
+  fused loss: through a GEMM of dtype-rounded logits -> TOL.gemm
 """
 
 from __future__ import annotations
@@ -21,28 +22,11 @@ import torch.nn.functional as F
 import norm_ref as R
 from norm_ref import DEVICES, DTYPES
 
+from kernelforge.specs import TOL
+from kernelforge.specs.cross_entropy import cross_entropy_ref as ref_ce
+from kernelforge.specs.cross_entropy import fused_linear_cross_entropy_ref as flce_reference
+
 f64 = torch.float64
-LSE_TOL = {torch.float32: 2e-5, torch.float16: 2e-5, torch.bfloat16: 2e-5, f64: 1e-6}
-# loss in the logits' dtype: one rounding (fp16 2^-11, bf16 2^-8 relative) on top of LSE_TOL
-LOSS_TOL = {torch.float32: 2e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3, f64: 1e-6}
-
-
-def ref_ce(x, t, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss_scale=0.0, softcap=None):
-    """Float64 reference: (loss, lse [T]) of logits x [T, V] (any dtype) against t [T]."""
-    x = x.double()
-    z = softcap * torch.tanh(x / softcap) if softcap else x
-    lse = torch.logsumexp(z, dim=-1)
-    valid = t != ignore_index
-    tc = torch.where(valid, t, torch.zeros_like(t))
-    zt = z.gather(-1, tc.unsqueeze(-1)).squeeze(-1)
-    v = x.shape[-1]
-    row = lse - (1 - label_smoothing) * zt - label_smoothing / v * z.sum(-1) + z_loss_scale * lse * lse
-    row = torch.where(valid, row, torch.zeros_like(row))
-    if reduction == "none":
-        return row, lse
-    if reduction == "sum":
-        return row.sum(), lse
-    return row.sum() / valid.sum(), lse
 
 
 def logits(shape, dtype, device, scale=3.0):
@@ -64,9 +48,9 @@ def check(kf, x, tg, dtype, device, *, grad=True, msg="", **opts):
     loss, lse = kf.cross_entropy(xk, tg, return_lse=True, **opts)
     assert loss.dtype == x.dtype and lse.dtype == torch.float32, msg
     assert loss.shape == exp_loss.shape and lse.shape == exp_lse.shape, msg
-    torch.testing.assert_close(lse.double().cpu(), exp_lse.detach().cpu(), rtol=LSE_TOL[dtype], atol=LSE_TOL[dtype],
+    torch.testing.assert_close(lse.double().cpu(), exp_lse.detach().cpu(), rtol=TOL[dtype].lse, atol=TOL[dtype].lse,
                                msg=lambda m: f"lse {msg}\n{m}")
-    tol = LOSS_TOL[dtype]
+    tol = TOL[dtype].loss
     torch.testing.assert_close(loss.double().cpu(), exp_loss.detach().cpu(), rtol=tol, atol=tol,
                                msg=lambda m: f"loss {msg}\n{m}")
     if grad:
@@ -249,15 +233,6 @@ def test_float64_cuda_fallback_warns_or_errors(kf, monkeypatch):
 
 
 # ---- fused linear cross-entropy ---------------------------------------------------------------------
-FLCE_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-
-
-def flce_reference(h, w, tg, b, **opts):
-    """Float64 reference of the loss of h @ w.T + b."""
-    logits_ = h.double() @ w.double().t()
-    if b is not None:
-        logits_ = logits_ + b.double()
-    return ref_ce(logits_, tg, **opts)[0]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -279,7 +254,7 @@ def test_flce(kf, chunk, bias, reduction, device, dtype):
     assert loss.dtype == torch.float32
     refs = [p.detach().clone().double().requires_grad_() for p in leaves]
     exp = flce_reference(refs[0], refs[1], tg, refs[2] if bias else None, **opts)
-    tol = FLCE_TOL[dtype]
+    tol = TOL[dtype].gemm
     torch.testing.assert_close(loss.double().cpu(), exp.detach().cpu(), rtol=tol, atol=tol)
     g = torch.rand_like(exp) + 0.5
     gk = torch.autograd.grad(loss, leaves, g.float())
@@ -287,7 +262,7 @@ def test_flce(kf, chunk, bias, reduction, device, dtype):
     for name, a, e in zip(("dhidden", "dweight", "dbias"), gk, ge):
         assert a.dtype == dtype and a.shape == e.shape
         # the chunked weight gradient is accumulated in the dtype: one rounding per chunk
-        tol_g = R.GRAD_TOL[dtype] * (2 if chunk else 1)
+        tol_g = TOL[dtype].grad * (2 if chunk else 1)
         a64, e64 = a.double().cpu(), e.cpu()
         torch.testing.assert_close(a64, e64, rtol=tol_g, atol=tol_g * max(1.0, e64.abs().max().item()),
                                    msg=lambda m: f"{name}\n{m}")

@@ -1,4 +1,5 @@
-"""Forward and backward of the norm ops against float64 references (see norm_ref.py)."""
+"""Forward and backward of the norm ops against the float64 references of kernelforge.specs.norm
+(driven by the op table of norm_ref.py)."""
 
 from __future__ import annotations
 

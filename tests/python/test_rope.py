@@ -1,18 +1,20 @@
-"""kernelforge.apply_rope against float64 references built from the libraries' own code:
-transformers' `apply_rotary_pos_emb` / `rotate_half` (HF Llama, rotate-half pairing, cos/sin of
-full width from `cat(freqs, freqs)`) and diffusers' `apply_rotary_emb(use_real=True,
-use_real_unbind_dim=-1)` (interleaved pairing, cos/sin `repeat_interleave`d). On CPU the op runs the
-float64 C++ reference for real; on CUDA the kernel."""
+"""kernelforge.apply_rope against the float64 reference of kernelforge.specs.rope (rope_ref), with
+the tables the libraries build: HF Llama (rotate-half pairing, cos/sin of full width from
+`cat(freqs, freqs)`) and diffusers (interleaved pairing, cos/sin `repeat_interleave`d). rope_ref itself
+is checked against the libraries' own code, transformers' `apply_rotary_pos_emb` and diffusers'
+`apply_rotary_emb(use_real=True, use_real_unbind_dim=-1)`, in the tests that import them (skipped
+where they are not installed). On CPU the op runs the float64 C++ reference for real; on CUDA the
+kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.models.embeddings import apply_rotary_emb as diffusers_apply_rotary_emb
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply_rotary_pos_emb
 
 import norm_ref as R
 from norm_ref import DEVICES, DTYPES
+
+from kernelforge.specs.rope import rope_ref
 
 f64 = torch.float64
 
@@ -38,6 +40,7 @@ def diffusers_tables(positions, R_):
 def hf_reference(x, cos, sin, layout, R_):
     """transformers' apply_rotary_pos_emb on the first R columns (GPT-NeoX-style partial rotary:
     rotate x[..., :R], concatenate x[..., R:]); cos/sin [B, S, R], float64."""
+    hf_apply_rotary_pos_emb = pytest.importorskip("transformers.models.llama.modeling_llama").apply_rotary_pos_emb
     unsqueeze_dim = 2 if layout == "bshd" else 1
     x = x.to(f64)
     rot, _ = hf_apply_rotary_pos_emb(x[..., :R_], x[..., :R_], cos.to(f64), sin.to(f64), unsqueeze_dim=unsqueeze_dim)
@@ -46,6 +49,7 @@ def hf_reference(x, cos, sin, layout, R_):
 
 def diffusers_reference(x, cos, sin, layout, R_):
     """diffusers' apply_rotary_emb (use_real_unbind_dim=-1) with cos/sin [S, R], float64."""
+    diffusers_apply_rotary_emb = pytest.importorskip("diffusers.models.embeddings").apply_rotary_emb
     x = x.to(f64)
     sequence_dim = 1 if layout == "bshd" else 2
     rot = diffusers_apply_rotary_emb(
@@ -77,8 +81,8 @@ def test_hf_rotate_half(kf, shape, layout, device, dtype):
     for cs_dtype in {dtype, torch.float32}:
         c, s = cos.to(device, cs_dtype), sin.to(device, cs_dtype)
         q_out, k_out = kf.apply_rope(q, k, c, s, layout=layout)
-        R.assert_close(q_out, hf_reference(q, c, s, layout, R_).to(dtype), dtype, msg=f"q {cs_dtype}")
-        R.assert_close(k_out, hf_reference(k, c, s, layout, R_).to(dtype), dtype, msg=f"k {cs_dtype}")
+        R.assert_close(q_out, rope_ref(q, c, s, False, layout, dtype), dtype, msg=f"q {cs_dtype}")
+        R.assert_close(k_out, rope_ref(k, c, s, False, layout, dtype), dtype, msg=f"k {cs_dtype}")
         assert q_out.is_contiguous() and k_out.is_contiguous()
 
 
@@ -93,8 +97,33 @@ def test_diffusers_interleaved(kf, shape, layout, device, dtype):
     cos, sin = diffusers_tables(torch.arange(S), R_)  # [S, R] float32 in diffusers
     c, s = cos.to(device, torch.float32), sin.to(device, torch.float32)
     q_out, k_out = kf.apply_rope(q, k, c, s, interleaved=True, layout=layout)
-    R.assert_close(q_out, diffusers_reference(q, c, s, layout, R_).to(dtype), dtype, msg="q")
-    R.assert_close(k_out, diffusers_reference(k, c, s, layout, R_).to(dtype), dtype, msg="k")
+    R.assert_close(q_out, rope_ref(q, c, s, True, layout, dtype), dtype, msg="q")
+    R.assert_close(k_out, rope_ref(k, c, s, True, layout, dtype), dtype, msg="k")
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_reference_matches_transformers(shape, layout):
+    """rope_ref (rotate-half) is transformers' apply_rotary_pos_emb, partial rotary included."""
+    B, S, Hq, Hk, D, R_ = shape
+    x = torch.randn(heads_shape(layout, B, S, Hq, D), dtype=f64)
+    pos = torch.arange(S).expand(B, S) + torch.arange(B)[:, None] * 3
+    cos, sin = hf_tables(pos, R_)
+    torch.testing.assert_close(rope_ref(x, cos, sin, False, layout), hf_reference(x, cos, sin, layout, R_),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_reference_matches_diffusers(shape, layout):
+    """rope_ref (interleaved) is diffusers' apply_rotary_emb(use_real=True, use_real_unbind_dim=-1).
+    diffusers computes x * cos + rot(x) * sin in float32 (x.float()), whatever x's dtype: the two agree
+    to float32 rounding."""
+    B, S, Hq, Hk, D, R_ = shape
+    x = torch.randn(heads_shape(layout, B, S, Hq, D), dtype=f64)
+    cos, sin = diffusers_tables(torch.arange(S), R_)
+    torch.testing.assert_close(rope_ref(x, cos, sin, True, layout), diffusers_reference(x, cos, sin, layout, R_),
+                               rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -136,24 +165,22 @@ def test_inplace_and_fused_qkv(kf, device, interleaved):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_backward_matches_library_autograd(kf, device, interleaved):
+def test_backward_matches_reference_autograd(kf, device, interleaved):
     B, S, Hq, Hk, D, R_ = 2, 5, 4, 2, 64, 32
     dtype = torch.float32
     q = R.rand((B, S, Hq, D), dtype, device).requires_grad_()
     k = R.rand((B, S, Hk, D), dtype, device).requires_grad_()
     if interleaved:
         cos, sin = diffusers_tables(torch.arange(S), R_)
-        ref = diffusers_reference
     else:
         cos, sin = hf_tables(torch.arange(S).expand(B, S), R_)
-        ref = hf_reference
     cos, sin = cos.float().to(device), sin.float().to(device)
     q_out, k_out = kf.apply_rope(q, k, cos, sin, interleaved=interleaved)
     gq, gk = R.rand(q_out.shape, dtype, device), R.rand(k_out.shape, dtype, device)
     dq, dk = torch.autograd.grad((q_out, k_out), (q, k), (gq, gk))
     q64 = q.detach().to(f64).requires_grad_()
     k64 = k.detach().to(f64).requires_grad_()
-    rq, rk = ref(q64, cos, sin, "bshd", R_), ref(k64, cos, sin, "bshd", R_)
+    rq, rk = rope_ref(q64, cos, sin, interleaved, "bshd"), rope_ref(k64, cos, sin, interleaved, "bshd")
     want_q, want_k = torch.autograd.grad((rq, rk), (q64, k64), (gq.to(f64), gk.to(f64)))
     R.assert_close(dq, want_q.to(dtype), dtype, msg="dq")
     R.assert_close(dk, want_k.to(dtype), dtype, msg="dk")

@@ -1,5 +1,5 @@
 """kernelforge.softmax / log_softmax forward and backward against float64 torch references
-(sm_ref.py): shapes per code path, dim != -1, strided and unaligned views, empty tensors, special
+(kernelforge.specs.softmax, through sm_ref.py): shapes per code path, dim != -1, strided and unaligned views, empty tensors, special
 values (NaN/Inf as torch.softmax), the CPU path, the float64-on-CUDA fallback and KF_STRICT."""
 
 from __future__ import annotations
