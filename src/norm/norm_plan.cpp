@@ -124,7 +124,7 @@ namespace {
 bool fwd_bulk_default(const NormProblem& pr, const DeviceInfo& dev, NormPlan* out) {
   if (!pr.can_vectorize || dev.capability < 90) return false;
   const int64_t row_bytes = pr.n * pr.elem_bytes;
-  if (row_bytes < kBulkMinRowBytes || pr.rows < int64_t(dev.sm_count) * kBulkMinWaves) return false;
+  if (row_bytes < bulk_min_row_bytes(pr.op) || pr.rows < int64_t(dev.sm_count) * kBulkMinWaves) return false;
   int cluster = int(ceil_div(row_bytes, kBulkSliceBytes));
   while (cluster <= kMaxClusterCtas && (pr.n % cluster != 0 || ((pr.n / cluster) * pr.elem_bytes) % 16 != 0)) ++cluster;
   return cluster <= kMaxClusterCtas && fwd_bulk_plan(pr, cluster, true, out);

@@ -45,10 +45,14 @@ inline int fwd_row_block_cap(const NormProblem& pr) {
   return kFwdRowMaxBlock;
 }
 
-// norm_fwd_bulk (sm_90, 16-byte rows): rows of at least 32 KB (the row kernel wins up to 16 KB rows
-// for every op: AdaLN at 16384x8192 187.6 vs 200.4 us), and at least two rows per SM (decode: the
-// pipeline has nothing to overlap, its setup only adds latency).
-constexpr int64_t kBulkMinRowBytes = 32 * 1024;
+// norm_fwd_bulk (sm_90, 16-byte rows) takes rows longer than 16 KB, and at least two rows per SM
+// (decode: the pipeline has nothing to overlap, its setup only adds latency). Above 16 KB the row
+// kernel needs 256 threads x 8 vectors with up to half the lanes idle: at 16384 rows x 8704..15872
+// bf16 it reaches 58-66 % of copy@size (RMSNorm, LayerNorm) and 71-88 % (AdaLN), the bulk pipeline
+// 87-94 %. At 16 KB rows the row kernel wins (16384x8192 RMSNorm 98 % vs 92 %). Residual-add
+// RMSNorm keeps the row kernel up to 32 KB: its two stage buffers halve the pipeline's depth
+// (16384x8704..15360: 97-98 % vs 93-95 %).
+constexpr int64_t bulk_min_row_bytes(NormOp op) { return op == NormOp::kAddRms ? 32 * 1024 : 16 * 1024 + 1; }
 constexpr int kBulkMinWaves = 2;
 // Largest row slice per CTA before the row is split over a cluster: 32 KB slices beat 64 KB at
 // 4096x65536 / 2048x131072 (RMSNorm 2735 / 2623 vs 2581 / 2482 GB/s: more CTAs share a row, so more

@@ -140,6 +140,12 @@ TEST(NormPlan, ForwardH100) {
   EXPECT_EQ(plan_of({kAdd, false, kBf16, 4096, 65536}, kH100), "fwd_bulk vec=8 iters=1 threads=256 cluster=4 stages=2");
   EXPECT_EQ(plan_of({kRms, false, kFp32, 16384, 8192}, kH100),
             "fwd_bulk vec=4 iters=1 threads=256 stages=2 params_in_regs");
+  // rows of 16-32 KB: the bulk pipeline, except residual-add RMSNorm (two stage buffers)
+  EXPECT_EQ(plan_of({kRms, false, kBf16, 16384, 12288}, kH100),
+            "fwd_bulk vec=8 iters=1 threads=256 stages=2 params_in_regs");
+  EXPECT_EQ(plan_of({kAdaRms, false, kBf16, 16384, 8704}, kH100).substr(0, 8), "fwd_bulk");
+  EXPECT_EQ(plan_of({kAdd, false, kBf16, 16384, 12288}, kH100).substr(0, 7), "fwd_row");
+  EXPECT_EQ(plan_of({kRms, false, kBf16, 100, 12288}, kH100).substr(0, 7), "fwd_row");  // under two rows per SM
   // few long rows: a row over a cluster of 512-thread CTAs
   EXPECT_EQ(plan_of({kRms, false, kBf16, 2, 131072}, kH100), "fwd_cluster vec=8 iters=8 threads=512 cluster=4");
   EXPECT_EQ(plan_of({kRms, false, kBf16, 1, 32768}, kH100), "fwd_cluster vec=8 iters=8 threads=512");
