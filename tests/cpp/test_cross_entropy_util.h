@@ -85,7 +85,7 @@ const char* layout_name(LayoutKind l) {
 }
 // Logits and (out-of-place) dlogits layouts differ in padding / offset, so a kernel that used one's
 // row stride or alignment for the other would fail.
-Layout logits_layout(LayoutKind l) {
+inline Layout logits_layout(LayoutKind l) {
   switch (l) {
     case LayoutKind::kContiguous:
     case LayoutKind::kMixed:
@@ -99,7 +99,7 @@ Layout logits_layout(LayoutKind l) {
   }
   return {};
 }
-Layout dlogits_layout(LayoutKind l) {
+inline Layout dlogits_layout(LayoutKind l) {
   switch (l) {
     case LayoutKind::kContiguous:
       return {0, 0};
@@ -115,9 +115,11 @@ Layout dlogits_layout(LayoutKind l) {
   return {};
 }
 // float32 vectors (row_loss, lse) are contiguous by contract; they move their base by one element.
-int64_t vector_offset(LayoutKind l) { return l == LayoutKind::kUnaligned || l == LayoutKind::kMixed ? 1 : 0; }
+inline int64_t vector_offset(LayoutKind l) { return l == LayoutKind::kUnaligned || l == LayoutKind::kMixed ? 1 : 0; }
 // target and (for none) dloss take any stride.
-int64_t vector_stride(LayoutKind l) { return l == LayoutKind::kRowPadded ? 2 : l == LayoutKind::kOddStride ? 3 : 1; }
+inline int64_t vector_stride(LayoutKind l) {
+  return l == LayoutKind::kRowPadded ? 2 : l == LayoutKind::kOddStride ? 3 : 1;
+}
 
 struct Opt {
   const char* name;
@@ -162,9 +164,9 @@ const Opt kOpts[] = {
 const Opt kBigOpts[] = {kOpts[6], kOpts[5], kOpts[3]};  // all_mean, softcap_none, zloss_sum
 
 using Case = std::tuple<DType, Shape, LayoutKind, Opt>;
-void PrintTo(const Shape& s, std::ostream* os) { *os << s.rows << "x" << s.vocab; }
-void PrintTo(LayoutKind l, std::ostream* os) { *os << layout_name(l); }
-void PrintTo(const Opt& o, std::ostream* os) { *os << o.name; }
+inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.rows << "x" << s.vocab; }
+inline void PrintTo(LayoutKind l, std::ostream* os) { *os << layout_name(l); }
+inline void PrintTo(const Opt& o, std::ostream* os) { *os << o.name; }
 
 inline const char* dtype_tag(DType t) { return t == F32 ? "fp32" : t == DType::kFloat16 ? "fp16" : "bf16"; }
 
