@@ -351,8 +351,7 @@ class DeviceTensor {
   // Fills the whole allocation (view, padding and guard) with 0xFF bytes: NaN in every float dtype.
   // cudaMemset runs on the legacy default stream and may return before it is done; the tests launch
   // on non-blocking streams, which do not wait for that stream, so the fill is awaited here (without
-  // the wait a late fill overwrote the tail of a kernel's output with NaN: the intermittent
-  // softmax_gpu failures of session 7).
+  // the wait a late fill can overwrite the tail of a kernel's output with NaN).
   void poison() {
     if (!base_) return;
     cudaMemset(base_, 0xFF, static_cast<size_t>(alloc_elems_) * esize_);
@@ -366,8 +365,8 @@ class DeviceTensor {
                   static_cast<size_t>(n_) * esize_);
     cudaMemcpy(base_, img.data(), img.size(), cudaMemcpyHostToDevice);
     // From pageable memory cudaMemcpy may return before the DMA has landed, and the tests' non-blocking
-    // streams do not wait for the legacy stream: an in-place kernel's output was overwritten by the
-    // late copy of its input (session 8). Wait here.
+    // streams do not wait for the legacy stream: an in-place kernel's output can be overwritten by
+    // the late copy of its input. Wait here.
     cudaDeviceSynchronize();
   }
 
