@@ -1,4 +1,4 @@
-"""The loss entries of the patch table (family "loss"); see patch.py for the machinery.
+"""The loss entries of the patch table (family "loss"); see __init__.py for the machinery.
 
 Patched: transformers causal LMs whose forward is, up to names and docstring, one of the two forwards
 kernelforge verified (transformers 5.17):
@@ -66,8 +66,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._patch_activation import _hooked, _same_as
-from .patch import _STATE_ATTR, Replacement, _warn_fallback, register_replacement
+from ._match import hooked, same_as
+from ._registry import STATE_ATTR, Replacement, register_replacement
+from ._runtime import warn_fallback
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEVICES = ("cpu", "cuda")
@@ -200,9 +201,9 @@ def _transformers_parts():
 
 
 def _style(raw) -> str | None:
-    if _same_as(raw, _REF_LLAMA_FORWARD):
+    if same_as(raw, _REF_LLAMA_FORWARD):
         return "llama"
-    if _same_as(raw, _REF_GEMMA2_FORWARD):
+    if same_as(raw, _REF_GEMMA2_FORWARD):
         return "softcap"
     return None
 
@@ -215,7 +216,7 @@ def _vocab_size(m: nn.Module, style: str):
 def _lm_head_unsupported(head) -> str | None:
     if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
         return f"lm_head is {type(head).__name__}, not a plain torch.nn.Linear"
-    if _hooked(head):
+    if hooked(head):
         return "lm_head has hooks (the fused loss does not call lm_head)"
     if "forward" in head.__dict__:
         return "lm_head's forward is overridden on the instance (e.g. by an accelerate hook)"
@@ -271,7 +272,7 @@ def _causal_lm_setup(m: nn.Module) -> _LossPlan:
 
 def _causal_lm_forward(self, *args, **kwargs):
     """Installed as the model's forward: the original when no labels are given, else the fused loss."""
-    state = self.__dict__[_STATE_ATTR]
+    state = self.__dict__[STATE_ATTR]
     labels = args[_LABELS_POS] if len(args) > _LABELS_POS else kwargs.get("labels")
     if labels is None:
         return state.original(*args, **kwargs)
@@ -340,7 +341,7 @@ def _fused_forward(self, input_ids=None, attention_mask=None, position_ids=None,
                    inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
     """The verified forward with the lm_head + loss_function tail replaced by the fused loss (labels given).
     Wrapped by can_return_tuple in setup, as the original."""
-    state = self.__dict__[_STATE_ATTR]
+    state = self.__dict__[STATE_ATTR]
     plan: _LossPlan = state.extra
     outputs = self.model(
         input_ids=input_ids,
@@ -371,7 +372,7 @@ def _fused_forward(self, input_ids=None, attention_mask=None, position_ids=None,
     cap = _softcap(self, plan)
     why = _fused_unsupported(self, plan, h, weight, bias, target, cap)
     if why is not None:
-        _warn_fallback(self, why, _FALLBACK_HINT, 3)
+        warn_fallback(self, why, _FALLBACK_HINT, 3)
         logits = _logits(self, plan, kept)
         loss = _original_loss(self, plan, logits, labels, kwargs)
     else:
