@@ -128,9 +128,10 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
     RoPE: attention modules whose forward calls transformers' Llama-style ``apply_rotary_pos_emb``
     (Llama, Mistral, Qwen2/3, ...) or diffusers' LTX-Video ``apply_rotary_emb``; the module-level
     functions themselves are left alone (only that instance's forward calls kernelforge instead).
-    Loss: transformers causal LMs with the Llama-style forward (``self.model`` -> ``self.lm_head`` ->
-    ``self.loss_function``, ForCausalLMLoss; Llama, Mistral, Qwen2/3, Gemma, Phi, ...) or Gemma-2's
-    softcapped one: called with ``labels``, they compute the loss with ``fused_linear_cross_entropy``
+    Loss: transformers causal LMs whose forward computes ``self.loss_function`` (ForCausalLMLoss) of
+    ``self.lm_head`` of the hidden states of ``self.model``, optionally softcapped (Llama, Mistral,
+    Qwen2/3, Gemma 1/2/3, Phi, ...; verified on a CPU probe when patching): called with ``labels``,
+    they compute the loss with ``fused_linear_cross_entropy``
     from the hidden states (ForCausalLMLoss semantics: shifted labels or ``shift_labels``, -100 ignored,
     mean or sum / ``num_items_in_batch``) and return ``logits=None``, unless ``logits_with_loss=True``,
     which also computes and returns the logits; without labels the original forward runs.

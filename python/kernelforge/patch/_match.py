@@ -149,8 +149,12 @@ class StandIn:
             return overrides[name]
         return getattr(object.__getattribute__(self, "_module"), name)
 
-    def __setattr__(self, name, value):
-        object.__getattribute__(self, "_overrides")[name] = value
+    def __setattr__(self, name, value):  # state the forward keeps goes to the module, as it would
+        overrides = object.__getattribute__(self, "_overrides")
+        if name in overrides:
+            overrides[name] = value
+        else:
+            setattr(object.__getattribute__(self, "_module"), name, value)
 
 
 def probe_close(run_original, run_kernelforge, what: str, rtol: float = 1e-5, atol: float = 1e-6) -> "bool | str":
