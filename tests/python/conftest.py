@@ -82,11 +82,11 @@ def kf():
 
 
 # ---- the plan of the last kernelforge launch in the report of every failed test ------------------------
-# (a separate hook function: specname lets it sit beside the makereport wrapper above)
+# (a second pytest_runtest_makereport wrapper, named apart from the one above through specname)
 
 
 @pytest.hookimpl(hookwrapper=True, specname="pytest_runtest_makereport")
-def _report_last_kernelforge_plan(item, call):
+def pytest_runtest_makereport_last_plan(item, call):
     outcome = yield
     rep = outcome.get_result()
     if not rep.failed:

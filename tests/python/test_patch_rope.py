@@ -107,7 +107,7 @@ def test_partial_rotary_model(kf, device, dtype, kernel_calls):
     from test_patch_activations import COMMON
 
     model = tf.PhiForCausalLM(tf.PhiConfig(**COMMON))
-    assert model.config.partial_rotary_factor == 0.5
+    assert 2 * model.model.rotary_emb.inv_freq.numel() == 8  # partial rotary: half of head_dim 16
     model = _randomize_norms(model.to(device=device, dtype=dtype))
     report = check_model(kf, model, _hf_inputs(device), _hf_forward, _attn_paths(), dtype, patch_kwargs=ROPE_ONLY)
     assert {p.op for p in report.patched} == {"kernelforge.apply_rope"}

@@ -152,7 +152,7 @@ def _devices_dtypes(ts, names) -> str | None:
     return None
 
 
-# ---- transformers: Llama-style apply_rotary_pos_emb (transformers 5.17) ------------------------------
+# ---- transformers: Llama-style apply_rotary_pos_emb ------------------------------------------------
 
 
 _REF_HF_ROTATE_HALF = r'''
