@@ -1,7 +1,7 @@
 // PyTorch binding of the cross-entropy family: kernelforge::cross_entropy (+ backward) over our
 // kernels, and kernelforge::fused_linear_cross_entropy composed here from cuBLAS GEMMs (at::mm) and
 // the cross-entropy kernels, chunked over tokens so the [tokens, vocab] logits never exist at once.
-// Schemas: notes/interfaces.md. Fake impls: python/kernelforge/cross_entropy.py.
+// Schemas: the TORCH_LIBRARY_FRAGMENT at the end. Fake impls: python/kernelforge/cross_entropy.py.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,20 +11,27 @@
 #include <tuple>
 
 #include "kernelforge/cross_entropy.h"
-#include "kf_torch_util.h"
+#include "kf_common.h"
 
 namespace {
 
 using namespace kftorch;
 
+constexpr EnumName<kf::Reduction> kReductions[] = {
+    {"none", kf::Reduction::kNone}, {"mean", kf::Reduction::kMean}, {"sum", kf::Reduction::kSum}};
+
+kf::Reduction reduction_of(const char* op, c10::string_view reduction) {
+  return parse_enum(op, "reduction", reduction, kReductions);
+}
+
 kf::CrossEntropyOptions options(int64_t ignore_index, double smoothing, double z_loss, double softcap,
-                                int64_t reduction) {
+                                kf::Reduction reduction) {
   kf::CrossEntropyOptions o;
   o.ignore_index = ignore_index;
   o.label_smoothing = smoothing;
   o.z_loss_scale = z_loss;
   o.softcap = softcap;
-  o.reduction = static_cast<kf::Reduction>(reduction);
+  o.reduction = reduction;
   return o;
 }
 
@@ -75,21 +82,23 @@ Tensor f32_empty(const Tensor& like, at::IntArrayRef sizes) {
 // ---- cross_entropy ------------------------------------------------------------------------------
 std::tuple<Tensor, Tensor, Tensor> cross_entropy_impl(const Tensor& logits_in, const Tensor& target,
                                                       int64_t ignore_index, double smoothing, double z_loss,
-                                                      double softcap, int64_t reduction) {
-  const kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, reduction);
+                                                      double softcap, c10::string_view reduction) {
+  const kf::Reduction red = reduction_of("cross_entropy", reduction);
+  const kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, red);
   const Tensor logits = rows(logits_in);
   const int64_t t = logits.dim() >= 1 ? logits.size(0) : 0;
   Tensor row_loss = f32_empty(logits, {t}), lse = f32_empty(logits, {t});
   Tensor loss = f32_empty(logits, {}), valid = f32_empty(logits, {});
   ce_forward_into("cross_entropy", logits, target, o, row_loss, lse, loss, valid);
-  const Tensor out = reduction == 0 ? row_loss : loss;
+  const Tensor out = red == kf::Reduction::kNone ? row_loss : loss;
   return {out.to(logits.scalar_type()), lse, valid};
 }
 
 Tensor cross_entropy_backward_impl(const Tensor& dloss, const Tensor& logits_in, const Tensor& target,
                                    const Tensor& lse, const Tensor& valid, int64_t ignore_index, double smoothing,
-                                   double z_loss, double softcap, int64_t reduction) {
-  const kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, reduction);
+                                   double z_loss, double softcap, c10::string_view reduction) {
+  const kf::CrossEntropyOptions o =
+      options(ignore_index, smoothing, z_loss, softcap, reduction_of("cross_entropy_backward", reduction));
   const Tensor logits = rows(logits_in);
   Tensor dlogits = at::empty(logits.sizes(), logits.options());
   ce_backward_into("cross_entropy_backward", dloss.to(at::kFloat), logits, target, lse, valid, o, dlogits);
@@ -99,36 +108,37 @@ Tensor cross_entropy_backward_impl(const Tensor& dloss, const Tensor& logits_in,
 class CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                               double smoothing, double z_loss, double softcap, int64_t reduction) {
+                               double smoothing, double z_loss, double softcap, c10::string_view reduction) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, int64_t, double, double,
-                                                                  double, int64_t)>("kernelforge::cross_entropy");
+    static auto op = op_handle<std::tuple<Tensor, Tensor, Tensor>(
+        const Tensor&, const Tensor&, int64_t, double, double, double, c10::string_view)>("kernelforge::cross_entropy");
     auto [loss, lse, valid] = op.call(logits, target, ignore_index, smoothing, z_loss, softcap, reduction);
     ctx->save_for_backward({logits, target, lse, valid});
     ctx->saved_data["ii"] = ignore_index;
     ctx->saved_data["ls"] = smoothing;
     ctx->saved_data["z"] = z_loss;
     ctx->saved_data["cap"] = softcap;
-    ctx->saved_data["red"] = reduction;
+    ctx->saved_data["red"] = std::string(reduction);
     ctx->mark_non_differentiable({lse, valid});
     return {loss, lse, valid};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward("cross_entropy");
     auto s = ctx->get_saved_variables();
-    static auto op = op_handle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                      int64_t, double, double, double, int64_t)>("kernelforge::cross_entropy_backward");
+    static auto op =
+        op_handle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double,
+                         double, double, c10::string_view)>("kernelforge::cross_entropy_backward");
     const Tensor g = grads[0].defined() ? grads[0] : at::zeros_like(s[3]);
-    Tensor d =
-        op.call(g, s[0], s[1], s[2], s[3], ctx->saved_data["ii"].toInt(), ctx->saved_data["ls"].toDouble(),
-                ctx->saved_data["z"].toDouble(), ctx->saved_data["cap"].toDouble(), ctx->saved_data["red"].toInt());
+    Tensor d = op.call(g, s[0], s[1], s[2], s[3], ctx->saved_data["ii"].toInt(), ctx->saved_data["ls"].toDouble(),
+                       ctx->saved_data["z"].toDouble(), ctx->saved_data["cap"].toDouble(),
+                       ctx->saved_data["red"].toStringRef());
     return {d, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
 std::tuple<Tensor, Tensor, Tensor> cross_entropy_autograd(const Tensor& logits, const Tensor& target,
                                                           int64_t ignore_index, double smoothing, double z_loss,
-                                                          double softcap, int64_t reduction) {
+                                                          double softcap, c10::string_view reduction) {
   auto r = CrossEntropyFn::apply(logits, target, ignore_index, smoothing, z_loss, softcap, reduction);
   return {r[0], r[1], r[2]};
 }
@@ -219,7 +229,7 @@ void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, cons
 // The weight (and bias) the GEMMs use. On CUDA a vocabulary whose rows are not a multiple of 16
 // bytes (an odd one, e.g. GPT-2's 50257) is padded with zero rows to Vp (V rounded up to 16 bytes):
 // cuBLAS ran the three GEMMs of H100 bf16 4096 x 2048 x 50257 at 100 / 136 / 496 TF/s against
-// ~760 at 50304 (session 14), and the padded logits rows start 16-byte aligned for the
+// ~760 at 50304, and the padded logits rows start 16-byte aligned for the
 // cross-entropy kernels. The padding columns of the logits are exactly 0 (zero weight rows and
 // bias) and are never read by the loss; their gradient is set to 0 before the backward GEMMs.
 // Costs one copy of the weight per call (V x H elements, ~0.3 ms at 50257 x 4096 bf16).
@@ -283,20 +293,17 @@ struct FlceGrads {
 };
 
 // returns (loss, lse, dhidden, dweight, dbias); the gradients are empty unless computed here
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tensor& hidden, const Tensor& weight,
-                                                                     const Tensor& target, const OptTensor& bias,
-                                                                     int64_t ignore_index, double smoothing,
-                                                                     double z_loss, double softcap, int64_t reduction,
-                                                                     int64_t chunk_tokens, bool grad_hidden,
-                                                                     bool grad_weight, bool grad_bias) {
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(
+    const Tensor& hidden, const Tensor& weight, const Tensor& target, const OptTensor& bias, int64_t ignore_index,
+    double smoothing, double z_loss, double softcap, c10::string_view reduction, int64_t chunk_tokens, bool grad_hidden,
+    bool grad_weight, bool grad_bias) {
   const char* op = "fused_linear_cross_entropy";
   flce_check(op, hidden, weight, target, bias);
-  TORCH_CHECK(reduction >= 0 && reduction <= 2, op, ": reduction must be none (0), mean (1) or sum (2), got ",
-              std::to_string(reduction));
+  const kf::Reduction red = reduction_of(op, reduction);
   const bool has_bias = bias.has_value() && bias->defined();
   const int64_t tokens = hidden.size(0);
-  const bool grads = reduction != 0 && (grad_hidden || grad_weight || (grad_bias && has_bias));
-  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
+  const bool grads = red != kf::Reduction::kNone && (grad_hidden || grad_weight || (grad_bias && has_bias));
+  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, kf::Reduction::kNone);
   Tensor row_loss = f32_empty(hidden, {tokens}), lse = f32_empty(hidden, {tokens});
   Tensor valid = target.ne(ignore_index).sum().to(at::kFloat);  // all rows (the mean's divisor); no host sync
   Tensor chunk_valid = f32_empty(hidden, {}), unused = f32_empty(hidden, {});
@@ -304,7 +311,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tenso
   FlceGrads gr(hidden, fw, grads && grad_hidden, grads && grad_weight, grads && grad_bias);
   const Tensor one = at::ones({}, hidden.options().dtype(at::kFloat));
   kf::CrossEntropyOptions ob = o;
-  ob.reduction = reduction == 1 ? kf::Reduction::kMean : kf::Reduction::kSum;
+  ob.reduction = red;
   const Tensor h = hidden.contiguous();
   const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
   for (int64_t c0 = 0; c0 < tokens; c0 += c) {
@@ -317,7 +324,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(const Tenso
     ce_backward_into(op, one, logits, tc, lse_c, valid, ob, logits);  // in place: logits <- dlogits (g = 1)
     gr.add_chunk(full, hc, fw, c0);
   }
-  Tensor loss = reduction == 0 ? row_loss : (reduction == 1 ? row_loss.sum() / valid : row_loss.sum());
+  Tensor loss =
+      red == kf::Reduction::kNone ? row_loss : (red == kf::Reduction::kMean ? row_loss.sum() / valid : row_loss.sum());
   auto [dh, dw, db] = gr.finish(hidden, bias, fw);
   return {loss, lse, dh, dw, db};
 }
@@ -331,7 +339,7 @@ std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const
   const char* op = "fused_linear_cross_entropy_backward";
   flce_check(op, hidden, weight, target, bias);
   const int64_t tokens = hidden.size(0);
-  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, 0);
+  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, kf::Reduction::kNone);
   const Tensor g = dloss.to(at::kFloat).reshape({tokens});
   const Tensor valid = at::ones({}, hidden.options().dtype(at::kFloat));  // unused for kNone
   const FlceWeight fw(weight, bias);
@@ -350,7 +358,7 @@ std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const
 
 // The public op without autograd (inference, or below the autograd layer): the loss only.
 Tensor flce_impl(const Tensor& hidden, const Tensor& weight, const Tensor& target, const OptTensor& bias,
-                 int64_t ignore_index, double smoothing, double z_loss, double softcap, int64_t reduction,
+                 int64_t ignore_index, double smoothing, double z_loss, double softcap, c10::string_view reduction,
                  int64_t chunk_tokens) {
   return std::get<0>(flce_forward_impl(hidden, weight, target, bias, ignore_index, smoothing, z_loss, softcap,
                                        reduction, chunk_tokens, false, false, false));
@@ -358,7 +366,7 @@ Tensor flce_impl(const Tensor& hidden, const Tensor& weight, const Tensor& targe
 
 using FlceFwdSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                                       const OptTensor&, int64_t, double, double, double,
-                                                                      int64_t, int64_t, bool, bool, bool);
+                                                                      c10::string_view, int64_t, bool, bool, bool);
 using FlceBwdSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                       const OptTensor&, const Tensor&, int64_t, double, double, double,
                                                       int64_t, bool, bool, bool);
@@ -367,16 +375,17 @@ class FlceFn : public torch::autograd::Function<FlceFn> {
  public:
   static Tensor forward(AutogradContext* ctx, const Tensor& hidden, const Tensor& weight, const Tensor& target,
                         const OptTensor& bias, int64_t ignore_index, double smoothing, double z_loss, double softcap,
-                        int64_t reduction, int64_t chunk_tokens) {
+                        c10::string_view reduction, int64_t chunk_tokens) {
     const bool gh = hidden.requires_grad(), gw = weight.requires_grad();
     const bool gb = bias.has_value() && bias->defined() && bias->requires_grad();
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = op_handle<FlceFwdSig>("kernelforge::fused_linear_cross_entropy_forward");
     auto [loss, lse, dh, dw, db] = op.call(hidden, weight, target, bias, ignore_index, smoothing, z_loss, softcap,
                                            reduction, chunk_tokens, gh, gw, gb);
-    ctx->saved_data["red"] = reduction;
+    const bool scalar = reduction_of("fused_linear_cross_entropy", reduction) != kf::Reduction::kNone;
+    ctx->saved_data["scalar"] = scalar;
     ctx->saved_data["flags"] = int64_t(gh) | int64_t(gw) << 1 | int64_t(gb) << 2;
-    if (reduction != 0) {
+    if (scalar) {
       ctx->save_for_backward({dh, dw, db});
     } else {
       ctx->save_for_backward({hidden, weight, target, bias.value_or(Tensor()), lse});
@@ -395,7 +404,7 @@ class FlceFn : public torch::autograd::Function<FlceFn> {
     const bool gh = flags & 1, gw = flags & 2, gb = flags & 4;
     const Tensor& g = grads[0];
     Tensor dh, dw, db;
-    if (ctx->saved_data["red"].toInt() != 0) {
+    if (ctx->saved_data["scalar"].toBool()) {
       // d(loss)/d(.) was computed for g = 1 in the forward; scale by the incoming gradient in place
       // (no second [V, H] buffer: the saved gradients are handed over). A second backward through
       // the same graph (retain_graph=True) would find them already scaled: an error, not a wrong answer.
@@ -408,7 +417,7 @@ class FlceFn : public torch::autograd::Function<FlceFn> {
       if (gw) dw = s[1].mul_(gf);
       if (gb) db = s[2].mul_(gf);
     } else {
-      const OptTensor bias = s[3].defined() ? OptTensor(s[3]) : std::nullopt;
+      const OptTensor bias = saved_opt(s[3]);
       static auto op = op_handle<FlceBwdSig>("kernelforge::fused_linear_cross_entropy_backward");
       std::tie(dh, dw, db) = op.call(g, s[0], s[1], s[2], bias, s[4], ctx->saved_data["ii"].toInt(),
                                      ctx->saved_data["ls"].toDouble(), ctx->saved_data["z"].toDouble(),
@@ -421,57 +430,38 @@ class FlceFn : public torch::autograd::Function<FlceFn> {
 };
 
 Tensor flce_autograd(const Tensor& hidden, const Tensor& weight, const Tensor& target, const OptTensor& bias,
-                     int64_t ignore_index, double smoothing, double z_loss, double softcap, int64_t reduction,
+                     int64_t ignore_index, double smoothing, double z_loss, double softcap, c10::string_view reduction,
                      int64_t chunk_tokens) {
   return FlceFn::apply(hidden, weight, target, bias, ignore_index, smoothing, z_loss, softcap, reduction, chunk_tokens);
 }
 
 }  // namespace
 
+// reduction: "none", "mean" or "sum"; softcap 0 = none. fused_linear_cross_entropy_forward computes
+// the gradients too (reduction mean/sum); _backward recomputes the chunks (reduction none). One impl
+// serves CPU (the reference + CPU GEMMs) and CUDA (our kernels + cuBLAS): the core call is chosen by
+// the tensors' device inside.
 TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  // reduction: 0 = none, 1 = mean, 2 = sum; softcap 0 = none (notes/interfaces.md)
-  m.def(
+  def_op<&cross_entropy_impl, &cross_entropy_autograd>(
+      m,
       "cross_entropy(Tensor logits, Tensor target, int ignore_index, float label_smoothing, float z_loss_scale, "
-      "float softcap, int reduction) -> (Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
+      "float softcap, str reduction) -> (Tensor, Tensor, Tensor)");
+  def_op<&cross_entropy_backward_impl>(
+      m,
       "cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, Tensor valid, int ignore_index, "
-      "float label_smoothing, float z_loss_scale, float softcap, int reduction) -> Tensor",
-      tags);
-  m.def(
+      "float label_smoothing, float z_loss_scale, float softcap, str reduction) -> Tensor");
+  def_op<&flce_impl, &flce_autograd>(
+      m,
       "fused_linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
-      "float label_smoothing, float z_loss_scale, float softcap, int reduction, int chunk_tokens) -> Tensor",
-      tags);
-  m.def(
+      "float label_smoothing, float z_loss_scale, float softcap, str reduction, int chunk_tokens) -> Tensor");
+  def_op<&flce_forward_impl>(
+      m,
       "fused_linear_cross_entropy_forward(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "
-      "float label_smoothing, float z_loss_scale, float softcap, int reduction, int chunk_tokens, bool grad_hidden, "
-      "bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-      tags);
-  m.def(
+      "float label_smoothing, float z_loss_scale, float softcap, str reduction, int chunk_tokens, bool grad_hidden, "
+      "bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  def_op<&flce_backward_impl>(
+      m,
       "fused_linear_cross_entropy_backward(Tensor dloss, Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
       "Tensor lse, int ignore_index, float label_smoothing, float z_loss_scale, float softcap, int chunk_tokens, "
-      "bool grad_hidden, bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor)",
-      tags);
-}
-
-// One implementation serves CPU (the reference + CPU GEMMs) and CUDA (our kernels + cuBLAS): the
-// core call is chosen by the tensors' device inside.
-TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) {
-  m.impl("cross_entropy", &cross_entropy_impl);
-  m.impl("cross_entropy_backward", &cross_entropy_backward_impl);
-  m.impl("fused_linear_cross_entropy", &flce_impl);
-  m.impl("fused_linear_cross_entropy_forward", &flce_forward_impl);
-  m.impl("fused_linear_cross_entropy_backward", &flce_backward_impl);
-}
-TORCH_LIBRARY_IMPL(kernelforge, CPU, m) {
-  m.impl("cross_entropy", &cross_entropy_impl);
-  m.impl("cross_entropy_backward", &cross_entropy_backward_impl);
-  m.impl("fused_linear_cross_entropy", &flce_impl);
-  m.impl("fused_linear_cross_entropy_forward", &flce_forward_impl);
-  m.impl("fused_linear_cross_entropy_backward", &flce_backward_impl);
-}
-TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
-  m.impl("cross_entropy", &cross_entropy_autograd);
-  m.impl("fused_linear_cross_entropy", &flce_autograd);
+      "bool grad_hidden, bool grad_weight, bool grad_bias) -> (Tensor, Tensor, Tensor)");
 }

@@ -1,21 +1,9 @@
-// The PyTorch binding of the softmax family: kernelforge::softmax / log_softmax and their backward
-// ops (schemas: notes/interfaces.md). CUDA impl = our kernels, CPU impl = the float64 C++ reference,
-// Autograd = a C++ autograd function that saves the output y (both backward formulas need only y and
-// the incoming gradient). Fake impls are registered in Python (python/kernelforge/softmax.py). Every
-// check lives in the C++ core; this file converts tensors to views, allocates outputs and picks the
-// stream. The shared helpers (view, rows, needs_fallback, ...) are in kf_torch_util.h.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
-#include <vector>
-
+// The PyTorch binding of the softmax family (include/kernelforge/softmax.h): softmax, log_softmax
+// and their backward ops, over the last dimension. CUDA = our kernels, CPU = the float64 reference,
+// Autograd = a C++ function that saves the output y (both backward formulas need only y and the
+// incoming gradient). Fake impls: python/kernelforge/softmax.py.
 #include "kernelforge/softmax.h"
-#include "kf_torch_util.h"
-
-namespace kf = kernelforge;
-using at::Tensor;
+#include "kf_common.h"
 
 namespace {
 
@@ -56,9 +44,6 @@ Tensor softmax_backward_impl(bool cuda, bool log, const Tensor& dy_in, const Ten
   return dx;
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // Saves the output y (not x): dx = y (g − Σ g y) and dx = g − exp(y) Σ g need nothing else, and y
 // is the tensor the caller keeps anyway.
 template <bool kLog>
@@ -92,29 +77,18 @@ Tensor softmax_autograd(const Tensor& x) {
   return SoftmaxFn<kLog>::apply(x);
 }
 
-template <bool kCuda>
-void register_impls(torch::Library& m) {
-  m.impl("softmax", [](const Tensor& x) { return softmax_impl(kCuda, false, x); });
-  m.impl("log_softmax", [](const Tensor& x) { return softmax_impl(kCuda, true, x); });
-  m.impl("softmax_backward",
-         [](const Tensor& dy, const Tensor& y) { return softmax_backward_impl(kCuda, false, dy, y); });
-  m.impl("log_softmax_backward",
-         [](const Tensor& dy, const Tensor& y) { return softmax_backward_impl(kCuda, true, dy, y); });
+Tensor softmax_fwd(bool cuda, const Tensor& x) { return softmax_impl(cuda, false, x); }
+Tensor log_softmax_fwd(bool cuda, const Tensor& x) { return softmax_impl(cuda, true, x); }
+Tensor softmax_bwd(bool cuda, const Tensor& dy, const Tensor& y) { return softmax_backward_impl(cuda, false, dy, y); }
+Tensor log_softmax_bwd(bool cuda, const Tensor& dy, const Tensor& y) {
+  return softmax_backward_impl(cuda, true, dy, y);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
-  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
-  m.def("softmax(Tensor x) -> Tensor", tags);
-  m.def("softmax_backward(Tensor dy, Tensor y) -> Tensor", tags);
-  m.def("log_softmax(Tensor x) -> Tensor", tags);
-  m.def("log_softmax_backward(Tensor dy, Tensor y) -> Tensor", tags);
-}
-
-TORCH_LIBRARY_IMPL(kernelforge, CUDA, m) { register_impls<true>(m); }
-TORCH_LIBRARY_IMPL(kernelforge, CPU, m) { register_impls<false>(m); }
-TORCH_LIBRARY_IMPL(kernelforge, Autograd, m) {
-  m.impl("softmax", &softmax_autograd<false>);
-  m.impl("log_softmax", &softmax_autograd<true>);
+  def_op<&softmax_fwd, &softmax_autograd<false>>(m, "softmax(Tensor x) -> Tensor");
+  def_op<&softmax_bwd>(m, "softmax_backward(Tensor dy, Tensor y) -> Tensor");
+  def_op<&log_softmax_fwd, &softmax_autograd<true>>(m, "log_softmax(Tensor x) -> Tensor");
+  def_op<&log_softmax_bwd>(m, "log_softmax_backward(Tensor dy, Tensor y) -> Tensor");
 }

@@ -8,20 +8,31 @@
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
+    kf.last_plan()                # the plan (kernel and launch parameters) of the last launch
 
 Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:
 on CPU the ops run the float64 C++ reference.
 """
 
 from . import nn
-from ._ops import ada_norm, add_rms_norm, layer_norm, rms_norm
+from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
+from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
 from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
+
+
+def last_plan() -> str:
+    """The plan of the last kernelforge kernel launch on this thread: the kernel and its launch
+    parameters, e.g. ``"fwd_row vec=8 iters=2 threads=256 rows/block=1"``; ``""`` before the first.
+    CPU tensors run the reference and launch nothing. Autograd runs CUDA backward passes on its own
+    threads, so after ``loss.backward()`` this is still the last forward's plan."""
+    return _library.last_plan()
+
 
 __all__ = [
     "rms_norm",
@@ -44,5 +55,6 @@ __all__ = [
     "unpatch",
     "PatchReport",
     "nn",
+    "last_plan",
     "__version__",
 ]

@@ -1,7 +1,7 @@
 """The activation family: fake (meta) implementations of its ops and the functional API.
 
-The ops (CUDA kernels, the float64 CPU reference, autograd) live in C++ (`torch/kf_torch.cpp`,
-schemas in notes/interfaces.md); `_ops` loads the library. Every public function is one call into
+The ops (CUDA kernels, the float64 CPU reference, autograd) live in C++ (`torch/kf_activation.cpp`,
+which holds the schemas); `_ops` loads the library. Every public function is one call into
 the dispatcher; arguments (including ``approximate``) are validated in C++ only.
 
 Semantics: float32 math, each output rounded once to the input dtype. Eager PyTorch code such as

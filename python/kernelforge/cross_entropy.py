@@ -1,7 +1,7 @@
 """The cross-entropy family: fake (meta) implementations of its ops and the functional API.
 
-The ops live in C++ (`torch/kf_cross_entropy.cpp`, the kernels in `src/cross_entropy/`; schemas in
-notes/interfaces.md). Formulas (cross_entropy.h), per row with target t, z the (softcapped) logits,
+The ops live in C++ (`torch/kf_cross_entropy.cpp`, which holds the schemas; the kernels in
+`src/cross_entropy/`). Formulas (cross_entropy.h), per row with target t, z the (softcapped) logits,
 eps = label_smoothing, lse = log sum_j exp(z_j):
 
     z_j      = softcap * tanh(x_j / softcap)                 (Gemma 2; softcap=None: z = x)
@@ -20,16 +20,6 @@ import torch
 
 from ._ops import _ops
 
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-
-
-def _reduction(name: str) -> int:
-    try:
-        return _REDUCTIONS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {name!r}") from None
-
-
 def _softcap(softcap: float | None) -> float:
     if softcap is None:
         return 0.0
@@ -44,7 +34,7 @@ def _softcap(softcap: float | None) -> float:
 @torch.library.register_fake("kernelforge::cross_entropy")
 def _cross_entropy_fake(logits, target, ignore_index, label_smoothing, z_loss_scale, softcap, reduction):
     rows = logits.shape[0] if logits.dim() >= 1 else 0
-    loss = logits.new_empty((rows,) if reduction == 0 else ())
+    loss = logits.new_empty((rows,) if reduction == "none" else ())
     lse = logits.new_empty((rows,), dtype=torch.float32)
     return loss, lse, logits.new_empty((), dtype=torch.float32)
 
@@ -58,7 +48,7 @@ def _cross_entropy_backward_fake(dloss, logits, target, lse, valid, ignore_index
 @torch.library.register_fake("kernelforge::fused_linear_cross_entropy")
 def _flce_fake(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss_scale, softcap, reduction,
                chunk_tokens):
-    return hidden.new_empty((hidden.shape[0],) if reduction == 0 else (), dtype=torch.float32)
+    return hidden.new_empty((hidden.shape[0],) if reduction == "none" else (), dtype=torch.float32)
 
 
 def _grad_or_empty(want: bool, like: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
@@ -68,7 +58,7 @@ def _grad_or_empty(want: bool, like: torch.Tensor | None, hidden: torch.Tensor) 
 @torch.library.register_fake("kernelforge::fused_linear_cross_entropy_forward")
 def _flce_forward_fake(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss_scale, softcap, reduction,
                        chunk_tokens, grad_hidden, grad_weight, grad_bias):
-    grads = reduction != 0
+    grads = reduction != "none"
     loss = _flce_fake(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss_scale, softcap, reduction,
                       chunk_tokens)
     lse = hidden.new_empty((hidden.shape[0],), dtype=torch.float32)
@@ -106,7 +96,6 @@ def cross_entropy(
     (of the softcapped logits). A target outside [0, V) that is not ``ignore_index`` gives a
     NaN loss on the GPU (checked on the device: no host sync) and an error on the CPU.
     """
-    red = _reduction(reduction)
     if logits.dim() < 1 or tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"cross_entropy: target must have the shape of logits without its last (class) dimension, "
@@ -114,9 +103,9 @@ def cross_entropy(
         )
     loss, lse, _ = _ops.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), target.reshape(-1), int(ignore_index), float(label_smoothing),
-        float(z_loss_scale), _softcap(softcap), red,
+        float(z_loss_scale), _softcap(softcap), reduction,
     )
-    if red == 0:
+    if reduction == "none":
         loss = loss.view(target.shape)
     if return_lse:
         return loss, lse.view(target.shape)
@@ -149,7 +138,6 @@ def fused_linear_cross_entropy(
     backward through the same graph (``retain_graph=True``) is an error. "none" recomputes the
     chunks in the backward (one more GEMM per chunk).
     """
-    red = _reduction(reduction)
     if hidden.dim() < 1 or tuple(target.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(
             f"fused_linear_cross_entropy: target must have the shape of hidden without its last dimension, "
@@ -157,6 +145,6 @@ def fused_linear_cross_entropy(
         )
     loss = _ops.fused_linear_cross_entropy(
         hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), bias, int(ignore_index),
-        float(label_smoothing), float(z_loss_scale), _softcap(softcap), red, int(chunk_tokens),
+        float(label_smoothing), float(z_loss_scale), _softcap(softcap), reduction, int(chunk_tokens),
     )
-    return loss.view(target.shape) if red == 0 else loss
+    return loss.view(target.shape) if reduction == "none" else loss

@@ -17,7 +17,7 @@ import numbers
 
 import torch
 
-from . import _ops
+from . import norm as _norm
 
 __all__ = ["RMSNorm", "LayerNorm"]
 
@@ -72,7 +72,7 @@ class RMSNorm(torch.nn.Module):
             eps = _DEFAULT_RMS_EPS.get(x.dtype, _F32_EPS)
         if self._multi or self.weight is None:  # the op cannot check these shapes itself
             return _rms_norm_nd(x, self.weight, eps, self.normalized_shape)
-        return _ops._rms_norm(x, self.weight, eps)
+        return _norm._rms_norm(x, self.weight, eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -110,7 +110,7 @@ class LayerNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._multi or self.weight is None:
             return _layer_norm_nd(x, self.weight, self.bias, self.eps, self.normalized_shape)
-        return _ops._layer_norm(x, self.weight, self.bias, self.eps)
+        return _norm._layer_norm(x, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -121,10 +121,10 @@ def _flat_param(p: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _rms_norm_nd(x, weight, eps, normalized_shape, module="RMSNorm"):
-    y = _ops._rms_norm(_flat_rows(x, normalized_shape, module), _flat_param(weight), eps)
+    y = _norm._rms_norm(_flat_rows(x, normalized_shape, module), _flat_param(weight), eps)
     return y.view(x.shape)
 
 
 def _layer_norm_nd(x, weight, bias, eps, normalized_shape, module="LayerNorm"):
-    y = _ops._layer_norm(_flat_rows(x, normalized_shape, module), _flat_param(weight), _flat_param(bias), eps)
+    y = _norm._layer_norm(_flat_rows(x, normalized_shape, module), _flat_param(weight), _flat_param(bias), eps)
     return y.view(x.shape)

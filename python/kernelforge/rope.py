@@ -1,8 +1,7 @@
 """The RoPE family: fake (meta) implementations of its ops and the functional API.
 
-The ops (CUDA kernel, the float64 CPU reference, autograd) live in C++ (`torch/kf_torch.cpp`,
-formulas in include/kernelforge/rope.h, schemas in notes/interfaces.md). Arguments are validated in
-C++ only; this file maps ``layout`` and ``rotary_dim`` to the op's integers.
+The ops (CUDA kernel, the float64 CPU reference, autograd) live in C++ (`torch/kf_rope.cpp`, formulas
+in include/kernelforge/rope.h). Arguments (including ``layout``) are validated in C++ only.
 
 Semantics: for every rotated column j < R, out[j] = x[j] * cos[j] + rot(x)[j] * sin[j], with rot the
 rotate-half of HF Llama (``interleaved=False``: pairs (i, i + R/2)) or the interleaved rotation of
@@ -22,9 +21,6 @@ import math
 import torch
 
 from ._ops import _ops
-
-_LAYOUTS = {"bshd": 0, "bhsd": 1}
-
 
 def _like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t)  # the C++ impl's rule: t's strides when t is dense, else contiguous
@@ -66,18 +62,15 @@ def apply_rope(
     16-bit q/k. ``inplace=True`` rotates q and k in place and returns them (no autograd).
     Gradients flow to q and k (not to cos/sin).
     """
-    lay = _LAYOUTS.get(layout)
-    if lay is None:
-        raise ValueError(f"apply_rope: layout must be 'bshd' or 'bhsd', got {layout!r}")
     rd = 0 if rotary_dim is None else int(rotary_dim)
     if inplace:
         if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
             raise RuntimeError(
                 "apply_rope: inplace=True has no autograd support; use inplace=False for tensors that require grad"
             )
-        _ops.apply_rope_inplace(q, k, cos, sin, position_ids, interleaved, lay, rd)
+        _ops.apply_rope_inplace(q, k, cos, sin, position_ids, interleaved, layout, rd)
         return q, k
-    q_out, k_out = _ops.apply_rope(q, k, cos, sin, position_ids, interleaved, lay, rd)
+    q_out, k_out = _ops.apply_rope(q, k, cos, sin, position_ids, interleaved, layout, rd)
     return q_out, (k_out if k is not None else None)
 
 

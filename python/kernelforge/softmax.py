@@ -1,7 +1,7 @@
 """The softmax family: fake (meta) implementations of its ops and the functional API.
 
 The ops (CUDA kernels, the float64 CPU reference, autograd) live in C++ (`torch/kf_softmax.cpp`,
-schemas in notes/interfaces.md); `_ops` loads the library. The kernels work over the last dimension;
+which holds the schemas); `_ops` loads the library. The kernels work over the last dimension;
 ``dim`` other than the last is handled here (moved last, made contiguous, moved back), which costs
 one copy in and one out.
 

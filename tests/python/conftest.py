@@ -79,3 +79,23 @@ def kf():
     import kernelforge
 
     return kernelforge
+
+
+# ---- the plan of the last kernelforge launch in the report of every failed test ------------------------
+# (a second pytest_runtest_makereport wrapper, named apart from the one above through specname)
+
+
+@pytest.hookimpl(hookwrapper=True, specname="pytest_runtest_makereport")
+def pytest_runtest_makereport_last_plan(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed:
+        return
+    import sys
+
+    kf = sys.modules.get("kernelforge")  # never imported here: a test that did not import it launched nothing
+    try:
+        plan = (kf.last_plan() or "none (no launch on this thread)") if kf is not None else "none (not imported)"
+    except Exception as e:  # noqa: BLE001  (the report must still be written)
+        plan = f"unavailable ({type(e).__name__}: {e})"
+    rep.sections.append(("kernelforge", f"last kernelforge plan: {plan}"))

@@ -150,6 +150,51 @@ def test_nonfinite_propagates(kf, op, bad, device, dtype):
     assert out[0][[0, 2, 3, 4]].isfinite().all()
 
 
+# ---- string enums of the op schemas: a bad value names the argument and the allowed values -------------
+
+
+def test_enum_arguments_of_the_ops(kf):
+    ops = torch.ops.kernelforge
+    x = torch.randn(2, 3, 8)
+    q, cs = torch.randn(1, 3, 2, 8), torch.randn(3, 8)
+    logits, target = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
+    cases = [
+        (lambda: ops.ada_norm(x, x, x, None, None, 1e-6, "group"), "ada_norm: kind must be 'layer' or 'rms', got 'group'"),
+        (lambda: ops.ada_norm_backward(x, x, x, x, None, None, 1e-6, ""),
+         "ada_norm_backward: kind must be 'layer' or 'rms', got ''"),
+        (lambda: ops.apply_rope(q, None, cs, cs, None, False, "sbhd", 0),
+         "apply_rope: layout must be 'bshd' or 'bhsd', got 'sbhd'"),
+        (lambda: ops.apply_rope_backward(q, None, cs, cs, None, False, "BSHD", 0),
+         "apply_rope_backward: layout must be 'bshd' or 'bhsd', got 'BSHD'"),
+        (lambda: ops.apply_rope_inplace(q, None, cs, cs, None, False, "x", 0),
+         "apply_rope_inplace: layout must be 'bshd' or 'bhsd', got 'x'"),
+        (lambda: ops.gelu(x, "erf"), "gelu: approximate must be 'none' or 'tanh', got 'erf'"),
+        (lambda: ops.cross_entropy(logits, target, -100, 0.0, 0.0, 0.0, "avg"),
+         "cross_entropy: reduction must be 'none', 'mean' or 'sum', got 'avg'"),
+        (lambda: ops.fused_linear_cross_entropy(logits, torch.randn(6, 5), target, None, -100, 0.0, 0.0, 0.0, "mean ", 0),
+         "fused_linear_cross_entropy: reduction must be 'none', 'mean' or 'sum', got 'mean '"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(ValueError) as e:
+            fn()
+        assert msg in str(e.value)
+
+
+# ---- last_plan --------------------------------------------------------------------------------------------
+
+
+def test_last_plan_is_a_string(kf):
+    assert isinstance(kf.last_plan(), str)
+    assert torch.ops.kernelforge.last_plan() == kf.last_plan()
+
+
+@pytest.mark.cuda
+def test_last_plan_names_the_launch(kf):
+    """A CUDA launch records its plan (the norm family's launcher calls record_plan)."""
+    kf.rms_norm(torch.randn(4, 64, device="cuda"), None)
+    assert kf.last_plan() != ""
+
+
 # ---- import ---------------------------------------------------------------------------------------------
 
 

@@ -205,7 +205,7 @@ def test_mixed_dtype_falls_back_with_one_warning(kf, make, monkeypatch):
     included), with one warning; KF_STRICT=1 turns it into an error."""
     P = importlib.import_module("kernelforge.patch")  # `kernelforge.patch` the attribute is the function
 
-    monkeypatch.setattr(P, "_warned", set())
+    monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
     monkeypatch.delenv("KF_STRICT", raising=False)
     m = _randomize(make())
     x = R.rand((3, N), torch.bfloat16, "cpu")
@@ -226,7 +226,7 @@ def test_mixed_dtype_falls_back_with_one_warning(kf, make, monkeypatch):
 def test_diffusers_bias_added_after_patch_falls_back(kf, monkeypatch):
     P = importlib.import_module("kernelforge.patch")  # `kernelforge.patch` the attribute is the function
 
-    monkeypatch.setattr(P, "_warned", set())
+    monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
     m = _randomize(_diffusers().RMSNorm(N, eps=1e-6))
     kf.patch(m)
     m.bias = torch.nn.Parameter(torch.randn(N))

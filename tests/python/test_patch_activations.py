@@ -123,7 +123,7 @@ def test_transformers_gelu_exact_mlp(kf, device, dtype):
     P = importlib.import_module("kernelforge.patch")
     model2 = _hf_model("llama", device, dtype, hidden_act="gelu")
     kf.patch(model2, norms=False)
-    assert model2.model.layers[0].mlp.__dict__[P._STATE_ATTR].extra[1] == "none"
+    assert model2.model.layers[0].mlp.__dict__[P.STATE_ATTR].extra[1] == "none"
     kf.unpatch(model2)
 
 
@@ -441,7 +441,7 @@ def test_families_compose(kf):
 
 def test_act_fn_replaced_after_patch_falls_back(kf, monkeypatch):
     P = importlib.import_module("kernelforge.patch")
-    monkeypatch.setattr(P, "_warned", set())
+    monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
     monkeypatch.delenv("KF_STRICT", raising=False)
     m = _llama_mlp("silu")
     kf.patch(m)

@@ -363,7 +363,7 @@ def test_lm_head_hooked_at_patch_time(kf):
 def test_runtime_fallback(kf, monkeypatch):
     """lm_head hooked or loss_function replaced after patching: the original tail runs, with one warning
     (an error with KF_STRICT=1)."""
-    monkeypatch.setattr(importlib.import_module("kernelforge.patch"), "_warned", set())  # warn-once per process
+    monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())  # warn-once per process
     model = _model("llama", "cpu", torch.float32)
     ids, labels = _batch(model, "cpu")
     kf.patch(model, **LOSS_ONLY)

@@ -72,7 +72,7 @@ def kernel_calls(monkeypatch):
 
 @pytest.fixture
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(_patch_module(), "_warned", set())
+    monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
     monkeypatch.delenv("KF_STRICT", raising=False)
 
 
@@ -107,7 +107,7 @@ def test_partial_rotary_model(kf, device, dtype, kernel_calls):
     from test_patch_activations import COMMON
 
     model = tf.PhiForCausalLM(tf.PhiConfig(**COMMON))
-    assert model.config.partial_rotary_factor == 0.5
+    assert 2 * model.model.rotary_emb.inv_freq.numel() == 8  # partial rotary: half of head_dim 16
     model = _randomize_norms(model.to(device=device, dtype=dtype))
     report = check_model(kf, model, _hf_inputs(device), _hf_forward, _attn_paths(), dtype, patch_kwargs=ROPE_ONLY)
     assert {p.op for p in report.patched} == {"kernelforge.apply_rope"}
@@ -174,7 +174,7 @@ def test_unpatch_restores_and_repatch(kf):
         assert again.patched_paths == first.patched_paths
         # one rebound function per class forward, shared by the layers (one code object for torch.compile)
         P = _patch_module()
-        extras = {id(model.get_submodule(p).__dict__[P._STATE_ATTR].extra) for p in _attn_paths()}
+        extras = {id(model.get_submodule(p).__dict__[P.STATE_ATTR].extra) for p in _attn_paths()}
         assert len(extras) == 1
         R.assert_close(_hf_forward(model, inputs), want, torch.float32)
     kf.unpatch(model)
@@ -196,7 +196,7 @@ def test_deepcopy(kf):
     P = _patch_module()
     a, b = model.model.layers[1].self_attn, clone.model.layers[1].self_attn
     assert b.forward.__self__ is b
-    assert b.__dict__[P._STATE_ATTR].extra is a.__dict__[P._STATE_ATTR].extra  # shared, holds no per-model state
+    assert b.__dict__[P.STATE_ATTR].extra is a.__dict__[P.STATE_ATTR].extra  # shared, holds no per-model state
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(_hf_forward(clone, inputs), _hf_forward(model, inputs))
@@ -277,8 +277,24 @@ def logged(f):
     return wrapper
 
 
-class Wrapped(nn.Module):  # the class forward is the decorator's wrapper: not rerun, reported
+def opaque(f):
+    box = [f]
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return box[0](*args, **kwargs)
+
+    return wrapper
+
+
+class Wrapped(nn.Module):  # the decorator is rebuilt around the rebound code
     @logged
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+class Opaque(nn.Module):  # the wrapper does not hold forward in a closure cell: not rebuilt, reported
+    @opaque
     def forward(self, q, k, cos, sin):
         return apply_rotary_pos_emb(q, k, cos, sin)
 '''
@@ -314,16 +330,16 @@ def test_copied_and_changed_functions(kf, tmp_path, kernel_calls):
                                                         "return torch.cat((x2, -x1), dim=-1)"))
     model = torch.nn.ModuleDict({"same": same.Attention(), "same_bshd": same.Attention2(), "pairs": pairs.Attention(),
                                  "rotate_half": other_rh.Attention(), "wrapped": same.Wrapped(),
-                                 "linear": torch.nn.Linear(4, 4)})
+                                 "opaque": same.Opaque(), "linear": torch.nn.Linear(4, 4)})
     report = kf.patch(model)
     print(report)
-    assert sorted(report.patched_paths) == ["same", "same_bshd"]
+    assert sorted(report.patched_paths) == ["same", "same_bshd", "wrapped"]
     skipped = {s.path: s.reason for s in report.skipped}
-    assert skipped.keys() == {"pairs", "rotate_half", "wrapped"}
-    assert "forward is wrapped by a decorator" in skipped["wrapped"]
+    assert skipped.keys() == {"pairs", "rotate_half", "opaque"}
+    assert "forward is wrapped by a decorator kernelforge cannot rebuild" in skipped["opaque"]
     assert "kf_fake_pairs.apply_rotary_pos_emb differs from Llama's" in skipped["pairs"]
     assert "the rotate_half kf_fake_rh.apply_rotary_pos_emb calls differs" in skipped["rotate_half"]
-    for name, layout in (("same", "bhsd"), ("same_bshd", "bshd"), ("same", "last_dim_strided")):
+    for name, layout in (("same", "bhsd"), ("same_bshd", "bshd"), ("same", "last_dim_strided"), ("wrapped", "bhsd")):
         m = model[name]
         q, k, cos, sin = _qk_cos_sin("bhsd" if layout == "last_dim_strided" else layout)
         if layout == "last_dim_strided":  # stride(-1) != 1: copied for the kernel (same values)
@@ -335,7 +351,7 @@ def test_copied_and_changed_functions(kf, tmp_path, kernel_calls):
             got = m(q, k, cos, sin)
         for g, w in zip(got, want):
             R.assert_close(g, w, torch.float32, msg=name)
-    assert len(kernel_calls) == 3
+    assert len(kernel_calls) == 4
     kf.unpatch(model)
 
 
@@ -362,7 +378,7 @@ def test_real_modeling_modules_that_differ(kf):
 
 def _replacement(m, name="apply_rotary_pos_emb"):
     """The function the patched forward calls instead of the library's."""
-    return m.__dict__[_patch_module()._STATE_ATTR].extra.fn.__globals__[name]
+    return m.__dict__[_patch_module().STATE_ATTR].extra.fn.__globals__[name]
 
 
 def test_hf_function_fallback(kf, tmp_path, fresh_warnings, monkeypatch, kernel_calls):

@@ -1,7 +1,7 @@
-"""The RoPE entries of the patch table (family "rope"); see patch.py for the machinery.
+"""The RoPE entries of the patch table (family "rope"); see __init__.py for the machinery.
 
 Patched, each only when the rotary function has exactly the code kernelforge verified (syntax tree
-of its source, as in _patch_activation.py):
+of its source, see _match.py):
 
 - transformers attention modules whose forward calls the module-level ``apply_rotary_pos_emb`` of
   Llama (``q * cos + rotate_half(q) * sin``, cos/sin ``[B, S, D]`` unsqueezed at ``unsqueeze_dim``;
@@ -34,8 +34,6 @@ function computes in float32 and rounds once, as the kernel does.
 
 from __future__ import annotations
 
-import dis
-import functools
 import inspect
 import sys
 import types
@@ -45,10 +43,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import rope as _rope
-from ._patch_activation import _same_as
-from .patch import _STATE_ATTR, Replacement, _announce_fallback, _diffusers_class, _warn_fallback
-from .patch import register_replacement
+from .. import rope as _rope
+from ._match import diffusers_class, global_names, loads_global, same_as
+from ._registry import STATE_ATTR, Replacement, register_replacement
+from ._runtime import announce_fallback, unit_last, warn_fallback
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _DEVICES = ("cpu", "cuda")
@@ -58,20 +56,6 @@ _MISSING = object()
 
 
 # ---- running a forward's own code with one global replaced -------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _global_names(code: types.CodeType) -> frozenset[str]:
-    """Names the code (and code nested in it: comprehensions, lambdas) loads as globals."""
-    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            names |= _global_names(c)
-    return frozenset(names)
-
-
-def _loads_global(fn, name: str) -> bool:
-    return inspect.isfunction(fn) and name in _global_names(fn.__code__)
 
 
 @dataclass(frozen=True)
@@ -86,7 +70,7 @@ class _Rebound:
     seen: tuple
 
     def changed(self) -> str | None:
-        module_globals = self.original.__globals__
+        module_globals = inspect.unwrap(self.original).__globals__
         for name, value in self.seen:
             if module_globals.get(name, _MISSING) is not value:
                 return f"{module_globals.get('__name__', '?')}.{name} rebound after patching"
@@ -99,32 +83,60 @@ class _Rebound:
 _REBOUND: dict[tuple[Callable, str], _Rebound] = {}
 
 
+class _NotRewrappable(Exception):
+    pass
+
+
+def _rewrap(fn: Callable, inner: Callable, new_inner: Callable) -> Callable:
+    """``fn`` (a chain of functools.wraps wrappers around ``inner``, each holding the next function in
+    one closure cell, as transformers' decorators do) rebuilt around ``new_inner``: the decorators
+    keep doing what they do (e.g. renaming a deprecated keyword), the innermost code is ours."""
+    if fn is inner:
+        return new_inner
+    nxt = getattr(fn, "__wrapped__", None)
+    cells = fn.__closure__ or () if inspect.isfunction(fn) else ()
+    holds = [i for i, c in enumerate(cells) if c.cell_contents is nxt]
+    if nxt is None or len(holds) != 1:
+        raise _NotRewrappable(f"{getattr(fn, '__qualname__', fn)!r} does not hold the function it wraps in a closure")
+    new_nxt = _rewrap(nxt, inner, new_inner)
+    new_cells = tuple(types.CellType(new_nxt) if i == holds[0] else c for i, c in enumerate(cells))
+    out = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new_cells)
+    out.__kwdefaults__, out.__qualname__, out.__doc__ = fn.__kwdefaults__, fn.__qualname__, fn.__doc__
+    out.__dict__.update(fn.__dict__)
+    out.__wrapped__ = new_nxt
+    return out
+
+
+def _rewrappable(fn: Callable) -> str | None:
+    """Why the decorators around ``fn``'s code cannot be rebuilt around other code, or None."""
+    try:
+        _rewrap(fn, inspect.unwrap(fn), inspect.unwrap(fn))
+    except _NotRewrappable as e:
+        return str(e)
+    return None
+
+
 def _rebind(original: Callable, name: str, make: Callable[[Callable], Callable]) -> _Rebound:
-    """``original``'s code with the global ``name`` bound to ``make(module's function)``. One function per
-    (original, name), shared by every patched instance (one code object and globals dict for
-    torch.compile), rebuilt when the module's globals changed since."""
+    """``original``'s code with the global ``name`` bound to ``make(module's function)``, inside the
+    same decorators as ``original``. One function per (original, name), shared by every patched
+    instance (one code object and globals dict for torch.compile), rebuilt when the module's globals
+    changed since."""
     hit = _REBOUND.get((original, name))
     if hit is not None and hit.changed() is None:
         return hit
-    module_globals = original.__globals__
-    seen = tuple((n, module_globals.get(n, _MISSING)) for n in sorted(_global_names(original.__code__)))
+    raw = inspect.unwrap(original)
+    module_globals = raw.__globals__
+    seen = tuple((n, module_globals.get(n, _MISSING)) for n in sorted(global_names(raw.__code__)))
     new_globals = dict(module_globals)  # a copy: the module's own namespace is never written
     new_globals[name] = make(module_globals[name])
-    fn = types.FunctionType(original.__code__, new_globals, original.__name__, original.__defaults__,
-                            original.__closure__)
-    fn.__kwdefaults__ = original.__kwdefaults__
-    fn.__qualname__ = original.__qualname__
-    fn.__doc__ = original.__doc__
-    fn.__dict__.update(original.__dict__)
-    rebound = _Rebound(original, name, fn, seen)
+    fn = types.FunctionType(raw.__code__, new_globals, raw.__name__, raw.__defaults__, raw.__closure__)
+    fn.__kwdefaults__ = raw.__kwdefaults__
+    fn.__qualname__ = raw.__qualname__
+    fn.__doc__ = raw.__doc__
+    fn.__dict__.update(raw.__dict__)
+    rebound = _Rebound(original, name, _rewrap(original, raw, fn), seen)
     _REBOUND[original, name] = rebound
     return rebound
-
-
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    """t itself when its last dimension has stride 1 (what the op reads); otherwise a contiguous copy.
-    Same values either way, so this is not a fallback."""
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def _devices_dtypes(ts, names) -> str | None:
@@ -140,7 +152,7 @@ def _devices_dtypes(ts, names) -> str | None:
     return None
 
 
-# ---- transformers: Llama-style apply_rotary_pos_emb (transformers 5.17) ------------------------------
+# ---- transformers: Llama-style apply_rotary_pos_emb ------------------------------------------------
 
 
 _REF_HF_ROTATE_HALF = r'''
@@ -200,29 +212,31 @@ def _hf_rope_function(original: Callable, subject: str) -> Callable:
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         why, layout = _hf_rope_fit(q, k, cos, sin, unsqueeze_dim)
         if why is not None:
-            _announce_fallback(subject, why, "apply_rotary_pos_emb", _FALLBACK_HINT, 3)
+            announce_fallback(subject, why, "apply_rotary_pos_emb", _FALLBACK_HINT, 3)
             return original(q, k, cos, sin, unsqueeze_dim)
         # q * cos + rotate_half(q) * sin: pairs (i, i + D/2), cos/sin at full width, as transformers passes them
-        return _rope.apply_rope(_unit_last(q), _unit_last(k), _unit_last(cos), _unit_last(sin), layout=layout)
+        return _rope.apply_rope(unit_last(q), unit_last(k), unit_last(cos), unit_last(sin), layout=layout)
 
     return apply_rotary_pos_emb
 
 
 def _match_hf_attention(m: nn.Module):
     fwd = type(m).forward
-    if not _loads_global(fwd, "apply_rotary_pos_emb"):
-        if inspect.isfunction(fwd) and _loads_global(inspect.unwrap(fwd), "apply_rotary_pos_emb"):
-            return "forward is wrapped by a decorator (kernelforge reruns a forward's own code, not a wrapper's)"
+    raw = inspect.unwrap(fwd) if inspect.isfunction(fwd) else fwd
+    if not loads_global(raw, "apply_rotary_pos_emb"):
         return None
-    fn = fwd.__globals__.get("apply_rotary_pos_emb")
-    where = fwd.__globals__.get("__name__", "?")
+    why = _rewrappable(fwd)
+    if why is not None:
+        return f"forward is wrapped by a decorator kernelforge cannot rebuild: {why}"
+    fn = raw.__globals__.get("apply_rotary_pos_emb")
+    where = raw.__globals__.get("__name__", "?")
     if fn is None:
         return None
-    if not _same_as(fn, _REF_HF_APPLY_ROTARY_POS_EMB):
-        return f"{where}.apply_rotary_pos_emb differs from Llama's q * cos + rotate_half(q) * sin (transformers 5.17)"
+    if not same_as(fn, _REF_HF_APPLY_ROTARY_POS_EMB):
+        return f"{where}.apply_rotary_pos_emb differs from Llama's q * cos + rotate_half(q) * sin"
     if fn.__code__.co_varnames[: len(_HF_PARAMS)] != _HF_PARAMS:
         return f"{where}.apply_rotary_pos_emb names its parameters {fn.__code__.co_varnames[:5]}, not {_HF_PARAMS}"
-    if not _same_as(fn.__globals__.get("rotate_half"), _REF_HF_ROTATE_HALF):
+    if not same_as(fn.__globals__.get("rotate_half"), _REF_HF_ROTATE_HALF):
         return f"the rotate_half {where}.apply_rotary_pos_emb calls differs from Llama's cat(-x2, x1)"
     return True
 
@@ -234,11 +248,11 @@ def _hf_attention_setup(m: nn.Module) -> _Rebound:
 
 
 def _hf_attention_forward(self, *args, **kwargs):
-    state = self.__dict__[_STATE_ATTR]
+    state = self.__dict__[STATE_ATTR]
     rebound: _Rebound = state.extra
     changed = rebound.changed()
     if changed is not None:
-        _warn_fallback(self, changed, _REBOUND_HINT, 3)
+        warn_fallback(self, changed, _REBOUND_HINT, 3)
         return state.original(*args, **kwargs)
     return rebound.fn(self, *args, **kwargs)  # the class's forward code, apply_rotary_pos_emb -> kernelforge
 
@@ -313,27 +327,27 @@ def _ltx_rope_function(original: Callable, subject: str) -> Callable:
     def apply_rotary_emb(x, freqs):
         why = _ltx_rope_fit(x, freqs)
         if why is not None:
-            _announce_fallback(subject, why, "apply_rotary_emb", _FALLBACK_HINT, 3)
+            announce_fallback(subject, why, "apply_rotary_emb", _FALLBACK_HINT, 3)
             return original(x, freqs)
         cos, sin = freqs
         # x * cos + stack([-x_imag, x_real], -1).flatten(2) * sin: interleaved pairs over all C channels
-        return _rope.apply_rope_bsc(_unit_last(x), None, _unit_last(cos), _unit_last(sin), interleaved=True)[0]
+        return _rope.apply_rope_bsc(unit_last(x), None, unit_last(cos), unit_last(sin), interleaved=True)[0]
 
     return apply_rotary_emb
 
 
 def _match_ltx_attention(m: nn.Module):
-    cls = _diffusers_class(_LTX, "LTXAttention")
+    cls = diffusers_class(_LTX, "LTXAttention")
     if cls is None or not isinstance(m, cls):
         return None
-    if not _same_as(type(m).forward, _REF_LTX_ATTENTION_FORWARD):
+    if not same_as(type(m).forward, _REF_LTX_ATTENTION_FORWARD):
         return "forward differs from the diffusers 0.42 LTXAttention.forward kernelforge verified (subclass or other version)"
     proc = getattr(m, "processor", None)
     call = getattr(type(proc), "__call__", None)
-    if not _loads_global(call, "apply_rotary_emb"):
+    if not loads_global(call, "apply_rotary_emb"):
         return f"processor {type(proc).__name__} does not call a module-level apply_rotary_emb"
     where = call.__globals__.get("__name__", "?")
-    if not _same_as(call.__globals__.get("apply_rotary_emb"), _REF_LTX_APPLY_ROTARY_EMB):
+    if not same_as(call.__globals__.get("apply_rotary_emb"), _REF_LTX_APPLY_ROTARY_EMB):
         return f"{where}.apply_rotary_emb differs from the diffusers 0.42 LTX-Video code kernelforge verified"
     return True
 
@@ -346,14 +360,14 @@ def _ltx_attention_setup(m: nn.Module) -> _Rebound:
 
 def _ltx_attention_forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None,
                            image_rotary_emb=None, **kwargs):
-    state = self.__dict__[_STATE_ATTR]
+    state = self.__dict__[STATE_ATTR]
     rebound: _Rebound = state.extra
     proc = self.processor
     changed = rebound.changed()
     if changed is None and type(proc).__call__ is not rebound.original:
         changed = f"a processor replaced after patching ({type(proc).__name__})"
     if changed is not None:
-        _warn_fallback(self, changed, _REBOUND_HINT, 3)
+        warn_fallback(self, changed, _REBOUND_HINT, 3)
         return state.original(hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
     # LTXAttention.forward (verified at patch time), calling the processor's code with apply_rotary_emb ->
     # kernelforge: keyword arguments the processor does not take are dropped with diffusers' warning.

@@ -1,7 +1,8 @@
-"""The activation entries of the patch table (family "activation"); see patch.py for the machinery.
+"""The activation entries of the patch table (family "activation"); see __init__.py for the machinery.
 
 Patched, each only when its computation is exactly the module's (activation, order of the halves,
-approximate mode), which the matchers verify on the class's code, not on its name:
+approximate mode), which the matchers verify on the class's code (its normalized syntax tree, see _match.py), not on
+its name:
 
 - transformers gated MLPs (LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP, GemmaMLP and the ~120
   classes written the same way): ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``
@@ -27,81 +28,21 @@ differ by at most that rounding (see notes/activation.md).
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
 import sys
-import textwrap
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import activation as _act
-from .patch import _STATE_ATTR, _UNSUPPORTED, Replacement, _diffusers_class, _qualname, _warn_fallback
-from .patch import register_replacement
+from .. import activation as _act
+from ._match import diffusers_class, hooked, qualname, same_as
+from ._registry import STATE_ATTR, Replacement, register_replacement, register_unsupported
+from ._runtime import original, warn_fallback
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _DEVICES = ("cpu", "cuda")
 _REPLACED_HINT = "Call kernelforge.unpatch(model) and patch again after changing the activation."
-
-
-# ---- what a function computes: its syntax tree -------------------------------------------------------
-# Compared on the source's AST, not bytecode: the same source compiles differently in another
-# module (CPython 3.11 emits LOAD_ATTR instead of LOAD_METHOD for `mod.f()` when the enclosing module
-# imports `mod`, as diffusers' activations.py does with torch_npu), so a reference copy here would not
-# match. Ignored: names of the function and its parameters, annotations, decorators, docstring,
-# comments and layout. The references are source text (the _REF_* strings), the library's side is
-# read with inspect.getsource; a class without source is not patched.
-
-
-class _Rename(ast.NodeTransformer):
-    def __init__(self, names: dict[str, str]):
-        self.names = names
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:
-        node.id = self.names.get(node.id, node.id)
-        return node
-
-
-@functools.lru_cache(maxsize=None)
-def _src_key(src: str) -> str | None:
-    try:
-        node = ast.parse(textwrap.dedent(src).strip("\n")).body[0]
-    except (SyntaxError, IndexError):
-        return None
-    if not isinstance(node, ast.FunctionDef):
-        return None
-    a = node.args
-    params = [*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs,
-              *([a.kwarg] if a.kwarg else [])]
-    names = {}
-    for i, p in enumerate(params):
-        names[p.arg], p.arg, p.annotation = f"_p{i}", f"_p{i}", None
-    body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    mod = _Rename(names).visit(ast.Module(body=body, type_ignores=[]))
-    return ast.dump(a) + ast.dump(mod)
-
-
-@functools.lru_cache(maxsize=None)
-def _fn_key(fn) -> str | None:
-    try:
-        return _src_key(inspect.getsource(fn))
-    except (OSError, TypeError):
-        return None
-
-
-def _same_as(fn, *refs: str) -> bool:
-    """fn's source has the syntax tree of one of the reference sources."""
-    key = _fn_key(fn) if callable(fn) else None
-    return key is not None and any(key == _src_key(r) for r in refs)
-
-
-def _hooked(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
 
 
 def _kernel_unsupported(*ts: torch.Tensor) -> str | None:
@@ -140,7 +81,7 @@ def _act_kind(act) -> "tuple[str, str] | str":
     if not isinstance(act, nn.Module):
         return f"activation is {type(act).__name__}, not a module kernelforge knows"
     cls = type(act)
-    if _hooked(act):
+    if hooked(act):
         return "the activation module has hooks (a fused kernel would bypass them)"
     if "forward" in act.__dict__:
         return "the activation module's forward is overridden on the instance"
@@ -150,15 +91,15 @@ def _act_kind(act) -> "tuple[str, str] | str":
         return ("gelu", act.approximate)
     hf = sys.modules.get("transformers.activations")  # loaded whenever a transformers model exists
     if hf is not None:
-        if isinstance(act, hf.SiLUActivation) and _same_as(cls.forward, _REF_HF_SILU):
+        if isinstance(act, hf.SiLUActivation) and same_as(cls.forward, _REF_HF_SILU):
             return ("silu", "")
         fn = act.__dict__.get("act")
-        if isinstance(act, hf.GELUActivation) and _same_as(cls.forward, _REF_HF_ACT) and fn is F.gelu:
+        if isinstance(act, hf.GELUActivation) and same_as(cls.forward, _REF_HF_ACT) and fn is F.gelu:
             return ("gelu", "none")
-        if (isinstance(act, hf.GELUTanh) and _same_as(cls.forward, _REF_HF_ACT) and isinstance(fn, functools.partial)
+        if (isinstance(act, hf.GELUTanh) and same_as(cls.forward, _REF_HF_ACT) and isinstance(fn, functools.partial)
                 and fn.func is F.gelu and not fn.args and fn.keywords == {"approximate": "tanh"}):
             return ("gelu", "tanh")
-    return f"activation {_qualname(cls)}: no kernelforge kernel computes exactly it"
+    return f"activation {qualname(cls)}: no kernelforge kernel computes exactly it"
 
 
 def _act_setup(attr: str):
@@ -173,10 +114,10 @@ def _act_setup(attr: str):
 
 def _act_changed(self, act) -> str | None:
     """Runtime: why the activation submodule is no longer the one verified at patch time, or None."""
-    verified, approximate = self.__dict__[_STATE_ATTR].extra
+    verified, approximate = self.__dict__[STATE_ATTR].extra
     if act is not verified:
         return f"an activation module replaced after patching ({type(act).__name__})"
-    if _hooked(act) or "forward" in act.__dict__:
+    if hooked(act) or "forward" in act.__dict__:
         return "an activation module hooked or given an instance forward after patching"
     if getattr(act, "approximate", approximate) != approximate:
         return f"approximate changed after patching ({act.approximate!r})"
@@ -203,7 +144,7 @@ def _hf_mlp_verdict(m: nn.Module) -> "tuple[str, str] | str | None":
     """None: not a gate/up/down MLP; a string: the reason it is skipped; else the activation kind."""
     if not all(isinstance(getattr(m, a, None), nn.Module) for a in ("gate_proj", "up_proj", "down_proj")):
         return None
-    if not _same_as(type(m).forward, _REF_HF_MLP_A, _REF_HF_MLP_B):
+    if not same_as(type(m).forward, _REF_HF_MLP_A, _REF_HF_MLP_B):
         return "forward differs from LlamaMLP's down_proj(act_fn(gate_proj(x)) * up_proj(x))"
     return _act_kind(getattr(m, "act_fn", None))
 
@@ -233,20 +174,20 @@ def _hf_mlp_forward(kind: str):
     def forward(self, *args, **kwargs):
         x = _one_input(self, args, kwargs)
         if x is None:
-            return self.__dict__[_STATE_ATTR].original(*args, **kwargs)
+            return original(self)(*args, **kwargs)
         changed = _act_changed(self, self.act_fn)
         if changed is not None:
-            _warn_fallback(self, changed, _REPLACED_HINT, 3)
-            return self.__dict__[_STATE_ATTR].original(x)
+            warn_fallback(self, changed, _REPLACED_HINT, 3)
+            return original(self)(x)
         gate = self.gate_proj(x)
         up = self.up_proj(x)
         why = _kernel_unsupported(gate, up)
         if why is not None:
-            _warn_fallback(self, why, stacklevel=3)
+            warn_fallback(self, why, stacklevel=3)
             return self.down_proj(self.act_fn(gate) * up)
         if kind == "silu":
             return self.down_proj(_act.swiglu(gate, up))
-        approximate = self.__dict__[_STATE_ATTR].extra[1]
+        approximate = self.__dict__[STATE_ATTR].extra[1]
         return self.down_proj(_act.geglu(up, gate, approximate))  # act_fn(gate) * up = up * gelu(gate)
 
     return forward
@@ -325,13 +266,13 @@ _ACTS = "diffusers.models.activations"
 def _same_code(cls: type, **methods) -> str | None:
     """None when every named method of cls has the reference's code, else the first that differs."""
     for name, ref in methods.items():
-        if not _same_as(getattr(cls, name, None), ref):
+        if not same_as(getattr(cls, name, None), ref):
             return f"{name} differs from the diffusers 0.42 code kernelforge verified (subclass or other version)"
     return None
 
 
 def _match_diffusers_gelu(m: nn.Module):
-    cls = _diffusers_class(_ACTS, "GELU")
+    cls = diffusers_class(_ACTS, "GELU")
     if cls is None or not isinstance(m, cls):
         return None
     why = _same_code(type(m), forward=_REF_DIFF_GELU_FORWARD, gelu=_REF_DIFF_GELU_GELU)
@@ -346,13 +287,13 @@ def _diffusers_gelu_forward(self, hidden_states):
     h = self.proj(hidden_states)
     why = _kernel_unsupported(h)
     if why is not None:
-        _warn_fallback(self, why, stacklevel=3)
+        warn_fallback(self, why, stacklevel=3)
         return self.gelu(h)
     return _act.gelu(h, self.approximate)
 
 
 def _match_diffusers_geglu(m: nn.Module):
-    cls = _diffusers_class(_ACTS, "GEGLU")
+    cls = diffusers_class(_ACTS, "GEGLU")
     if cls is None or not isinstance(m, cls):
         return None
     why = _same_code(type(m), forward=_REF_DIFF_GEGLU_FORWARD, gelu=_REF_DIFF_GEGLU_GELU)
@@ -370,14 +311,14 @@ def _diffusers_geglu_forward(self, hidden_states, *args, **kwargs):
     h = self.proj(hidden_states)
     why = _kernel_unsupported(h)
     if why is not None:
-        _warn_fallback(self, why, stacklevel=3)
+        warn_fallback(self, why, stacklevel=3)
         hidden, gate = h.chunk(2, dim=-1)
         return hidden * self.gelu(gate)
     return _act.gelu_and_mul(h, "none", False)  # first half * gelu(second half)
 
 
 def _match_diffusers_swiglu(m: nn.Module):
-    cls = _diffusers_class(_ACTS, "SwiGLU")
+    cls = diffusers_class(_ACTS, "SwiGLU")
     if cls is None or not isinstance(m, cls):
         return None
     why = _same_code(type(m), forward=_REF_DIFF_SWIGLU_FORWARD)
@@ -394,19 +335,19 @@ def _match_diffusers_swiglu(m: nn.Module):
 def _diffusers_swiglu_forward(self, hidden_states):
     changed = _act_changed(self, self.activation)
     if changed is not None:
-        _warn_fallback(self, changed, _REPLACED_HINT, 3)
-        return self.__dict__[_STATE_ATTR].original(hidden_states)
+        warn_fallback(self, changed, _REPLACED_HINT, 3)
+        return original(self)(hidden_states)
     h = self.proj(hidden_states)
     hidden, gate = h.chunk(2, dim=-1)
     why = _kernel_unsupported(h)
     if why is not None:
-        _warn_fallback(self, why, stacklevel=3)
+        warn_fallback(self, why, stacklevel=3)
         return hidden * self.activation(gate)
     return _act.swiglu(gate, hidden)  # silu(gate) * hidden
 
 
 def _match_diffusers_linear_act(m: nn.Module):
-    cls = _diffusers_class(_ACTS, "LinearActivation")
+    cls = diffusers_class(_ACTS, "LinearActivation")
     if cls is None or not isinstance(m, cls):
         return None
     why = _same_code(type(m), forward=_REF_DIFF_LINEAR_ACT_FORWARD)
@@ -423,24 +364,24 @@ def _match_diffusers_linear_act(m: nn.Module):
 def _diffusers_linear_act_forward(self, hidden_states):
     changed = _act_changed(self, self.activation)
     if changed is not None:
-        _warn_fallback(self, changed, _REPLACED_HINT, 3)
-        return self.__dict__[_STATE_ATTR].original(hidden_states)
+        warn_fallback(self, changed, _REPLACED_HINT, 3)
+        return original(self)(hidden_states)
     h = self.proj(hidden_states)
     why = _kernel_unsupported(h)
     if why is not None:
-        _warn_fallback(self, why, stacklevel=3)
+        warn_fallback(self, why, stacklevel=3)
         return self.activation(h)
-    return _act.gelu(h, self.__dict__[_STATE_ATTR].extra[1])
+    return _act.gelu(h, self.__dict__[STATE_ATTR].extra[1])
 
 
 def _unsupported_diffusers(m: nn.Module) -> str | None:
-    cls = _diffusers_class(_ACTS, "ApproximateGELU")
+    cls = diffusers_class(_ACTS, "ApproximateGELU")
     if cls is not None and isinstance(m, cls):
         return "x * sigmoid(1.702 x) (sigmoid-approximated GELU): no kernelforge op computes it"
     return None
 
 
-_UNSUPPORTED.append(("activation", _unsupported_diffusers))
+register_unsupported("activation", _unsupported_diffusers)
 
 for _entry in (
     Replacement("transformers gated MLP (SiLU)", "kernelforge.swiglu", _match_hf_mlp("silu"), _hf_mlp_forward("silu"),
