@@ -60,7 +60,7 @@ def check(op, rows, n, dt, ada_shape="b1d"):
         outs = [ops.layer_norm(x, w, b, 1e-5)] + list(ops.layer_norm_backward(dy, x, w, b, 1e-5))
         refs = [ops.layer_norm(c(x), c(w), c(b), 1e-5)] + list(ops.layer_norm_backward(c(dy), c(x), c(w), c(b), 1e-5))
     else:
-        kind = 1 if op == "ada_layer" else 0
+        kind = "layer" if op == "ada_layer" else "rms"
         x3 = x.view(B, rows // B, n) if rows else x.view(1, 0, n)
         dy3 = dy.view_as(x3)
         outs = [ops.ada_norm(x3, sc, sh, w, b, 1e-6, kind)] + list(

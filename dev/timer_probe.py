@@ -70,7 +70,7 @@ def main():
             "empty": lambda: empty.zero_(),
             "kf_rms": lambda: ops.rms_norm(x, w, 1e-6),
             "kf_layer": lambda: ops.layer_norm(x, w, b, 1e-5),
-            "kf_ada": lambda: ops.ada_norm(x3, sc, sc, None, None, 1e-6, 1),
+            "kf_ada": lambda: ops.ada_norm(x3, sc, sc, None, None, 1e-6, "layer"),
         }
         if lf is not None:
             calls["liger_rms"] = lambda: lf.liger_rms_norm(x, w, 1e-6, casting_mode="llama")

@@ -270,7 +270,7 @@ def _opcheck_cases(op, affine, device):
         det = [None if t is None else t.detach() for t in (x, w, b)]
         cases.append((ops.layer_norm_backward.default, (dy, *det, eps)))
     else:
-        kind = 1 if op == "ada_norm_layer" else 0
+        kind = "layer" if op == "ada_norm_layer" else "rms"
         sc, sh = g["scale"], g["shift"]
         cases.append((ops.ada_norm.default, (x, sc, sh, w, b, eps, kind)))
         det = [None if t is None else t.detach() for t in (x, sc, sh, w, b)]

@@ -209,10 +209,10 @@ def test_opcheck(kf, device):
     cos, sin = torch.rand(3, 8, device=device), torch.rand(3, 8, device=device)
     pos = torch.tensor([[0, 1, 2], [2, 1, 0]], device=device)
     ops = torch.ops.kernelforge
-    torch.library.opcheck(ops.apply_rope.default, (q, k, cos, sin, None, False, 0, 0))
-    torch.library.opcheck(ops.apply_rope.default, (q, None, cos, sin, pos, True, 0, 8))
-    torch.library.opcheck(ops.apply_rope_backward.default, (q, k, cos, sin, None, True, 0, 0))
-    torch.library.opcheck(ops.apply_rope_inplace.default, (q.clone(), k.clone(), cos, sin, None, False, 0, 0))
+    torch.library.opcheck(ops.apply_rope.default, (q, k, cos, sin, None, False, "bshd", 0))
+    torch.library.opcheck(ops.apply_rope.default, (q, None, cos, sin, pos, True, "bshd", 8))
+    torch.library.opcheck(ops.apply_rope_backward.default, (q, k, cos, sin, None, True, "bshd", 0))
+    torch.library.opcheck(ops.apply_rope_inplace.default, (q.clone(), k.clone(), cos, sin, None, False, "bshd", 0))
 
 
 def test_errors(kf):
@@ -281,7 +281,7 @@ def test_output_layout(kf, device):
     padded = _strided(R.rand((B, S, Hq, D), torch.float32, device), "padded")
     out, _ = kf.apply_rope(padded, None, cos, sin)
     assert out.is_contiguous()
-    torch.library.opcheck(torch.ops.kernelforge.apply_rope, (q.detach(), k.detach(), cos, sin, None, False, 1, 0))
+    torch.library.opcheck(torch.ops.kernelforge.apply_rope, (q.detach(), k.detach(), cos, sin, None, False, "bhsd", 0))
 
 
 @pytest.mark.cuda

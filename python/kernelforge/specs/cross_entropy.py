@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from ._spec import FlceShape, OpSpec, check_out, f64, kf, poison, randn
 
 IGNORE_INDEX = -100
-REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}  # the ops' int reduction
 
 # ---- float64 references ---------------------------------------------------------------------------
 
@@ -223,7 +222,7 @@ def _cpp_reference(op):
     def ref(a, v):
         ops = torch.ops.kernelforge
         opts = (IGNORE_INDEX, v.get("label_smoothing", 0.0), v.get("z_loss_scale", 0.0), v.get("softcap") or 0.0)
-        red = REDUCTIONS[v["reduction"]]
+        red = v["reduction"]
         if op == "cross_entropy":
             loss, lse, valid = ops.cross_entropy(a["logits"], a["target"], *opts, red)
             dx = ops.cross_entropy_backward(a["dloss"], a["logits"], a["target"], lse, valid, *opts, red)
@@ -234,7 +233,7 @@ def _cpp_reference(op):
         # mean / sum: the gradients for a loss gradient of 1, computed with the loss; "none": the backward op
         loss, lse, dh, dw, db = ops.fused_linear_cross_entropy_forward(h, w, tg, b, *opts, red, chunk, True, True,
                                                                        has_bias)
-        if red == 0:
+        if red == "none":
             dh, dw, db = ops.fused_linear_cross_entropy_backward(a["dloss"], h, w, tg, b, lse, *opts, chunk, True,
                                                                  True, has_bias)
         else:

@@ -321,7 +321,7 @@ def _cpp_reference(op):
             dx, dw, db = ops.layer_norm_backward(a["dy"], a["x"], a["weight"], a["bias"], eps)
             res = {"y": ops.layer_norm(a["x"], a["weight"], a["bias"], eps), "dx": dx, "dweight": dw, "dbias": db}
         else:
-            kind = 0 if v["kind"] == "rms" else 1
+            kind = v["kind"]
             y = ops.ada_norm(a["x"], a["scale"], a["shift"], a["weight"], a["bias"], eps, kind)
             dx, dsc, dsh, dw, db = ops.ada_norm_backward(a["dy"], a["x"], a["scale"], a["shift"],
                                                          a["weight"], a["bias"], eps, kind)

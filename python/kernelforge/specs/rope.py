@@ -188,7 +188,7 @@ def _check_run(kfm, t, v):
 
 def _cpp_reference(a, v):
     ops = torch.ops.kernelforge
-    args = (a["cos"], a["sin"], a["position_ids"], v["interleaved"], {"bshd": 0, "bhsd": 1}[v["layout"]], 0)
+    args = (a["cos"], a["sin"], a["position_ids"], v["interleaved"], v["layout"], 0)
     q_out, k_out = ops.apply_rope(a["q"], a["k"], *args)
     dq, dk = ops.apply_rope_backward(a["dq_out"], a["dk_out"], *args)
     return {"q_out": q_out, "k_out": k_out, "dq": dq, "dk": dk, "q_inplace": q_out, "k_inplace": k_out}
