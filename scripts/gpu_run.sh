@@ -233,7 +233,7 @@ XDIST=""
 if [[ ${KF_PYTEST_JOBS:-1} -gt 1 ]] && PYTHONPATH=$PYPATH python3 -c "import xdist" 2>/dev/null; then
   XDIST="-n ${KF_PYTEST_JOBS} --dist loadfile"
 fi
-want pytest && bg_step pytest 240 \
+want pytest && bg_step pytest 320 \
   "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} $XDIST -q -rfE -p no:cacheprovider"
 
 

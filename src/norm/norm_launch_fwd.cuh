@@ -82,10 +82,12 @@ Status fwd_bulk(const NormPlan& pl, const NormParams& p, const DeviceInfo& dev, 
   }
   const int cluster = pl.cluster, nbuf = OpTraits<kOp>::kRes ? 2 : 1;
   const size_t smem = size_t(pl.stages) * nbuf * size_t(p.n / cluster) * sizeof(T);
-  const Status no_room = Status::NotSupported("norm forward (bulk): " + to_string(pl) + " with " +
-                                              std::to_string(smem) + " bytes of shared memory cannot be resident");
+  auto no_room = [&] {  // formatted only when it happens
+    return Status::NotSupported("norm forward (bulk): " + to_string(pl) + " with " + std::to_string(smem) +
+                                " bytes of shared memory cannot be resident");
+  };
   const int per_sm = blocks_per_sm(kernel, pl.threads, smem);
-  if (per_sm < 1) return no_room;
+  if (per_sm < 1) return no_room();
   int64_t ctas = int64_t(per_sm) * dev.sm_count;
   if (cluster > 1) {  // clusters must fit inside a GPC: size the persistent grid by resident clusters
     Launch cl(dim3(unsigned(std::max<int64_t>(cluster, (ctas / cluster) * cluster))), dim3(pl.threads), smem, stream,
@@ -93,7 +95,7 @@ Status fwd_bulk(const NormPlan& pl, const NormParams& p, const DeviceInfo& dev, 
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cl.cfg) != cudaSuccess || clusters < 1) {
       cudaGetLastError();
-      return no_room;
+      return no_room();
     }
     ctas = int64_t(clusters) * cluster;
   }

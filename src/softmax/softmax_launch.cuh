@@ -183,7 +183,9 @@ Status launch_stream(const SoftmaxPlan& plan, const SoftmaxParams& p, const Devi
   auto kernel = softmax_stream<T, kLog, kBwd, kVec>;
   const int64_t blocks = int64_t(std::max(1, dev.sm_count)) * kStreamBlocksPerSm;
   if (plan.cluster > 1) {
-    Launch probe(dim3(unsigned(blocks)), dim3(kStreamTeam), 0, stream, false, plan.cluster);
+    // (a cluster launch's grid is a multiple of the cluster size: 132 SMs hold 16 clusters of 8)
+    Launch probe(dim3(unsigned(blocks / plan.cluster * plan.cluster)), dim3(kStreamTeam), 0, stream, false,
+                 plan.cluster);
     const int active = resident_units(kernel, plan.cluster, kStreamTeam, probe, dev);
     const int64_t units = std::min<int64_t>({p.rows, blocks / plan.cluster, int64_t(active) * kStreamBlocksPerSm});
     if (units < 1) return *resident = false, Status::Ok();
