@@ -32,22 +32,6 @@ struct Shape {
 const Shape kShapes[] = {{1, 1},     {1, 7},    {7, 1},     {7, 127},  {3, 4096}, {19, 4097},
                          {2, 11008}, {1, 8192}, {257, 520}, {0, 4096}, {5, 0},    {1, 65537}};
 
-enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned, kMixed };
-const char* layout_name(LayoutKind l) {
-  switch (l) {
-    case LayoutKind::kContiguous:
-      return "contiguous";
-    case LayoutKind::kRowPadded:
-      return "rowpadded";
-    case LayoutKind::kOddStride:
-      return "oddstride";
-    case LayoutKind::kUnaligned:
-      return "unaligned";
-    case LayoutKind::kMixed:
-      return "mixed";
-  }
-  return "?";
-}
 // Layout of the k-th tensor of a call (k = 0: the first input).
 Layout layout_of(LayoutKind l, int k) {
   switch (l) {
@@ -67,7 +51,6 @@ Layout layout_of(LayoutKind l, int k) {
 
 using Case = std::tuple<DType, Shape, LayoutKind>;
 void PrintTo(const Shape& s, std::ostream* os) { *os << s.rows << "x" << s.n; }
-void PrintTo(LayoutKind l, std::ostream* os) { *os << layout_name(l); }
 
 DeviceTensor to_device(const HostTensor& h, Layout l) {
   DeviceTensor d(h.dtype, h.shape, l);

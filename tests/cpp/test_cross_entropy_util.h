@@ -67,22 +67,6 @@ struct Shape {
 const Shape kShapes[] = {{1, 1},     {1, 7},      {7, 13},     {5, 4099}, {3, 16383}, {3, 16385},
                          {4, 32000}, {2, 128256}, {1, 262144}, {0, 100},  {257, 130}, {3, 50257}};
 
-enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned, kMixed };
-const char* layout_name(LayoutKind l) {
-  switch (l) {
-    case LayoutKind::kContiguous:
-      return "contiguous";
-    case LayoutKind::kRowPadded:
-      return "rowpadded";
-    case LayoutKind::kOddStride:
-      return "oddstride";
-    case LayoutKind::kUnaligned:
-      return "unaligned";
-    case LayoutKind::kMixed:
-      return "mixed";
-  }
-  return "?";
-}
 // Logits and (out-of-place) dlogits layouts differ in padding / offset, so a kernel that used one's
 // row stride or alignment for the other would fail.
 inline Layout logits_layout(LayoutKind l) {
@@ -165,7 +149,6 @@ const Opt kBigOpts[] = {kOpts[6], kOpts[5], kOpts[3]};  // all_mean, softcap_non
 
 using Case = std::tuple<DType, Shape, LayoutKind, Opt>;
 inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.rows << "x" << s.vocab; }
-inline void PrintTo(LayoutKind l, std::ostream* os) { *os << layout_name(l); }
 inline void PrintTo(const Opt& o, std::ostream* os) { *os << o.name; }
 
 inline const char* dtype_tag(DType t) { return t == F32 ? "fp32" : t == DType::kFloat16 ? "fp16" : "bf16"; }

@@ -508,6 +508,28 @@ inline TensorView cuda_view(DType t, std::vector<int64_t> shape, int device = 0,
   return v;
 }
 
+// Memory layouts the kernel tests put their row tensors in (each family maps them to row strides
+// and offsets of its tensors): contiguous, rows padded to a wider stride, an odd row stride (every
+// row at a different alignment), a base pointer one element off alignment, and tensors of one call
+// in different layouts (kMixed).
+enum class LayoutKind { kContiguous, kRowPadded, kOddStride, kUnaligned, kMixed };
+inline const char* layout_name(LayoutKind l) {
+  switch (l) {
+    case LayoutKind::kContiguous:
+      return "contiguous";
+    case LayoutKind::kRowPadded:
+      return "rowpadded";
+    case LayoutKind::kOddStride:
+      return "oddstride";
+    case LayoutKind::kUnaligned:
+      return "unaligned";
+    case LayoutKind::kMixed:
+      return "mixed";
+  }
+  return "?";
+}
+inline void PrintTo(LayoutKind l, std::ostream* os) { *os << layout_name(l); }
+
 }  // namespace kftest
 
 // Checks that `status_expr` is a validation failure (InvalidArgument) mentioning every needle.
