@@ -23,33 +23,14 @@
 #include "kernelforge/kernelforge.h"
 #include "norm/norm_plan.h"
 #include "norm/norm_problem.h"
+#include "sweep_common.cuh"
 
 namespace kf = kernelforge;
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-constexpr size_t kFlushBytes = size_t(256) << 20;
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    const size_t b = s.find(',', a);
-    out.push_back(s.substr(a, b == std::string::npos ? std::string::npos : b - a));
-    if (b == std::string::npos) break;
-    a = b + 1;
-  }
-  return out;
-}
+using kfdev::split;
+using kfdev::Timer;
 
 struct Options {
   std::vector<std::string> ops = {"rms", "add_rms", "layer", "ada"};
@@ -111,38 +92,6 @@ __global__ void fill(void* p, size_t bytes) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
     b[i] = (i & 1) ? 0x3c : static_cast<unsigned char>(i * 13);
 }
-
-struct Timer {
-  cudaEvent_t a, b;
-  void* flush = nullptr;
-  Timer() {
-    CHECK_CUDA(cudaEventCreate(&a));
-    CHECK_CUDA(cudaEventCreate(&b));
-    CHECK_CUDA(cudaMalloc(&flush, kFlushBytes));
-  }
-  ~Timer() {
-    cudaFree(flush);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  // Median time in microseconds of `reps` runs of f, each after an L2 flush.
-  template <typename F>
-  double median_us(int reps, F&& f) {
-    std::vector<double> t;
-    for (int r = 0; r < reps; ++r) {
-      CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, kFlushBytes, 0));
-      CHECK_CUDA(cudaEventRecord(a, 0));
-      if (!f()) return -1;
-      CHECK_CUDA(cudaEventRecord(b, 0));
-      CHECK_CUDA(cudaEventSynchronize(b));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms * 1e3);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
-};
 
 void sweep_shape(const Options& o, Timer& timer, const std::string& op, bool bwd, int64_t rows, int64_t n) {
   const size_t e = kf::dtype_size(o.dtype);
@@ -242,7 +191,7 @@ void sweep_shape(const Options& o, Timer& timer, const std::string& op, bool bwd
     return kf::launch_with_plan(plan, c, ws, &ws_cap, 0).ok();
   };
   // a device-to-device copy of the same bytes: half read, half written
-  const double copy_us = timer.median_us(o.reps, [&] {
+  const double copy_us = timer.median_us(o.reps, 0, [&] {
     return cudaMemcpyAsync(dx, x, std::min(bytes / 2, row_bytes), cudaMemcpyDeviceToDevice, 0) == cudaSuccess;
   });
   const double copy_bytes = double(std::min(bytes / 2, row_bytes)) * 2;
@@ -253,7 +202,7 @@ void sweep_shape(const Options& o, Timer& timer, const std::string& op, bool bwd
   for (size_t i = 0; i < plans.size(); ++i) {
     if (!run(plans[i])) continue;  // warm-up (and the occupancy queries)
     CHECK_CUDA(cudaDeviceSynchronize());
-    const double us = timer.median_us(o.reps, [&] { return run(plans[i]); });
+    const double us = timer.median_us(o.reps, 0, [&] { return run(plans[i]); });
     if (us < 0) continue;
     std::printf("  %8.1f us %7.1f GB/s  %s%s\n", us, bytes / us / 1e3, kf::to_string(plans[i]).c_str(),
                 i == 0 ? "  (default)" : "");

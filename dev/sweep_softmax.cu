@@ -24,19 +24,14 @@
 
 #include "kernelforge/kernelforge.h"
 #include "softmax/softmax_plan.h"
+#include "sweep_common.cuh"
 
 namespace kf = kernelforge;
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                          \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+using kfdev::split;
+using kfdev::Timer;
 
 struct Shape {
   int64_t rows, n;
@@ -63,57 +58,6 @@ __global__ void fill(void* p, int64_t n, kf::DType dtype, uint32_t seed) {
       static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
     }
   }
-}
-
-struct Timer {
-  void* flush = nullptr;
-  size_t flush_bytes = size_t(256) << 20;
-  cudaEvent_t a, b;
-  int reps;
-  explicit Timer(int r) : reps(r) {
-    CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
-    CHECK_CUDA(cudaEventCreate(&a));
-    CHECK_CUDA(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaFree(flush);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  // Median microseconds of `call` (a callable returning kf::Status), L2 flushed before each call;
-  // negative when the call fails.
-  template <typename F>
-  double median_us(F call) {
-    std::vector<float> ms;
-    for (int i = 0; i < reps + 1; ++i) {
-      CHECK_CUDA(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
-      CHECK_CUDA(cudaEventRecord(a));
-      const kf::Status st = call();
-      CHECK_CUDA(cudaEventRecord(b));
-      if (!st.ok()) {
-        std::fprintf(stderr, "  failed: %s\n", st.message().c_str());
-        CHECK_CUDA(cudaDeviceSynchronize());
-        return -1.0;
-      }
-      CHECK_CUDA(cudaEventSynchronize(b));
-      float t = 0.f;
-      CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-      if (i > 0) ms.push_back(t);  // the first call warms up (module load, occupancy caches)
-    }
-    std::sort(ms.begin(), ms.end());
-    return 1000.0 * ms[ms.size() / 2];
-  }
-};
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    const size_t j = std::min(s.find(',', i), s.size());
-    if (j > i) out.push_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
 }
 
 }  // namespace
@@ -171,7 +115,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
   std::printf("# %s, %d SMs, sm_%d%d, %s, median of %d, L2 flushed by a 256 MB write before each call\n", prop.name,
               prop.multiProcessorCount, prop.major, prop.minor, dtype_s.c_str(), reps);
-  Timer timer(reps);
+  Timer timer;
 
   for (const Shape& sh : shapes) {
     const int64_t elems = sh.rows * sh.n;
@@ -207,11 +151,8 @@ int main(int argc, char** argv) {
       void *ca = nullptr, *cb = nullptr;
       CHECK_CUDA(cudaMalloc(&ca, copy_bytes));
       CHECK_CUDA(cudaMalloc(&cb, copy_bytes));
-      const double copy_us = timer.median_us([&] {
-        return cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice) == cudaSuccess
-                   ? kf::Status::Ok()
-                   : kf::Status::Cuda("cudaMemcpyAsync failed");
-      });
+      const double copy_us = timer.median_us(
+          reps, 1, [&] { return cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice) == cudaSuccess; });
       cudaFree(ca);
       cudaFree(cb);
       const double copy_gbs = op_bytes / copy_us / 1e3;
@@ -229,7 +170,12 @@ int main(int argc, char** argv) {
       std::string best;
       for (size_t i = 0; i < plans.size(); ++i) {
         const kf::SoftmaxPlan& plan = plans[i];
-        const double us = timer.median_us([&] { return kf::launch_with_plan(plan, c, nullptr); });
+        // the first call warms up (module load, occupancy caches)
+        const double us = timer.median_us(reps, 1, [&] {
+          const kf::Status st = kf::launch_with_plan(plan, c, nullptr);
+          if (!st.ok()) std::fprintf(stderr, "  failed: %s\n", st.message().c_str());
+          return st.ok();
+        });
         const std::string ran = kf::last_plan();
         if (us < 0) continue;
         const double gbs = op_bytes / us / 1e3;

@@ -253,15 +253,6 @@ __device__ __forceinline__ int head_elems(const T* p, int64_t n) {
   return n < hd ? int(n) : hd;
 }
 
-// Host: whether rows of two tensors share their misalignment, so that one scalar head per row brings
-// both to a 16-byte boundary: the base pointers differ by a multiple of 16 bytes, and so do the row
-// strides (stride_diff_bytes = their difference in bytes).
-inline bool shares_misalignment(const void* a, const void* b, int64_t stride_diff_bytes) {
-  const uintptr_t bits =
-      (reinterpret_cast<uintptr_t>(a) - reinterpret_cast<uintptr_t>(b)) | static_cast<uintptr_t>(stride_diff_bytes);
-  return bits % 16 == 0;
-}
-
 // Asks L2 to fetch the line holding p (no register result; used for data needed a little later).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

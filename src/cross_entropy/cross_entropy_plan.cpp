@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/align.h"
 #include "common/math.h"
 
 namespace kernelforge {
@@ -85,11 +86,8 @@ CeProblem make_ce_problem(const CeParams& p, bool backward, int elem_bytes) {
   pr.rows = p.rows;
   pr.vocab = p.vocab;
   pr.aligned = aligned(p.logits, p.ld) && (!backward || aligned(p.dlogits, p.dld));
-  // as shares_misalignment (common/vec.cuh), on the host
-  const uintptr_t apart = reinterpret_cast<uintptr_t>(p.logits) - reinterpret_cast<uintptr_t>(p.dlogits);
-  const uintptr_t stride_diff = static_cast<uintptr_t>((p.dld - p.ld) * int64_t(elem_bytes));
   pr.head_ok = reinterpret_cast<uintptr_t>(p.logits) % uintptr_t(elem_bytes) == 0 &&
-               (!backward || (apart | stride_diff) % 16 == 0);
+               (!backward || shares_misalignment(p.logits, p.dlogits, (p.dld - p.ld) * int64_t(elem_bytes)));
   return pr;
 }
 

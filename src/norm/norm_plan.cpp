@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "common/align.h"
 #include "common/math.h"
 #include "norm/norm_plan_tables.h"
 
@@ -271,18 +272,6 @@ int row_misalignment_period(const NormParams& p, int elem_bytes) {
   while (period < 16 && (sb * period) % 16 != 0) period *= 2;
   return period;
 }
-
-namespace {
-bool aligned_to(const void* ptr, int64_t stride_elems, int64_t elem, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % uintptr_t(bytes) == 0 && (stride_elems * elem) % bytes == 0;
-}
-// Rows of a and b share their misalignment: base pointers and row strides differ by multiples of 16 B.
-bool shares_misalignment(const void* a, const void* b, int64_t stride_diff_bytes) {
-  const uintptr_t bits =
-      (reinterpret_cast<uintptr_t>(a) - reinterpret_cast<uintptr_t>(b)) | static_cast<uintptr_t>(stride_diff_bytes);
-  return bits % 16 == 0;
-}
-}  // namespace
 
 NormProblem make_norm_problem(NormOp op, bool backward, const NormParams& p, DType dtype) {
   NormProblem pr;

@@ -17,6 +17,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "common/align.h"
 #include "common/math.h"
 
 namespace kernelforge {
@@ -320,13 +321,9 @@ SoftmaxProblem make_softmax_problem(const SoftmaxParams& p, bool log, bool backw
   uintptr_t bits = in | y | out;
   if (p.rows > 1) bits |= static_cast<uintptr_t>(p.in_stride | p.y_stride | p.out_stride) * uintptr_t(elem_size);
   pr.vec_ok = bits % 16 == 0;
-  // rows of two tensors share their misalignment: the base pointers differ by a multiple of 16 bytes,
-  // and so do the row strides
-  auto shares = [&](uintptr_t a, uintptr_t b, int64_t stride_diff) {
-    return ((a - b) | static_cast<uintptr_t>(stride_diff * elem_size)) % 16 == 0;
-  };
-  pr.head_ok = in % uintptr_t(elem_size) == 0 && shares(in, out, p.in_stride - p.out_stride) &&
-               (p.y == nullptr || shares(in, y, p.in_stride - p.y_stride));
+  pr.head_ok = in % uintptr_t(elem_size) == 0 &&
+               shares_misalignment(p.in, p.out, (p.in_stride - p.out_stride) * int64_t(elem_size)) &&
+               (p.y == nullptr || shares_misalignment(p.in, p.y, (p.in_stride - p.y_stride) * int64_t(elem_size)));
   return pr;
 }
 
