@@ -81,7 +81,14 @@ ActPlan with_grid(ActKernel kind, int vec, int vecs, const ActProblem& pr) {
   return plan;
 }
 
-// The access widths (bytes) the problem's alignment allows, widest first.
+// The widest access (bytes) the problem's alignment allows: the planner's choice, with no allocation
+// on the call path.
+int widest(const ActProblem& pr) {
+  if (pr.align_bytes >= 16) return 16;
+  return pr.elem_bytes == 2 && pr.align_bytes >= 4 ? 4 : pr.elem_bytes;
+}
+
+// Every access width (bytes) the problem's alignment allows, widest first (candidates, check_plan).
 std::vector<int> widths(const ActProblem& pr) {
   std::vector<int> w;
   if (pr.align_bytes >= 16) w.push_back(16);
@@ -139,7 +146,7 @@ ActProblem make_act_problem(const ActParams& p, bool backward, int elem_bytes) {
 
 ActPlan plan_activation(const ActProblem& pr, const DeviceInfo& dev) {
   const ActKernel kind = kind_of(pr);
-  const int bytes = widths(pr).front();
+  const int bytes = widest(pr);
   const bool wide = bytes == 16;
   const int vec = bytes / pr.elem_bytes;
   const ActPlan plan = with_grid(kind, vec, table_vecs(kind, wide), pr);

@@ -81,6 +81,9 @@ bool flat_plan(const RopeProblem& pr, int vec, RopePlan* out) {
 
 int default_hpt(const RopeProblem& pr) { return pr.tokens < kRopeFewTokens ? 1 : kRopePrefillHeadsPerThread; }
 
+// The widest vector the problem allows (the planner's choice, with no allocation on the call path),
+// and every width, widest first (candidates, check_plan).
+int widest(const RopeProblem& pr) { return pr.vec_ok ? 16 / pr.elem_bytes : 1; }
 std::vector<int> widths(const RopeProblem& pr) {
   std::vector<int> w;
   if (pr.vec_ok) w.push_back(16 / pr.elem_bytes);
@@ -141,7 +144,7 @@ RopeProblem make_rope_problem(const RopeParams& p, int elem_bytes) {
 
 RopePlan plan_rope(const RopeProblem& pr, const DeviceInfo& dev) {
   (void)dev;
-  const int vec = widths(pr).front();
+  const int vec = widest(pr);
   RopePlan flat;
   if (pr.tokens <= kRopeFlatMaxTokens && flat_plan(pr, vec, &flat)) return flat;
   return token_plan(pr, vec, default_hpt(pr));
