@@ -28,6 +28,7 @@
 #   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything)
 #   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default '*Gpu*': every C++ GPU test,
 #                              which runs every candidate plan of every family)
+#   KF_RACECHECK_BOX=120       seconds for the racecheck step
 #   KF_RACECHECK_FILTER=...    gtest filter for the racecheck run (default: the norm and softmax GPU
 #                              tests whose plans reduce across a block or a cluster, a subset that
 #                              fits the step's time box)
@@ -260,7 +261,7 @@ fi
 if want racecheck; then
   if tests_built; then
     # shellcheck disable=SC2016  # expanded by the step's own bash
-    run_step racecheck 120 '
+    run_step racecheck ${KF_RACECHECK_BOX:-120} '
       bin=$(find _build/dev/tests/cpp -maxdepth 2 -type f -perm -u+x -name kf_tests 2>/dev/null | head -n1)
       [[ -n $bin ]] || { echo "no kf_tests under _build/dev/tests/cpp"; exit 3; }
       echo "racecheck: $bin --gtest_filter=${KF_RACECHECK_FILTER:-$RACE_FILTER}"
