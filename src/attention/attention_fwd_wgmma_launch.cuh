@@ -107,17 +107,26 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
   if (p.window_left >= p.seqlen_k) p.window_left = -1;
   if (p.window_right >= p.seqlen_q) p.window_right = -1;
 
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return Status::Ok();
+
   const int64_t batch = p.batch;
   CUtensorMap tq, tk, tv;
   Status st =
       encode_attention_map<T>(&tq, p.q, kDqk, p.seqlen_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
   if (!st.ok()) return st;
-  st = encode_attention_map<T>(&tk, p.k, kDqk, p.seqlen_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k");
-  if (!st.ok()) return st;
-  st = encode_attention_map<T>(&tv, p.v, kDv, p.seqlen_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v");
-  if (!st.ok()) return st;
-  if (reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || (p.o_ss * int64_t(sizeof(T))) % 16 != 0 ||
-      (p.o_sh * int64_t(sizeof(T))) % 16 != 0 || (p.o_sb * int64_t(sizeof(T))) % 16 != 0)
+  if (p.seqlen_k == 0) {
+    // No key: no K/V load is issued (every tile's key range is empty); the maps only need to be valid.
+    tk = tq;
+    tv = tq;
+  } else {
+    st = encode_attention_map<T>(&tk, p.k, kDqk, p.seqlen_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k");
+    if (!st.ok()) return st;
+    st = encode_attention_map<T>(&tv, p.v, kDv, p.seqlen_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v");
+    if (!st.ok()) return st;
+  }
+  auto unaligned = [](int64_t stride, int64_t extent) { return extent > 1 && (stride * int64_t(sizeof(T))) % 16 != 0; };
+  if (reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || unaligned(p.o_ss, p.seqlen_q) || unaligned(p.o_sh, p.heads_q) ||
+      unaligned(p.o_sb, p.batch))
     return Status::NotSupported("attention_forward: the wgmma kernel stores out in 16-byte vectors (aligned rows)");
 
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
