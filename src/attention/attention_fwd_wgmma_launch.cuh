@@ -1,0 +1,152 @@
+// The wgmma attention kernel's launcher: TMA descriptors built on the host (cuTensorMapEncodeTiled
+// through the runtime's driver entry point, no libcuda link), the compiled head-dim configurations,
+// grid and shared memory. Included by attention_fwd_wgmma_<dtype>.cu (one instantiation per dtype)
+// and by dev/attention_wgmma_probe.cu.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "attention/attention_plan.h"
+#include "attention/kernels/attention_fwd_wgmma.cuh"
+#include "common/launch.cuh"
+#include "common/math.h"
+
+namespace kernelforge {
+
+// The compiled configurations (head dims -> key tile): the table attention_plan_wgmma.cpp mirrors.
+// block_n 128 except d256 (80: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB of shared memory, and 40 + 128
+// accumulator registers per thread for S and O).
+template <int kDqk, int kDv>
+struct WgmmaTile;
+template <>
+struct WgmmaTile<64, 64> {
+  static constexpr int kBlockN = 128;
+};
+template <>
+struct WgmmaTile<128, 128> {
+  static constexpr int kBlockN = 128;
+};
+template <>
+struct WgmmaTile<192, 128> {
+  static constexpr int kBlockN = 128;
+};
+template <>
+struct WgmmaTile<256, 256> {
+  static constexpr int kBlockN = 80;
+};
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      ptr = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// A 4-D map (column, row, head, batch) of 16-bit elements: boxes of 64 columns x box_rows rows, 128-byte
+// swizzle, zero fill outside. Strides in elements; a stride of an extent-1 dimension is never used.
+template <typename T>
+Status encode_attention_map(CUtensorMap* map, const void* base, int cols, int64_t rows, int64_t heads, int64_t batch,
+                            int64_t s_row, int64_t s_head, int64_t s_batch, int box_rows, const char* what) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr)
+    return Status::NotSupported("attention_forward: the driver has no cuTensorMapEncodeTiled (CUDA 12 or newer)");
+  auto bytes = [](int64_t stride, int64_t extent) -> cuuint64_t {
+    return extent == 1 ? cuuint64_t(16) : cuuint64_t(stride) * sizeof(T);
+  };
+  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {bytes(s_row, rows), bytes(s_head, heads), bytes(s_batch, batch)};
+  for (cuuint64_t s : strides)
+    if (s % 16 != 0 || s >= (cuuint64_t(1) << 40) || s == 0)
+      return Status::NotSupported(std::string("attention_forward: the wgmma kernel needs 16-byte multiples as the ") +
+                                  what + " strides");
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0)
+    return Status::NotSupported(std::string("attention_forward: the wgmma kernel needs ") + what + " 16-byte aligned");
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r =
+      encode(map, type, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Cuda(std::string("attention_forward: cuTensorMapEncodeTiled(") + what + ") failed with CUresult " +
+                        std::to_string(int(r)));
+  return Status::Ok();
+}
+
+template <typename T, int kDqk, int kDv>
+Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in, cudaStream_t stream) {
+  constexpr int kBlockN = WgmmaTile<kDqk, kDv>::kBlockN;
+  using L = WgmmaSmem<kDqk, kDv, kBlockN>;
+  if (plan.block_m != kWgmmaBlockM || plan.block_n != kBlockN || plan.warps != kWgmmaThreads / 32 ||
+      plan.stages != kWgmmaStages || plan.splits != 1)
+    return Status::Invalid("attention_forward: the wgmma kernel has no configuration " + to_string(plan));
+  if (p_in.varlen)  // the maps' row extent would be the token count, which AttentionParams does not carry
+    return Status::NotSupported("attention_forward: the wgmma kernel does not run kVarlen yet");
+  auto kernel = attention_fwd_wgmma<T, kDqk, kDv, kBlockN>;
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion != 90) {
+    cudaGetLastError();
+    return Status::NotSupported("attention_forward: the wgmma kernel needs an sm_90 device and a build with 90a-real");
+  }
+  // Windows wider than any sequence are unbounded (keeps the kernel's int32 bound arithmetic small).
+  AttentionParams p = p_in;
+  if (p.window_left >= p.seqlen_k) p.window_left = -1;
+  if (p.window_right >= p.seqlen_q) p.window_right = -1;
+
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return Status::Ok();
+
+  const int64_t batch = p.batch;
+  CUtensorMap tq, tk, tv;
+  Status st =
+      encode_attention_map<T>(&tq, p.q, kDqk, p.seqlen_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
+  if (!st.ok()) return st;
+  if (p.seqlen_k == 0) {
+    // No key: no K/V load is issued (every tile's key range is empty); the maps only need to be valid.
+    tk = tq;
+    tv = tq;
+  } else {
+    st = encode_attention_map<T>(&tk, p.k, kDqk, p.seqlen_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k");
+    if (!st.ok()) return st;
+    st = encode_attention_map<T>(&tv, p.v, kDv, p.seqlen_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v");
+    if (!st.ok()) return st;
+  }
+  auto unaligned = [](int64_t stride, int64_t extent) { return extent > 1 && (stride * int64_t(sizeof(T))) % 16 != 0; };
+  if (reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || unaligned(p.o_ss, p.seqlen_q) || unaligned(p.o_sh, p.heads_q) ||
+      unaligned(p.o_sb, p.batch))
+    return Status::NotSupported("attention_forward: the wgmma kernel stores out in 16-byte vectors (aligned rows)");
+
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+  if (err != cudaSuccess) return cuda_status(err, "attention_forward", "cudaFuncSetAttribute(shared memory)");
+  const dim3 grid(unsigned(ceil_div(p.seqlen_q, kWgmmaBlockM)), unsigned(p.heads_q), unsigned(p.batch));
+  Launch launch(grid, dim3(kWgmmaThreads), L::kBytes, stream, /*pdl=*/true);
+  return launched(launch(kernel, tq, tk, tv, p, plan.order == AttentionOrder::kLongestFirst), "attention_forward");
+}
+
+template <typename T>
+Status launch_attention_fwd_wgmma(const AttentionPlan& plan, const AttentionParams& p, cudaStream_t stream) {
+  const int dqk = plan.head_dim_qk, dv = plan.head_dim_v;
+  if (dqk != p.head_dim_qk || dv != p.head_dim_v)
+    return Status::Invalid("attention_forward: plan " + to_string(plan) + " does not match the head dims");
+  if (dqk == 64 && dv == 64) return launch_wgmma_tile<T, 64, 64>(plan, p, stream);
+  if (dqk == 128 && dv == 128) return launch_wgmma_tile<T, 128, 128>(plan, p, stream);
+  if (dqk == 192 && dv == 128) return launch_wgmma_tile<T, 192, 128>(plan, p, stream);
+  if (dqk == 256 && dv == 256) return launch_wgmma_tile<T, 256, 256>(plan, p, stream);
+  return Status::NotSupported("attention_forward: the wgmma kernel has no head dims " + std::to_string(dqk) + "/" +
+                              std::to_string(dv));
+}
+
+}  // namespace kernelforge

@@ -1,0 +1,93 @@
+// Hopper (sm_90a) helpers of the warp-specialized attention kernel beyond common/bulk_copy.cuh: TMA
+// tile loads (cp.async.bulk.tensor, 4-D, completing on an mbarrier with a transaction byte count),
+// mbarriers with several arrivals, named barriers between warpgroups, and the register reallocation
+// between the producer and the consumer warpgroups. Compiled to nothing outside sm_90a.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only; no driver library is linked)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/kernels/sm90_wgmma.cuh"
+#include "common/bulk_copy.cuh"
+
+namespace kernelforge {
+
+// Barrier completing after `count` arrivals (plus the transactions of an expect_tx, if any).
+__device__ __forceinline__ void mbar_init_count(uint64_t* bar, uint32_t count) {
+#if KF_SM90A
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if KF_SM90A
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
+#if KF_SM90A
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#else
+  (void)map;
+#endif
+}
+
+// Loads the box of `map` at element coordinates (c0, c1, c2, c3) (c0 the contiguous one) into `dst`
+// (shared memory, laid out and swizzled as the map says); elements outside the tensor read as zero and
+// still count toward the transaction bytes. Completes on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+#if KF_SM90A
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+      : "memory");
+#else
+  (void)dst, (void)map, (void)bar, (void)c0, (void)c1, (void)c2, (void)c3;
+#endif
+}
+
+// Named barriers (id 0 is __syncthreads): `threads` counts every thread that arrives or syncs.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+#if KF_SM90A
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#else
+  (void)id, (void)threads;
+#endif
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+#if KF_SM90A
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#else
+  (void)id, (void)threads;
+#endif
+}
+
+// Register reallocation, executed by every thread of a warpgroup.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if KF_SM90A
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if KF_SM90A
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+#endif
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace kernelforge
