@@ -88,7 +88,8 @@ struct Checker {
   // Rank, sizes, unit last stride, non-negative strides, non-null data.
   Status basic(const TensorView& t, const char* name, int ndim, const char* shape_desc) const {
     if (t.ndim != ndim)
-      return fail(std::string(name) + " must have " + std::to_string(ndim) + " dimensions " + shape_desc + ", got " +
+      return fail(std::string(name) + " must have " + std::to_string(ndim) + (ndim == 1 ? " dimension " : " dimensions ") +
+                  shape_desc + ", got " +
                   std::to_string(t.ndim) + " dimensions " + shape_str(t));
     for (int d = 0; d < t.ndim; ++d) {
       if (t.shape[d] < 0) return fail(std::string(name) + " has a negative size " + shape_str(t));

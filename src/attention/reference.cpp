@@ -53,7 +53,7 @@ Status run(const AttentionCall& c) {
   if (!s.ok()) return s;
   const TensorView& q = *c.t.q;
   const AttentionOptions& o = c.opts;
-  const int64_t B = p.batch, Hq = p.heads_q, group = p.group, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
+  const int64_t B = p.batch, group = p.group, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
 
   std::vector<Seq> seqs(static_cast<size_t>(B));
   if (p.varlen) {
