@@ -102,10 +102,12 @@ Status run(const AttentionCall& c) {
               sc[j] = kNegInf;
               continue;
             }
-            double dot = 0.0;
+            // q_i . k_j in four partial sums (every Dqk is a multiple of 4): independent adds pipeline
             const double* kj = kd.data() + j * Dqk;
-            for (int64_t e = 0; e < Dqk; ++e) dot += qd[e] * kj[e];
-            double sij = scale * dot;
+            double part[4] = {0.0, 0.0, 0.0, 0.0};
+            for (int64_t e = 0; e < Dqk; e += 4)
+              for (int u = 0; u < 4; ++u) part[u] += qd[e + u] * kj[e + u];
+            double sij = scale * ((part[0] + part[1]) + (part[2] + part[3]));
             if (softcap > 0.0) sij = softcap * std::tanh(sij / softcap);
             sc[j] = sij;
             if (sij > m) m = sij;
