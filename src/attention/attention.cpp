@@ -132,8 +132,8 @@ Status attention_forward(const AttentionPlan& plan, const AttentionTensors& t, c
   return launch(plan, c, w, workspace, stream);
 }
 
-Status attention_forward(const AttentionTensors& t, const AttentionOptions& opts, void* workspace,
-                         size_t* bytes, cudaStream_t stream) {
+Status attention_forward(const AttentionTensors& t, const AttentionOptions& opts, void* workspace, size_t* bytes,
+                         cudaStream_t stream) {
   const AttentionCall c = make_call(t, opts);
   if (bytes == nullptr) return Status::Invalid("attention_forward: workspace_bytes must not be null");
   Prepared w;

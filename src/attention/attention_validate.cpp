@@ -77,8 +77,8 @@ struct Checker {
   Status fail(const std::string& m) const { return Status::Invalid(std::string(c.name) + ": " + m); }
 
   Status same_device_as_q(const TensorView& t, const char* name) const {
-    const bool same = t.device.type == q->device.type &&
-                      (q->device.type != DeviceType::kCUDA || t.device.index == q->device.index);
+    const bool same =
+        t.device.type == q->device.type && (q->device.type != DeviceType::kCUDA || t.device.index == q->device.index);
     if (!same)
       return fail(std::string(name) + " must be on the same device as q (" + device_str(q->device) + "), got " +
                   device_str(t.device));
@@ -88,9 +88,9 @@ struct Checker {
   // Rank, sizes, unit last stride, non-negative strides, non-null data.
   Status basic(const TensorView& t, const char* name, int ndim, const char* shape_desc) const {
     if (t.ndim != ndim)
-      return fail(std::string(name) + " must have " + std::to_string(ndim) + (ndim == 1 ? " dimension " : " dimensions ") +
-                  shape_desc + ", got " +
-                  std::to_string(t.ndim) + " dimensions " + shape_str(t));
+      return fail(std::string(name) + " must have " + std::to_string(ndim) +
+                  (ndim == 1 ? " dimension " : " dimensions ") + shape_desc + ", got " + std::to_string(t.ndim) +
+                  " dimensions " + shape_str(t));
     for (int d = 0; d < t.ndim; ++d) {
       if (t.shape[d] < 0) return fail(std::string(name) + " has a negative size " + shape_str(t));
       if (t.strides[d] < 0) return fail(std::string(name) + " must not have negative strides, got " + strides_str(t));
@@ -162,14 +162,18 @@ Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dty
     return ck.fail("layout must be AttentionLayout::kBSHD, kBHSD or kVarlen, got " +
                    std::to_string(static_cast<int>(layout)));
   const bool varlen = layout == AttentionLayout::kVarlen, bshd = layout == AttentionLayout::kBSHD;
-  const char* qdesc = varlen ? "[Tq, Hq, Dqk] (layout varlen)" : bshd ? "[B, Sq, Hq, Dqk] (layout bshd)"
-                                                                        : "[B, Hq, Sq, Dqk] (layout bhsd)";
-  const char* kdesc = varlen ? "[Tk, Hkv, Dqk] (layout varlen)" : bshd ? "[B, Sk, Hkv, Dqk] (layout bshd)"
-                                                                        : "[B, Hkv, Sk, Dqk] (layout bhsd)";
-  const char* vdesc = varlen ? "[Tk, Hkv, Dv] (layout varlen)" : bshd ? "[B, Sk, Hkv, Dv] (layout bshd)"
-                                                                       : "[B, Hkv, Sk, Dv] (layout bhsd)";
-  const char* odesc = varlen ? "[Tq, Hq, Dv] (layout varlen)" : bshd ? "[B, Sq, Hq, Dv] (layout bshd)"
-                                                                      : "[B, Hq, Sq, Dv] (layout bhsd)";
+  const char* qdesc = varlen ? "[Tq, Hq, Dqk] (layout varlen)"
+                      : bshd ? "[B, Sq, Hq, Dqk] (layout bshd)"
+                             : "[B, Hq, Sq, Dqk] (layout bhsd)";
+  const char* kdesc = varlen ? "[Tk, Hkv, Dqk] (layout varlen)"
+                      : bshd ? "[B, Sk, Hkv, Dqk] (layout bshd)"
+                             : "[B, Hkv, Sk, Dqk] (layout bhsd)";
+  const char* vdesc = varlen ? "[Tk, Hkv, Dv] (layout varlen)"
+                      : bshd ? "[B, Sk, Hkv, Dv] (layout bshd)"
+                             : "[B, Hkv, Sk, Dv] (layout bhsd)";
+  const char* odesc = varlen ? "[Tq, Hq, Dv] (layout varlen)"
+                      : bshd ? "[B, Sq, Hq, Dv] (layout bshd)"
+                             : "[B, Hq, Sq, Dv] (layout bhsd)";
   const int nd = varlen ? 3 : 4;
   Status s;
   if (!(s = ck.basic(q, "q", nd, qdesc)).ok()) return s;
@@ -194,8 +198,7 @@ Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dty
         return ck.fail(std::string(x.second) + " must be an int32 tensor, got " + dtype_name(cu.dtype));
       if (!(s = ck.same_device_as_q(cu, x.second)).ok()) return s;
       if (cu.ndim != 1 || cu.shape[0] < 1)
-        return ck.fail(std::string(x.second) + " must have shape [B + 1] (at least one element), got " +
-                       shape_str(cu));
+        return ck.fail(std::string(x.second) + " must have shape [B + 1] (at least one element), got " + shape_str(cu));
       if (cu.shape[0] > 1 && cu.strides[0] != 1)
         return ck.fail(std::string(x.second) + " must be contiguous (stride 1), got stride " +
                        std::to_string(cu.strides[0]));
@@ -226,8 +229,8 @@ Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dty
   }
   if (Hq > 0 && Hkv == 0) return ck.fail("k must have at least one head when q has " + std::to_string(Hq));
   if (Hkv > 0 && Hq % Hkv != 0)
-    return ck.fail("the heads of q (Hq = " + std::to_string(Hq) + ") must be a multiple of the heads of k and v (Hkv = " +
-                   std::to_string(Hkv) + ")");
+    return ck.fail("the heads of q (Hq = " + std::to_string(Hq) +
+                   ") must be a multiple of the heads of k and v (Hkv = " + std::to_string(Hkv) + ")");
   if (!supported_head_dims(Dqk, Dv))
     return ck.fail("head dims (Dqk = " + std::to_string(Dqk) + " of q and k, Dv = " + std::to_string(Dv) +
                    " of v) must be Dqk = Dv in {64, 96, 128, 192, 256} or Dqk = 192 with Dv = 128");

@@ -75,13 +75,41 @@ struct AttnCase {
   bool max_seqlen = false;  // kVarlen: pass the max lengths (else 0: the totals)
   Mem mem = Mem::kContiguous;
 
-  AttnCase with_causal() const { AttnCase c = *this; c.causal = true; return c; }
-  AttnCase window(int64_t l, int64_t r) const { AttnCase c = *this; c.wl = l, c.wr = r; return c; }
-  AttnCase cap(float s) const { AttnCase c = *this; c.softcap = s; return c; }
-  AttnCase sink(Sinks s) const { AttnCase c = *this; c.sinks = s; return c; }
-  AttnCase no_lse() const { AttnCase c = *this; c.lse = false; return c; }
-  AttnCase memory(Mem m) const { AttnCase c = *this; c.mem = m; return c; }
-  AttnCase bounds() const { AttnCase c = *this; c.max_seqlen = true; return c; }
+  AttnCase with_causal() const {
+    AttnCase c = *this;
+    c.causal = true;
+    return c;
+  }
+  AttnCase window(int64_t l, int64_t r) const {
+    AttnCase c = *this;
+    c.wl = l, c.wr = r;
+    return c;
+  }
+  AttnCase cap(float s) const {
+    AttnCase c = *this;
+    c.softcap = s;
+    return c;
+  }
+  AttnCase sink(Sinks s) const {
+    AttnCase c = *this;
+    c.sinks = s;
+    return c;
+  }
+  AttnCase no_lse() const {
+    AttnCase c = *this;
+    c.lse = false;
+    return c;
+  }
+  AttnCase memory(Mem m) const {
+    AttnCase c = *this;
+    c.mem = m;
+    return c;
+  }
+  AttnCase bounds() const {
+    AttnCase c = *this;
+    c.max_seqlen = true;
+    return c;
+  }
 };
 
 AttnCase dense(const char* name, AttentionLayout l, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv,
@@ -97,8 +125,8 @@ AttnCase bshd(const char* n, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int6
 AttnCase bhsd(const char* n, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t Hkv, int64_t Dqk, int64_t Dv = 0) {
   return dense(n, AttentionLayout::kBHSD, B, Sq, Sk, Hq, Hkv, Dqk, Dv);
 }
-AttnCase varlen(const char* n, std::vector<int64_t> sq, std::vector<int64_t> sk, int64_t Hq, int64_t Hkv,
-                int64_t Dqk, int64_t Dv = 0) {
+AttnCase varlen(const char* n, std::vector<int64_t> sq, std::vector<int64_t> sk, int64_t Hq, int64_t Hkv, int64_t Dqk,
+                int64_t Dv = 0) {
   AttnCase c = dense(n, AttentionLayout::kVarlen, int64_t(sq.size()), 0, 0, Hq, Hkv, Dqk, Dv);
   c.seq_q = std::move(sq), c.seq_k = std::move(sk);
   return c;
@@ -439,8 +467,7 @@ TEST_P(AttentionGpuUnaligned, OddRowStride) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AttentionGpuUnaligned,
-                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(0)),
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16), ::testing::Values(0)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::string(std::get<0>(info.param) == DType::kBFloat16 ? "bf16" : "fp16");
                          });
@@ -502,8 +529,7 @@ TEST_P(AttentionGpuEntries, PlanThenRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AttentionGpuEntries,
-                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(0)),
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16), ::testing::Values(0)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::string(std::get<0>(info.param) == DType::kBFloat16 ? "bf16" : "fp16");
                          });

@@ -91,9 +91,9 @@ struct Call {
 };
 
 // A call that validates: Ok where a GPU is present (a size query), a device error where none is.
-#define KF_EXPECT_VALID(status_expr)                                                    \
-  do {                                                                                  \
-    const ::kernelforge::Status _st = (status_expr);                                    \
+#define KF_EXPECT_VALID(status_expr)                                                     \
+  do {                                                                                   \
+    const ::kernelforge::Status _st = (status_expr);                                     \
     EXPECT_NE(_st.code(), ::kernelforge::StatusCode::kInvalidArgument) << _st.message(); \
   } while (0)
 
@@ -405,13 +405,25 @@ TEST(AttentionValidation, ParamsDense) {
   DType t;
   KF_ASSERT_OK(c.params(&p, &t));
   EXPECT_EQ(t, BF16);
-  EXPECT_EQ(p.q_sb, 16 * 8 * 128); EXPECT_EQ(p.q_ss, 8 * 128); EXPECT_EQ(p.q_sh, 128);
-  EXPECT_EQ(p.k_sb, 32 * 2 * 128); EXPECT_EQ(p.k_ss, 2 * 128); EXPECT_EQ(p.k_sh, 128);
-  EXPECT_EQ(p.lse_sb, 8 * 16); EXPECT_EQ(p.lse_sh, 16);
-  EXPECT_EQ(p.batch, 2); EXPECT_EQ(p.heads_q, 8); EXPECT_EQ(p.heads_kv, 2); EXPECT_EQ(p.group, 4);
-  EXPECT_EQ(p.seqlen_q, 16); EXPECT_EQ(p.seqlen_k, 32); EXPECT_EQ(p.head_dim_qk, 128); EXPECT_EQ(p.head_dim_v, 128);
+  EXPECT_EQ(p.q_sb, 16 * 8 * 128);
+  EXPECT_EQ(p.q_ss, 8 * 128);
+  EXPECT_EQ(p.q_sh, 128);
+  EXPECT_EQ(p.k_sb, 32 * 2 * 128);
+  EXPECT_EQ(p.k_ss, 2 * 128);
+  EXPECT_EQ(p.k_sh, 128);
+  EXPECT_EQ(p.lse_sb, 8 * 16);
+  EXPECT_EQ(p.lse_sh, 16);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.heads_q, 8);
+  EXPECT_EQ(p.heads_kv, 2);
+  EXPECT_EQ(p.group, 4);
+  EXPECT_EQ(p.seqlen_q, 16);
+  EXPECT_EQ(p.seqlen_k, 32);
+  EXPECT_EQ(p.head_dim_qk, 128);
+  EXPECT_EQ(p.head_dim_v, 128);
   EXPECT_FLOAT_EQ(p.scale, 1.0f / std::sqrt(128.0f));
-  EXPECT_EQ(p.window_left, -1); EXPECT_EQ(p.window_right, -1);
+  EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, -1);
   EXPECT_TRUE(p.sinks_float);
   EXPECT_FALSE(p.varlen);
   EXPECT_EQ(p.cu_seqlens_q, nullptr);
@@ -422,9 +434,14 @@ TEST(AttentionValidation, ParamsDense) {
   c.has_sinks = false;
   c.o.scale = 0.5f;
   KF_ASSERT_OK(c.params(&p, &t));
-  EXPECT_EQ(p.q_sb, 16 * 8 * 128); EXPECT_EQ(p.q_sh, 8 * 128); EXPECT_EQ(p.q_ss, 128);
-  EXPECT_EQ(p.k_sh, 32 * 128); EXPECT_EQ(p.k_ss, 128);
-  EXPECT_EQ(p.heads_q, 16); EXPECT_EQ(p.seqlen_q, 8); EXPECT_EQ(p.group, 4);
+  EXPECT_EQ(p.q_sb, 16 * 8 * 128);
+  EXPECT_EQ(p.q_sh, 8 * 128);
+  EXPECT_EQ(p.q_ss, 128);
+  EXPECT_EQ(p.k_sh, 32 * 128);
+  EXPECT_EQ(p.k_ss, 128);
+  EXPECT_EQ(p.heads_q, 16);
+  EXPECT_EQ(p.seqlen_q, 8);
+  EXPECT_EQ(p.group, 4);
   EXPECT_EQ(p.scale, 0.5f);
   EXPECT_EQ(p.sinks, nullptr);
 
@@ -436,7 +453,10 @@ TEST(AttentionValidation, ParamsDense) {
   one.lse = cuda_view(F32, {1, 8, 1}, 0, addr(5));
   one.q.strides[1] = 3;  // odd, and irrelevant
   KF_ASSERT_OK(one.params(&p, &t));
-  EXPECT_EQ(p.q_sb, 0); EXPECT_EQ(p.q_ss, 0); EXPECT_EQ(p.q_sh, 128); EXPECT_EQ(p.k_sb, 0);
+  EXPECT_EQ(p.q_sb, 0);
+  EXPECT_EQ(p.q_ss, 0);
+  EXPECT_EQ(p.q_sh, 128);
+  EXPECT_EQ(p.k_sb, 0);
   EXPECT_TRUE(kf::make_attention_problem(p, t).tma_ok);
 }
 
@@ -448,13 +468,18 @@ TEST(AttentionValidation, ParamsVarlen) {
   KF_ASSERT_OK(c.params(&p, &t));
   EXPECT_TRUE(p.varlen);
   EXPECT_EQ(p.batch, 2);
-  EXPECT_EQ(p.q_sb, 0); EXPECT_EQ(p.q_ss, 8 * 128); EXPECT_EQ(p.q_sh, 128);
-  EXPECT_EQ(p.lse_sb, 0); EXPECT_EQ(p.lse_sh, 40);
-  EXPECT_EQ(p.seqlen_q, 40); EXPECT_EQ(p.seqlen_k, 50);  // no bound given: the totals
+  EXPECT_EQ(p.q_sb, 0);
+  EXPECT_EQ(p.q_ss, 8 * 128);
+  EXPECT_EQ(p.q_sh, 128);
+  EXPECT_EQ(p.lse_sb, 0);
+  EXPECT_EQ(p.lse_sh, 40);
+  EXPECT_EQ(p.seqlen_q, 40);
+  EXPECT_EQ(p.seqlen_k, 50);  // no bound given: the totals
   EXPECT_EQ(p.cu_seqlens_q, c.cuq.data);
   c.o.max_seqlen_q = 25, c.o.max_seqlen_k = 60;  // 60 > Tk: the total bounds it better
   KF_ASSERT_OK(c.params(&p, &t));
-  EXPECT_EQ(p.seqlen_q, 25); EXPECT_EQ(p.seqlen_k, 50);
+  EXPECT_EQ(p.seqlen_q, 25);
+  EXPECT_EQ(p.seqlen_k, 50);
   const kf::AttentionProblem pr = kf::make_attention_problem(p, t);
   EXPECT_TRUE(pr.varlen);
   EXPECT_EQ(pr.total_q, 2 * 25);  // Params only bound Tq; the public entries set Tq itself
@@ -466,14 +491,17 @@ TEST(AttentionValidation, MaskFolding) {
   Call c;  // Sq 16, Sk 32
   c.o.causal = true;
   KF_ASSERT_OK(c.params(&p, &t));
-  EXPECT_EQ(p.window_right, 0); EXPECT_EQ(p.window_left, -1);
+  EXPECT_EQ(p.window_right, 0);
+  EXPECT_EQ(p.window_left, -1);
   kf::AttentionProblem pr = kf::make_attention_problem(p, t);
-  EXPECT_TRUE(pr.causal); EXPECT_FALSE(pr.window);
+  EXPECT_TRUE(pr.causal);
+  EXPECT_FALSE(pr.window);
   c.o.window_left = 30;  // row 15 sees j >= 15 + 16 - 30 = 1: key 0 is cut
   KF_ASSERT_OK(c.params(&p, &t));
   EXPECT_EQ(p.window_left, 30);
   pr = kf::make_attention_problem(p, t);
-  EXPECT_TRUE(pr.causal); EXPECT_TRUE(pr.window);
+  EXPECT_TRUE(pr.causal);
+  EXPECT_TRUE(pr.window);
   c.o.window_left = 31;  // j >= i + 16 - 31 >= -15: every key, no window
   KF_ASSERT_OK(c.params(&p, &t));
   EXPECT_EQ(p.window_left, -1);
@@ -482,12 +510,14 @@ TEST(AttentionValidation, MaskFolding) {
   KF_ASSERT_OK(c.params(&p, &t));
   EXPECT_EQ(p.window_right, 14);
   pr = kf::make_attention_problem(p, t);
-  EXPECT_FALSE(pr.causal); EXPECT_TRUE(pr.window);
+  EXPECT_FALSE(pr.causal);
+  EXPECT_TRUE(pr.window);
   c.o.window_right = 15;  // j <= i + 31 holds for every key
   KF_ASSERT_OK(c.params(&p, &t));
   EXPECT_EQ(p.window_right, -1);
   pr = kf::make_attention_problem(p, t);
-  EXPECT_FALSE(pr.causal); EXPECT_FALSE(pr.window);
+  EXPECT_FALSE(pr.causal);
+  EXPECT_FALSE(pr.window);
   Call d;  // causal decode (Sq = 1) sees every key: not causal
   d.q = cuda_view(BF16, {2, 1, 8, 128}, 0, addr(1));
   d.out = cuda_view(BF16, {2, 1, 8, 128}, 0, addr(4));
@@ -505,12 +535,23 @@ TEST(AttentionValidation, Problem) {
   DType t;
   KF_ASSERT_OK(c.params(&p, &t));
   kf::AttentionProblem pr = kf::make_attention_problem(p, t);
-  EXPECT_EQ(pr.elem_bytes, 2); EXPECT_TRUE(pr.bf16);
-  EXPECT_EQ(pr.batch, 2); EXPECT_EQ(pr.heads_q, 8); EXPECT_EQ(pr.heads_kv, 2);
-  EXPECT_EQ(pr.seqlen_q, 16); EXPECT_EQ(pr.seqlen_k, 32); EXPECT_EQ(pr.total_q, 32);
-  EXPECT_EQ(pr.head_dim_qk, 128); EXPECT_EQ(pr.head_dim_v, 128);
-  EXPECT_TRUE(pr.softcap); EXPECT_TRUE(pr.sinks); EXPECT_TRUE(pr.lse); EXPECT_TRUE(pr.tma_ok);
-  EXPECT_FALSE(pr.varlen); EXPECT_FALSE(pr.causal); EXPECT_FALSE(pr.window);
+  EXPECT_EQ(pr.elem_bytes, 2);
+  EXPECT_TRUE(pr.bf16);
+  EXPECT_EQ(pr.batch, 2);
+  EXPECT_EQ(pr.heads_q, 8);
+  EXPECT_EQ(pr.heads_kv, 2);
+  EXPECT_EQ(pr.seqlen_q, 16);
+  EXPECT_EQ(pr.seqlen_k, 32);
+  EXPECT_EQ(pr.total_q, 32);
+  EXPECT_EQ(pr.head_dim_qk, 128);
+  EXPECT_EQ(pr.head_dim_v, 128);
+  EXPECT_TRUE(pr.softcap);
+  EXPECT_TRUE(pr.sinks);
+  EXPECT_TRUE(pr.lse);
+  EXPECT_TRUE(pr.tma_ok);
+  EXPECT_FALSE(pr.varlen);
+  EXPECT_FALSE(pr.causal);
+  EXPECT_FALSE(pr.window);
 
   Call u;  // a base 2 bytes off 16-byte alignment
   u.k.data = static_cast<char*>(u.k.data) + 2;
@@ -518,7 +559,10 @@ TEST(AttentionValidation, Problem) {
   u.q.dtype = u.k.dtype = u.v.dtype = u.out.dtype = F16;
   KF_ASSERT_OK(u.params(&p, &t));
   pr = kf::make_attention_problem(p, t);
-  EXPECT_FALSE(pr.tma_ok); EXPECT_FALSE(pr.bf16); EXPECT_FALSE(pr.lse); EXPECT_FALSE(pr.sinks);
+  EXPECT_FALSE(pr.tma_ok);
+  EXPECT_FALSE(pr.bf16);
+  EXPECT_FALSE(pr.lse);
+  EXPECT_FALSE(pr.sinks);
   Call s;  // a row stride of 132 elements (264 bytes, not a multiple of 16)
   s.v.strides[1] = 2 * 132, s.v.strides[2] = 132, s.v.strides[0] = 32 * 2 * 132;
   KF_ASSERT_OK(s.params(&p, &t));
