@@ -115,6 +115,9 @@ Status attention_plan(const AttentionTensors& t, const AttentionOptions& opts, A
     return Status::Ok();
   }
   *plan = plan_attention_fwd(w.problem, *w.dev);
+  // the planner's choice can still be impossible (no kernel built for the head dims, a grid too
+  // large): say why here rather than at the run
+  if (!(s = check_plan(*plan, w.problem, *w.dev)).ok()) return s;
   *workspace_bytes_out = workspace_bytes(*plan, w.problem);
   return Status::Ok();
 }
@@ -144,6 +147,7 @@ Status attention_forward(const AttentionTensors& t, const AttentionOptions& opts
     return Status::Ok();
   }
   const AttentionPlan plan = plan_attention_fwd(w.problem, *w.dev);
+  if (!(s = check_plan(plan, w.problem, *w.dev)).ok()) return s;
   const size_t need = workspace_bytes(plan, w.problem);
   if (workspace == nullptr) {  // CUB's size query: report and launch nothing
     *bytes = need;
