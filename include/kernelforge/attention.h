@@ -13,7 +13,7 @@
 //          [Hq, Tq] (kVarlen), any strides with the last one 1.
 //   sinks  optional per-query-head logit [Hq], float32 or q's dtype (gpt-oss "attention sinks").
 // GQA / MQA: Hq is a multiple of Hkv; query head h reads key/value head h / (Hq / Hkv).
-// Head dims: Dqk in {64, 96, 128, 192, 256} with Dv = Dqk, or Dqk = 192 with Dv = 128 (MLA prefill).
+// Head dims: Dqk in {64, 96, 128, 256} with Dv = Dqk, or Dqk = 192 with Dv = 128 (MLA prefill).
 // dtypes: q, k, v, out share one dtype, float16 or bfloat16; math in float32.
 //
 // Formula, for every batch b, query head h, query row i < Sq_b (Sq_b, Sk_b: this sequence's lengths):

@@ -33,7 +33,6 @@ Status prepare(const AttentionCall& c, Prepared* w) {
     return Status::NotSupported(std::string(c.name) + ": attention needs sm_80 or later, this GPU is sm_" +
                                 std::to_string(w->dev->capability));
   w->problem = make_attention_problem(w->p, w->dtype);
-  if (w->p.varlen) w->problem.total_q = c.t.q->shape[0];  // Tq (Params only bound it)
   return Status::Ok();
 }
 

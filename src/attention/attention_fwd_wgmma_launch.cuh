@@ -94,8 +94,6 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
   if (plan.block_m != kWgmmaBlockM || plan.block_n != kBlockN || plan.warps != kWgmmaThreads / 32 ||
       plan.stages != kWgmmaStages || plan.splits != 1)
     return Status::Invalid("attention_forward: the wgmma kernel has no configuration " + to_string(plan));
-  if (p_in.varlen)  // the maps' row extent would be the token count, which AttentionParams does not carry
-    return Status::NotSupported("attention_forward: the wgmma kernel does not run kVarlen yet");
   auto kernel = attention_fwd_wgmma<T, kDqk, kDv, kBlockN>;
   cudaFuncAttributes attr{};
   if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion != 90) {
@@ -109,23 +107,24 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
 
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return Status::Ok();
 
-  const int64_t batch = p.batch;
+  // kVarlen: one batch of all tokens; a tile's rows start at cu_seqlens[b] (rows past the end read zeros).
+  const int64_t batch = p.varlen ? 1 : p.batch;
+  const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
   CUtensorMap tq, tk, tv;
-  Status st =
-      encode_attention_map<T>(&tq, p.q, kDqk, p.seqlen_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
+  Status st = encode_attention_map<T>(&tq, p.q, kDqk, rows_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
   if (!st.ok()) return st;
-  if (p.seqlen_k == 0) {
+  if (rows_k == 0) {
     // No key: no K/V load is issued (every tile's key range is empty); the maps only need to be valid.
     tk = tq;
     tv = tq;
   } else {
-    st = encode_attention_map<T>(&tk, p.k, kDqk, p.seqlen_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k");
+    st = encode_attention_map<T>(&tk, p.k, kDqk, rows_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k");
     if (!st.ok()) return st;
-    st = encode_attention_map<T>(&tv, p.v, kDv, p.seqlen_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v");
+    st = encode_attention_map<T>(&tv, p.v, kDv, rows_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v");
     if (!st.ok()) return st;
   }
   auto unaligned = [](int64_t stride, int64_t extent) { return extent > 1 && (stride * int64_t(sizeof(T))) % 16 != 0; };
-  if (reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || unaligned(p.o_ss, p.seqlen_q) || unaligned(p.o_sh, p.heads_q) ||
+  if (reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || unaligned(p.o_ss, rows_q) || unaligned(p.o_sh, p.heads_q) ||
       unaligned(p.o_sb, p.batch))
     return Status::NotSupported("attention_forward: the wgmma kernel stores out in 16-byte vectors (aligned rows)");
 

@@ -37,7 +37,6 @@ std::string unsupported(const AttentionProblem& pr, const DeviceInfo& dev) {
   if (dev.capability != 90) return "needs an sm_90 device";
   if (pr.elem_bytes != 2) return "needs float16 or bfloat16";
   if (!pr.tma_ok) return "needs 16-byte aligned tensors and strides (TMA)";
-  if (pr.varlen) return "does not run kVarlen yet";
   if (find_config(pr.head_dim_qk, pr.head_dim_v) == nullptr) return "has no kernel for these head dims";
   if (pr.seqlen_q > (int64_t(1) << 30) || pr.seqlen_k > (int64_t(1) << 30)) return "needs sequences below 2^30";
   if (pr.batch > 65535 || pr.heads_q > 65535) return "needs batch and heads below 65536 (grid y and z)";

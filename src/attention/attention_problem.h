@@ -40,6 +40,8 @@ struct AttentionParams {
   int32_t group = 1;        // heads_q / heads_kv: query head h reads kv head h / group
   int32_t seqlen_q = 0;     // kBSHD / kBHSD: every sequence's length; kVarlen: an upper bound (max_seqlen_q)
   int32_t seqlen_k = 0;
+  int64_t total_q = 0;      // rows of q over the batch: B * Sq, or Tq (kVarlen)
+  int64_t total_k = 0;      // rows of k / v over the batch: B * Sk, or Tk (kVarlen)
   int32_t head_dim_qk = 0;
   int32_t head_dim_v = 0;
   float scale = 1.0f;       // applied to q . k (before the softcap)

@@ -66,7 +66,7 @@ int64_t stride_or_0(const TensorView& t, int d) { return t.shape[d] == 1 ? 0 : t
 // Supported (Dqk, Dv) pairs: the head dims the kernels are compiled for.
 bool supported_head_dims(int64_t dqk, int64_t dv) {
   if (dqk == 192 && dv == 128) return true;  // MLA prefill (DeepSeek V2/V3)
-  return dqk == dv && (dqk == 64 || dqk == 96 || dqk == 128 || dqk == 192 || dqk == 256);
+  return dqk == dv && (dqk == 64 || dqk == 96 || dqk == 128 || dqk == 256);
 }
 
 struct Checker {
@@ -233,7 +233,7 @@ Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dty
                    ") must be a multiple of the heads of k and v (Hkv = " + std::to_string(Hkv) + ")");
   if (!supported_head_dims(Dqk, Dv))
     return ck.fail("head dims (Dqk = " + std::to_string(Dqk) + " of q and k, Dv = " + std::to_string(Dv) +
-                   " of v) must be Dqk = Dv in {64, 96, 128, 192, 256} or Dqk = 192 with Dv = 128");
+                   " of v) must be Dqk = Dv in {64, 96, 128, 256} or Dqk = 192 with Dv = 128");
   const std::pair<int64_t, const char*> limits[] = {
       {B, "the batch"}, {Sq, varlen ? "Tq" : "Sq"}, {Sk, varlen ? "Tk" : "Sk"}, {Hq, "Hq"}, {Hkv, "Hkv"}};
   for (const auto& x : limits)
@@ -333,6 +333,8 @@ Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dty
   p->group = Hkv > 0 ? static_cast<int32_t>(Hq / Hkv) : 1;
   p->seqlen_q = static_cast<int32_t>(seq_q);
   p->seqlen_k = static_cast<int32_t>(seq_k);
+  p->total_q = varlen ? Sq : B * Sq;
+  p->total_k = varlen ? Sk : B * Sk;
   p->head_dim_qk = static_cast<int32_t>(Dqk);
   p->head_dim_v = static_cast<int32_t>(Dv);
   p->scale = o.scale > 0.0f ? o.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dqk)));
@@ -353,9 +355,7 @@ AttentionProblem make_attention_problem(const AttentionParams& p, DType dtype) {
   pr.heads_kv = p.heads_kv;
   pr.seqlen_q = p.seqlen_q;
   pr.seqlen_k = p.seqlen_k;
-  // Params hold no varlen token count: batch * max_seqlen_q (the rows the grid covers) bounds Tq;
-  // the public entries replace it with Tq from q's shape.
-  pr.total_q = int64_t(p.batch) * p.seqlen_q;
+  pr.total_q = p.total_q;
   pr.head_dim_qk = p.head_dim_qk;
   pr.head_dim_v = p.head_dim_v;
   pr.varlen = p.varlen;

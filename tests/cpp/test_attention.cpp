@@ -155,7 +155,7 @@ const std::vector<AttnCase>& cases() {
       bshd("d64", 2, 130, 130, 4, 2, 64).no_lse(),
       bshd("d96_causal", 2, 130, 130, 4, 2, 96).with_causal(),
       bhsd("d128_bhsd", 2, 130, 200, 4, 2, 128),
-      bshd("d192_window", 2, 130, 130, 4, 1, 192).window(32, -1),
+      bshd("d192_128_window", 2, 130, 130, 4, 1, 192, 128).window(32, -1),
       bshd("d256_softcap", 2, 130, 130, 4, 4, 256).cap(2.0f),
       bshd("d192_128_mla_causal", 2, 130, 130, 4, 4, 192, 128).with_causal(),
       bhsd("d192_128_bhsd_gqa", 1, 64, 300, 4, 1, 192, 128),
