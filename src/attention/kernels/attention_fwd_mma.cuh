@@ -156,14 +156,16 @@ __device__ __forceinline__ void load_tile(uint16_t* dst, const uint16_t* src, in
   static_assert((kRows * kChunks) % kThreads == 0, "a tile must split evenly over the threads");
   if (vec16) {
 #pragma unroll
-    for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+      const int c = int(threadIdx.x) + i * kThreads;
       const int r = c / kChunks, cc = c % kChunks;
       const bool ok = r < valid_rows;
       const uint16_t* s = src + (ok ? r * src_stride + cc * 8 : 0);
       cp_async16(smem_addr(dst + r * kStride + cc * 8), s, ok);
     }
   } else {
-    for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+    for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+      const int c = int(threadIdx.x) + i * kThreads;
       const int r = c / kChunks, cc = c % kChunks;
       uint32_t w[4] = {0u, 0u, 0u, 0u};
       if (r < valid_rows) {
