@@ -155,13 +155,28 @@ __device__ __forceinline__ void load_tile(uint16_t* dst, const uint16_t* src, in
   constexpr int kStride = kDim + kAttnMmaPad;
   static_assert((kRows * kChunks) % kThreads == 0, "a tile must split evenly over the threads");
   if (vec16) {
+    if constexpr (kThreads % kChunks == 0) {
+      // A thread copies the same 16-byte column of rows r0, r0 + kRowStep, ...: one source pointer
+      // stepped by kRowStep rows (few live registers across the key loop).
+      constexpr int kRowStep = kThreads / kChunks;
+      const int r0 = int(threadIdx.x) / kChunks, cc = int(threadIdx.x) % kChunks;
+      const uint16_t* s = src + r0 * src_stride + cc * 8;
+      const uint32_t d = smem_addr(dst + r0 * kStride + cc * 8);
 #pragma unroll
-    for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-      const int c = int(threadIdx.x) + i * kThreads;
-      const int r = c / kChunks, cc = c % kChunks;
-      const bool ok = r < valid_rows;
-      const uint16_t* s = src + (ok ? r * src_stride + cc * 8 : 0);
-      cp_async16(smem_addr(dst + r * kStride + cc * 8), s, ok);
+      for (int i = 0; i < kRows / kRowStep; ++i) {
+        const bool ok = r0 + i * kRowStep < valid_rows;
+        cp_async16(d + i * kRowStep * kStride * 2, ok ? s : src, ok);
+        s += kRowStep * src_stride;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+        const int c = int(threadIdx.x) + i * kThreads;
+        const int r = c / kChunks, cc = c % kChunks;
+        const bool ok = r < valid_rows;
+        const uint16_t* s = src + (ok ? r * src_stride + cc * 8 : 0);
+        cp_async16(smem_addr(dst + r * kStride + cc * 8), s, ok);
+      }
     }
   } else {
     for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
