@@ -1,4 +1,5 @@
 # ctest groups of the attention family (included by tests/cpp/CMakeLists.txt).
+add_test(NAME attention_plan COMMAND kf_tests --gtest_filter=*AttentionPlan*)
 add_test(NAME attention_reference COMMAND kf_tests --gtest_filter=*AttentionReference*)
 add_test(NAME attention_validation COMMAND kf_tests --gtest_filter=*AttentionValidation*)
 # every AttentionGpu case runs the public entry (the default plan) and then every candidate plan
