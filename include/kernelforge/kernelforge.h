@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernelforge/activation.h"
+#include "kernelforge/attention.h"
 #include "kernelforge/cross_entropy.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
