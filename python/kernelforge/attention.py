@@ -121,6 +121,14 @@ def attention(
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
+# (Dqk, Dv) pairs the kernels compile (attention.h)
+HEAD_DIMS = {(d, d) for d in (64, 96, 128, 192, 256)} | {(192, 128)}
+
+
+def head_dims_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
+    return (q.shape[-1], v.shape[-1]) in HEAD_DIMS
+
+
 def reference_dtype(t: torch.Tensor) -> torch.dtype | None:
     """The dtype the op is called with for a tensor of t's dtype and device (CPU float32: float64, the
     reference computes in float64 anyway), or None when no kernelforge path takes it."""
@@ -176,6 +184,9 @@ def scaled_dot_product_attention(
     dtype = reference_dtype(query)
     if dtype is None:
         return fallback(f"{query.dtype} {query.device.type} tensors")
+    if not head_dims_supported(query, value):
+        return fallback(f"head dims {query.shape[-1]}/{value.shape[-1]} (the kernels take 64, 96, 128, 192, 256 "
+                        "and 192/128)")
     sq, sk = query.shape[2], key.shape[2]
     window = (-1, -1)
     if is_causal:
