@@ -37,7 +37,7 @@ VARIANTS = [
     {"causal": True, "softcap": 5.0},
     {"causal": True, "sinks": True},
     {"window": (0, 0), "sinks": True},
-    {"scale": 0.3},
+    {"scale": 0.375},  # a float32 value: the contract takes the scale as a float
 ]
 
 
