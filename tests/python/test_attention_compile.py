@@ -43,9 +43,9 @@ def test_compile_fullgraph_matches_eager(kf, device, dtype, layout):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
-def test_varlen_no_recompile_on_new_lengths(kf, device, dtype, monkeypatch):
-    """Two calls with different cu_seqlens values, token counts and max_seqlen: one compilation."""
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+@torch._dynamo.config.patch(error_on_recompile=True)
+def test_varlen_no_recompile_on_new_lengths(kf, device, dtype):
+    """Calls with different cu_seqlens values, token counts and max_seqlen: one compilation."""
     counts = {"frames": 0}
 
     def backend(gm, example_inputs):
@@ -70,9 +70,9 @@ def test_varlen_no_recompile_on_new_lengths(kf, device, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("device,dtype", DEVICES)
-def test_varlen_same_shape_new_values_no_recompile(kf, device, dtype, monkeypatch):
+@torch._dynamo.config.patch(error_on_recompile=True)
+def test_varlen_same_shape_new_values_no_recompile(kf, device, dtype):
     """Default (static) compile: new cu_seqlens values of the same shape reuse the graph."""
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     f = torch.compile(lambda q, cu: kf.attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=12,
                                                  max_seqlen_k=12), fullgraph=True)
     q = torch.randn(12, 2, 64, device=device, dtype=dtype)
