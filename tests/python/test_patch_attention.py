@@ -161,7 +161,8 @@ def test_window_conversion_matches_eager_mask():
 
     W, S = 4, 10
     fn = sliding_window_causal_mask_function(W)
-    eager = torch.tensor([[bool(fn(0, 0, q, k)) for k in range(S)] for q in range(S)])
+    t = torch.tensor
+    eager = torch.tensor([[bool(fn(t(0), t(0), t(q), t(k))) for k in range(S)] for q in range(S)])
     assert torch.equal(_visible(S, S, True, _window(W, True), "cpu"), eager)
 
 
@@ -190,7 +191,7 @@ def _ltx(device, dtype):
               "timestep": torch.tensor([10, 500])}
 
     def forward(m, inp):
-        return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], num_frames=2, height=4,
+        return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], None, num_frames=2, height=4,
                  width=4).sample
     return model, inputs, forward, 2
 

@@ -48,13 +48,16 @@ config, a gradient, an unsupported dtype) the original ``dispatch_attention_fn``
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 
 import torch
 
-from .. import attention as _attn
 from ._runtime import announce_fallback
+
+# the module kernelforge.attention (the package binds the name `attention` to the function)
+_attn = importlib.import_module("..attention", __package__)
 
 NAME = "kernelforge"
 STATE_ATTR = "_kf_attn_patch"  # on a patched transformers model: the attention implementation it had
