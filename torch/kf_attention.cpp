@@ -121,13 +121,12 @@ using AttentionSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, co
 
 // The backward does not exist yet: a gradient request is an error, never a silent detach.
 std::tuple<Tensor, Tensor> attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                              std::optional<double> scale, int64_t window_left,
-                                              int64_t window_right, double softcap, const OptTensor& sinks,
-                                              const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
-                                              c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
-                                              c10::string_view layout, bool return_lse) {
-  const bool wants_grad = q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                          (defined(sinks) && sinks->requires_grad());
+                                              std::optional<double> scale, int64_t window_left, int64_t window_right,
+                                              double softcap, const OptTensor& sinks, const OptTensor& cu_seqlens_q,
+                                              const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
+                                              c10::SymInt max_seqlen_k, c10::string_view layout, bool return_lse) {
+  const bool wants_grad =
+      q.requires_grad() || k.requires_grad() || v.requires_grad() || (defined(sinks) && sinks->requires_grad());
   TORCH_CHECK(!(at::GradMode::is_enabled() && wants_grad), kNoBackward);
   at::AutoDispatchBelowADInplaceOrView guard;
   static auto op = op_handle<AttentionSig>("kernelforge::attention");
