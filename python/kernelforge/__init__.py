@@ -5,6 +5,7 @@
     h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
     q, k = kf.apply_rope(q, k, cos, sin)  # HF Llama rotate-half RoPE on q and k in one call
     p = kf.softmax(scores, dim=-1)  # torch.softmax semantics, one fused kernel per direction
+    o = kf.attention(q, k, v, causal=True)  # flash attention forward, [B, S, H, D] (GQA, varlen, ...)
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
@@ -17,6 +18,7 @@ on CPU the ops run the float64 C++ reference.
 from . import nn
 from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
+from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
@@ -51,6 +53,8 @@ __all__ = [
     "fused_linear_cross_entropy",
     "softmax",
     "log_softmax",
+    "attention",
+    "scaled_dot_product_attention",
     "patch",
     "unpatch",
     "PatchReport",

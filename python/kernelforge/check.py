@@ -1,9 +1,11 @@
 """`kforge check`: every op, forward and backward, on the current GPU against two float64 oracles.
 
 The ops, their check shapes (one per code path: one row, N = 1, odd N, long rows, ...; RoPE: GQA,
-MQA, decode, partial rotary, odd head_dim; cross-entropy: vocabularies from 7 to 262144) and variants
+MQA, decode, partial rotary, odd head_dim; cross-entropy: vocabularies from 7 to 262144; attention:
+every head dim pair, GQA / MQA, Sq != Sk both ways, ragged varlen) and variants
 (with / without weight and bias; AdaLN kinds and scale shapes; GELU erf / tanh, gate first / second;
-RoPE pairings, layouts and cos/sin tables; loss reductions and options) are the specs of
+RoPE pairings, layouts and cos/sin tables; loss reductions and options; attention causal, window,
+softcap, sinks, layouts, lse; forward only) are the specs of
 kernelforge.specs. For each op, dtype, shape and variant, on fresh random data:
 
   * the GPU result through the public API (kf.*, autograd for the gradients) is compared with
@@ -52,6 +54,17 @@ def variant_label(v: dict) -> str:
         parts.append("interleaved" if v["interleaved"] else "rotate_half")
         parts.append(v["layout"] + ("_view" if v["view"] else ""))
         parts.append({"BSR": "cos[B,S,R]", "SR32": "cos[S,R]f32", "cache": "cache+position_ids"}[v["tables"]])
+    if "layout" in v and "interleaved" not in v:  # the attention family
+        parts.append(v["layout"])
+        if v.get("causal"):
+            parts.append("causal")
+        if v.get("window"):
+            parts.append("window=({},{})".format(*v["window"]))
+        if v.get("softcap"):
+            parts.append(f"softcap={v['softcap']:g}")
+        for key in ("sinks", "lse"):
+            if v.get(key):
+                parts.append(key)
     if "reduction" in v:  # the loss family
         parts.append(v["reduction"])
         for key, short in (("label_smoothing", "ls"), ("z_loss_scale", "z"), ("softcap", "softcap"),
@@ -192,6 +205,10 @@ def main(args: argparse.Namespace) -> int:
         spec = SPECS[op]
         for dt in dts:
             dtype = DTYPES[dt]
+            if spec.dtypes is not None and dtype not in spec.dtypes:
+                print(f"{'skip':<6}{op:<27}{dt:<6}  (the op takes {', '.join(str(d)[6:] for d in spec.dtypes)})",
+                      flush=True)
+                continue
             tally = Tally()
             for shape in spec.check_shapes:
                 for v in spec.variants:

@@ -17,14 +17,15 @@ import torch
 
 from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
-from kernelforge.specs import GROUPS, OPS, SPECS, TOL, FlceShape, RopeShape, shape_label, shape_rows
+from kernelforge.specs import GROUPS, OPS, SPECS, TOL, AttnShape, FlceShape, RopeShape, shape_label, shape_rows
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
 
 LLAMA = RopeShape(4, 4096, 32, 8, 128)
 CPU = torch.device("cpu")
 # one small shape of each kind, for inputs and smoke runs on the CPU
-SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101)}
+SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
+         "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -39,18 +40,27 @@ def test_spec_is_complete(op):
     assert s.name == op and op in GROUPS[s.family]
     for f in ("reference", "cpp_reference", "check_run", "check_inputs", "inputs", "run"):
         assert callable(getattr(s, f)), f"{op}: no {f}"
-    assert s.check_shapes and s.variants and s.shapes and s.grad_inputs and s.grad_outputs
+    backward = "fwdbwd" in s.modes  # forward-only ops (attention) differentiate nothing
+    assert s.check_shapes and s.variants and s.shapes and "fwd" in s.modes
+    assert not backward or (s.grad_inputs and s.grad_outputs)
+    assert s.bound in ("memory", "compute")
     assert all(runner._kind(sh) == s.shape_kind for sh in s.shapes + s.sweep_shapes)
     for sh in s.shapes:
         for mode in ("fwd", "fwdbwd", "fwd_graph", "fwd_call"):
+            if mode == "fwdbwd" and not backward:
+                continue
             for elt in (2, 4):
                 assert s.traffic(sh, mode, elt) > 0
             assert s.flop_count(sh, mode) > 0
-        assert s.traffic(sh, "fwdbwd", 2) > s.traffic(sh, "fwd", 2)
+        if backward:
+            assert s.traffic(sh, "fwdbwd", 2) > s.traffic(sh, "fwd", 2)
         assert s.traffic(sh, "fwd", 4) == 2 * s.traffic(sh, "fwd", 2)
+        assert s.shape_kind == "rows" or runner.parse_shapes(str(sh)) == [sh]
     assert s.providers[0] == "kernelforge" and set(s.providers) <= set(report.PROVIDERS)
     for p, factory in (("eager", s.eager), ("torch_native", s.torch_native), ("liger", s.liger)):
         assert (p not in s.providers) or factory is not None, f"{op}: lists {p} but has no factory"
+    for p in s.providers:
+        assert p in ("kernelforge", "eager", "torch_native", "compile", "liger") or p in s.extra_peers, p
     assert ("compile" not in s.providers) or s.eager is not None
 
 
@@ -78,13 +88,34 @@ def test_tolerance_table():
 
 
 def test_families_and_groups():
-    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss")
+    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
-    assert OPS[-2:] == ("cross_entropy", "fused_linear_cross_entropy")
+    assert GROUPS["attention"] == ("attention",)
+    assert OPS[-3:] == ("cross_entropy", "fused_linear_cross_entropy", "attention")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
 
 
 # ---- bytes and FLOPs --------------------------------------------------------------------------------
+
+
+def test_attention_flops_and_shapes():
+    """The anchors' count: 4 * B * H * S^2 * D, halved when causal; 2 * (Dqk + Dv) per pair in general;
+    varlen over its ragged lengths; the bench grid at 16 K tokens per batch; fwd only, bf16 / fp16."""
+    s = SPECS["attention"]
+    assert s.flop_count(AttnShape(4, 32, 32, 4096, 4096, 64, 64, False), "fwd") == 4 * 4 * 32 * 4096 ** 2 * 64
+    assert s.flop_count(AttnShape(4, 32, 32, 4096, 4096, 64, 64, True), "fwd") == 2 * 4 * 32 * 4096 ** 2 * 64
+    assert s.flop_count(AttnShape(1, 2, 2, 10, 20, 192, 128, False), "fwd") == 2 * 2 * 10 * 20 * (192 + 128)
+    assert s.flop_count(AttnShape(4, 1, 1, 8, 8, 64, 64, False, True), "fwd") == 4 * 64 * (64 + 36 + 16 + 4)
+    assert str(AttnShape(4, 32, 8, 4096, 4096, 128, 128, True)) == "b4h32/8s4096d128c"
+    assert str(AttnShape(8, 16, 16, 4096, 4096, 128, 128, True, True)) == "b8h16s4096d128c-varlen"
+    assert {sh.b * sh.sq for sh in s.shapes if not sh.varlen} == {16384}
+    assert {sh.sq for sh in s.shapes} >= {512, 1024, 2048, 4096, 8192, 16384}
+    assert {(sh.hq, sh.d) for sh in s.shapes} >= {(16, 128), (32, 64), (8, 256)}
+    assert any(sh.hq != sh.hk for sh in s.shapes) and any(sh.varlen for sh in s.shapes)
+    assert runner.modes_for(16384, ["fwd", "fwdbwd", "fwd_graph"], s) == ["fwd"]
+    cases = runner.plan_cases(["attention"], None, ["bf16", "fp32"])
+    assert cases and {dt for _, _, dt in cases} == {"bf16"}
+    assert not s.peer_applies("cudnn", AttnShape(8, 16, 16, 4096, 4096, 128, 128, True, True))
 
 
 def test_rope_bytes():
@@ -296,8 +327,9 @@ def test_bench_smoke_cpu(tmp_path, capsys):
 
 
 def test_bench_smoke_cpu_every_family(tmp_path):
-    """One small shape of every op, kernelforge against the eager / native peers: no mismatch."""
-    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce"))
+    """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
+    has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
+    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)
         ops = OPS
@@ -310,6 +342,7 @@ def test_bench_smoke_cpu_every_family(tmp_path):
     assert "problems:" not in summary, summary
     for op in ops:
         assert f"{op} " in summary
+    assert "kf TFLOP/s" in summary
 
 
 def test_hf_rope_tables_match_llama_rotary_embedding():
@@ -342,7 +375,8 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "ada_norm": ((4, 40), (3, 7)), "silu_and_mul": ((3, 17),), "swiglu": ((3, 17),),
                     "gelu_and_mul": ((2, 9),), "geglu": ((2, 9),), "gelu": ((2, 9),), "softmax": ((3, 50),),
                     "log_softmax": ((3, 50),), "apply_rope": ((1, 3, 2, 1, 16, 8), (2, 4, 3, 3, 10, 10)),
-                    "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7))}
+                    "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7)),
+                    "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128))}  # windows of 16..32
 
 
 def _tally(kf, op, dtype):
@@ -357,9 +391,28 @@ def _tally(kf, op, dtype):
 @pytest.mark.parametrize("op", OPS)
 def test_check_cpu(kf, op, dtype):
     """Every spec's check path on CPU tensors: both oracles agree with the op."""
+    if SPECS[op].dtypes is not None and dtype not in SPECS[op].dtypes:
+        pytest.skip(f"{op} takes {SPECS[op].dtypes}")
     tally = _tally(kf, op, dtype)
     assert tally.cases == len(CPU_CHECK_SHAPES[op]) * len(SPECS[op].variants)
     assert not tally.failures, tally.failures[:4]
+
+
+@pytest.mark.parametrize("broken", ["causal", "window", "sinks"])
+def test_check_attention_catches(kf, broken):
+    """The oracles catch a dropped causal mask, a shifted window and ignored sinks."""
+
+    def attention(q, k, v, **kw):
+        if broken == "causal" and kw["causal"]:
+            kw["causal"] = False
+        if broken == "window" and kw["window"] != (-1, -1):
+            kw["window"] = (kw["window"][0] + 1, kw["window"][1])
+        if broken == "sinks":
+            kw["sinks"] = None
+        return kf.attention(q, k, v, **kw)
+
+    tally = _tally(types.SimpleNamespace(attention=attention), "attention", torch.bfloat16)
+    assert tally.failures
 
 
 @pytest.mark.parametrize("broken", ["pairing", "sin_sign", "inplace_skipped"])

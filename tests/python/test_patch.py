@@ -95,7 +95,7 @@ def _input(name, dtype, device, rows=(3, 5)):
 
 def test_report_lists_patched_and_skipped(kf):
     model, expected = _model()
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     patched = {p.path: p for p in report.patched}
     skipped = {s.path: s for s in report.skipped}
     for name, verdict in expected.items():
@@ -130,7 +130,7 @@ def test_patched_matches_original(kf, device, dtype):
         y.backward(torch.ones_like(y))
         originals[name] = (x, y.detach(), x.grad, [p.grad.clone() for p in m.parameters()])
         m.zero_grad(set_to_none=True)
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     assert len(report.patched) == sum(1 for v in expected.values() if v and v.startswith("kernelforge."))
     for p in report.patched:
         m = model[p.path]
@@ -150,7 +150,7 @@ def test_patched_matches_original(kf, device, dtype):
 def test_unpatch_restores_exactly(kf):
     model, expected = _model()
     before = {name: dict(m.__dict__) for name, m in model.named_modules()}
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     assert report.patched
     assert kf.unpatch(model) == len(report.patched)
     for name, m in model.named_modules():
@@ -162,9 +162,9 @@ def test_unpatch_restores_exactly(kf):
 
 def test_patch_twice_is_idempotent(kf):
     model, _ = _model()
-    first = kf.patch(model)
+    first = kf.patch(model, attention=False)
     fwd = {p.path: model[p.path].forward for p in first.patched}
-    second = kf.patch(model)
+    second = kf.patch(model, attention=False)
     assert not second.patched
     assert {s.path for s in second.skipped if s.reason == "already patched by kernelforge"} == set(fwd)
     for path, f in fwd.items():
@@ -177,14 +177,14 @@ def test_instance_forward_is_left_alone(kf):
     m = _hf().Llama(N)
     hook = types.MethodType(lambda self, x: x, m)
     m.forward = hook
-    report = kf.patch(m)
+    report = kf.patch(m, attention=False)
     assert not report.patched and "already overridden" in report.skipped[0].reason
     assert m.forward is hook
 
 
 def test_root_module_can_be_patched(kf):
     m = _randomize(_hf().Llama(N))
-    report = kf.patch(m)
+    report = kf.patch(m, attention=False)
     assert report.patched_paths == [""] and "<root>" in str(report)
     x = R.rand((2, N), torch.float32, "cpu")
     R.assert_close(m(x), type(m).forward(m, x), torch.float32)
@@ -210,7 +210,7 @@ def test_mixed_dtype_falls_back_with_one_warning(kf, make, monkeypatch):
     m = _randomize(make())
     x = R.rand((3, N), torch.bfloat16, "cpu")
     want = m(x)
-    kf.patch(m)
+    kf.patch(m, attention=False)
     with pytest.warns(UserWarning, match="original forward runs instead"):
         got = m(x)
     assert got.dtype == want.dtype and torch.equal(got, want)
@@ -228,7 +228,7 @@ def test_diffusers_bias_added_after_patch_falls_back(kf, monkeypatch):
 
     monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
     m = _randomize(_diffusers().RMSNorm(N, eps=1e-6))
-    kf.patch(m)
+    kf.patch(m, attention=False)
     m.bias = torch.nn.Parameter(torch.randn(N))
     x = R.rand((3, N), torch.float32, "cpu")
     with pytest.warns(UserWarning, match="bias"):
@@ -241,7 +241,7 @@ def test_non_contiguous_input(kf, device):
     """Layouts the op cannot read as rows are copied (same values), row-strided views go straight in."""
     model, _ = _model()
     model.to(device)
-    kf.patch(model)
+    kf.patch(model, attention=False)
     for name in ("llama", "torch_rms", "torch_ln", "diff_rms", "torch_ln_2d"):
         m = model[name]
         x = _input(name, torch.float32, device, rows=(5, 3)).transpose(0, 1)  # leading dims do not collapse
@@ -255,7 +255,7 @@ def test_non_contiguous_input(kf, device):
 
 def test_wrong_shape_still_raises(kf):
     model, _ = _model()
-    kf.patch(model)
+    kf.patch(model, attention=False)
     with pytest.raises(RuntimeError):
         model["torch_rms_2d"](torch.randn(3, 8, 8))
     with pytest.raises(RuntimeError):
@@ -264,7 +264,7 @@ def test_wrong_shape_still_raises(kf):
 
 def test_deepcopy_rebinds(kf):
     model, _ = _model()
-    kf.patch(model)
+    kf.patch(model, attention=False)
     clone = copy.deepcopy(model)
     assert clone["llama"].forward.__self__ is clone["llama"]
     x = R.rand((2, N), torch.float32, "cpu")
@@ -278,7 +278,7 @@ def test_compile_patched_module(kf):
     m = torch.nn.Sequential(model["llama"], model["torch_ln"], model["diff_rms"])
     x = R.rand((4, N), torch.float32, "cpu")
     want = m(x)
-    kf.patch(m)
+    kf.patch(m, attention=False)
     got = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
     R.assert_close(got, want, torch.float32)
 
@@ -298,7 +298,7 @@ def test_register_replacement(kf):
     P.register_replacement(entry, before="transformers LlamaRMSNorm")
     try:
         m = torch.nn.Sequential(ScaleNorm())
-        report = kf.patch(m)
+        report = kf.patch(m, attention=False)
         assert report.patched[0].op == "kernelforge.test"
         assert torch.equal(m(torch.zeros(2)), torch.ones(2))
         kf.unpatch(m)

@@ -122,7 +122,7 @@ def test_transformers_gelu_exact_mlp(kf, device, dtype):
     assert {p.op for p in report.patched} == {"kernelforge.geglu"}
     P = importlib.import_module("kernelforge.patch")
     model2 = _hf_model("llama", device, dtype, hidden_act="gelu")
-    kf.patch(model2, norms=False)
+    kf.patch(model2, norms=False, attention=False)
     assert model2.model.layers[0].mlp.__dict__[P.STATE_ATTR].extra[1] == "none"
     kf.unpatch(model2)
 
@@ -135,7 +135,7 @@ def test_transformers_decode_step(kf, device, dtype):
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
         want_logits = model(input_ids=want).logits
-        kf.patch(model)
+        kf.patch(model, attention=False)
         got = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
         got_logits = model(input_ids=want).logits
         kf.unpatch(model)
@@ -247,7 +247,7 @@ def _check_module(kf, m, x, dtype, msg):
 def test_mlp_report(kf):
     zoo = mlp_zoo()
     model = torch.nn.ModuleDict({k: m for k, (m, _) in zoo.items()})
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     print(report)
     patched = {p.path: p for p in report.patched}
     skipped = {s.path: s for s in report.skipped}
@@ -280,7 +280,7 @@ def test_mlps_match_original(kf, device, dtype):
         with torch.no_grad():
             for p in m.parameters():
                 p.copy_(R.rand(p.shape, p.dtype, p.device, scale=0.5))
-        assert kf.patch(m).patched_paths == [""], name
+        assert kf.patch(m, attention=False).patched_paths == [""], name
         x = R.rand((3, 5, H), dtype, device, scale=2.0)
         _check_module(kf, m, x, dtype, name)
         # a row-strided (non-contiguous) input
@@ -319,7 +319,7 @@ def test_diffusers_report(kf):
     odd.approximate = "erf"
     zoo["gelu_bad_mode"] = (odd, "approximate='erf'")
     model = torch.nn.ModuleDict({k: m for k, (m, _) in zoo.items()})
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     print(report)
     patched = {p.path: p.op for p in report.patched}
     skipped = {s.path: s.reason for s in report.skipped}
@@ -341,7 +341,7 @@ def test_diffusers_modules_match_original(kf, device, dtype):
         if not verdict.startswith("kernelforge."):
             continue
         m = m.to(device=device, dtype=dtype)
-        assert kf.patch(m).patched_paths == [""], name
+        assert kf.patch(m, attention=False).patched_paths == [""], name
         x = R.rand((2, 5, H), dtype, device, scale=2.0)
         _check_module(kf, m, x, dtype, name)
         assert kf.unpatch(m) == 1
@@ -394,10 +394,10 @@ def test_diffusers_basic_transformer_block(kf, device, dtype, activation_fn):
 
 def test_patch_twice_is_patch_once(kf):
     model = _hf_model("llama", "cpu", torch.float32)
-    first = kf.patch(model)
+    first = kf.patch(model, attention=False)
     fwd = {p.path: model.get_submodule(p.path).forward for p in first.patched}
     assert any(p.op == "kernelforge.swiglu" for p in first.patched)
-    second = kf.patch(model)
+    second = kf.patch(model, attention=False)
     assert not second.patched
     assert {s.path for s in second.skipped if s.reason == "already patched by kernelforge"} == set(fwd)
     for path, f in fwd.items():
@@ -411,12 +411,12 @@ def test_patch_unpatch_patch(kf):
     inputs = _hf_inputs("cpu")
     with torch.no_grad():
         want = _hf_forward(model, inputs)
-        first = kf.patch(model)
+        first = kf.patch(model, attention=False)
         y1 = _hf_forward(model, inputs)
         assert kf.unpatch(model) == len(first.patched)
         _assert_unpatched(model)
         assert torch.equal(_hf_forward(model, inputs), want)
-        second = kf.patch(model)
+        second = kf.patch(model, attention=False)
         assert second.patched_paths == first.patched_paths
         y2 = _hf_forward(model, inputs)
     assert torch.equal(y1, y2)
@@ -428,13 +428,13 @@ def test_families_compose(kf):
     """patch(norms only) then patch(): the second call adds the MLPs and the attention modules (rope),
     skips what is already patched."""
     model = _hf_model("llama", "cpu", torch.float32)
-    norms = kf.patch(model, activations=False, rope=False, loss=False)
+    norms = kf.patch(model, activations=False, rope=False, loss=False, attention=False)
     assert norms.patched and all(p.op == "kernelforge.rms_norm" for p in norms.patched)
-    acts = kf.patch(model)
+    acts = kf.patch(model, attention=False)
     assert sorted(acts.patched_paths) == ["", "model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.mlp",
                                           "model.layers.1.self_attn"]
     assert sorted(s.path for s in acts.skipped) == sorted(norms.patched_paths)
-    assert kf.patch(model, norms=False, activations=False, rope=False, loss=False).patched == []
+    assert kf.patch(model, norms=False, activations=False, rope=False, loss=False, attention=False).patched == []
     assert kf.unpatch(model) == len(norms.patched) + len(acts.patched)
     _assert_unpatched(model)
 
@@ -444,7 +444,7 @@ def test_act_fn_replaced_after_patch_falls_back(kf, monkeypatch):
     monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
     monkeypatch.delenv("KF_STRICT", raising=False)
     m = _llama_mlp("silu")
-    kf.patch(m)
+    kf.patch(m, attention=False)
     m.act_fn = torch.nn.ReLU()
     x = R.rand((3, H), torch.float32, "cpu")
     with pytest.warns(UserWarning, match="replaced after patching"):
@@ -457,7 +457,7 @@ def test_act_fn_replaced_after_patch_falls_back(kf, monkeypatch):
     assert kf.unpatch(m) == 1
     # a hook added to the activation after patching: the original forward runs (and calls the hook)
     m = CopiedMLP(torch.nn.SiLU())
-    kf.patch(m)
+    kf.patch(m, attention=False)
     calls = []
     m.act_fn.register_forward_hook(lambda *a: calls.append(1))
     with pytest.warns(UserWarning, match="hooked"):
@@ -470,7 +470,7 @@ def test_keyword_input_and_deepcopy(kf):
     m = _llama_mlp("silu")
     x = R.rand((3, H), torch.float32, "cpu")
     want = m(x)
-    kf.patch(m)
+    kf.patch(m, attention=False)
     R.assert_close(m(x=x), want, torch.float32)
     clone = copy.deepcopy(m)
     assert clone.forward.__self__ is clone
@@ -487,7 +487,7 @@ def test_compile_patched_mlp(kf):
     m = torch.nn.Sequential(_llama_mlp("silu"), A.GEGLU(H, H), A.SwiGLU(H, H))
     x = R.rand((4, H), torch.float32, "cpu")
     want = m(x)
-    kf.patch(m)
+    kf.patch(m, attention=False)
     got = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
     R.assert_close(got, want, torch.float32)
     kf.unpatch(m)
@@ -501,7 +501,7 @@ def test_register_replacement_family_default(kf):
     P.register_replacement(entry)
     try:
         m = torch.nn.Sequential(torch.nn.Identity())
-        assert kf.patch(m, norms=False, activations=False).patched_paths == ["0"]
+        assert kf.patch(m, norms=False, activations=False, attention=False).patched_paths == ["0"]
         assert torch.equal(m(torch.zeros(2)), torch.ones(2))
         kf.unpatch(m)
     finally:

@@ -87,7 +87,7 @@ def _compare(kf, model, call, dtype, **patch_kwargs):
         _, truth, truth_grads = _loss_grads(ref, call)
         del ref
     out0, loss0, grads0 = _loss_grads(model, call)
-    report = kf.patch(model, **LOSS_ONLY, **patch_kwargs)
+    report = kf.patch(model, **LOSS_ONLY, **patch_kwargs, attention=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no runtime fallback may happen
         out1, loss1, grads1 = _loss_grads(model, call)
@@ -163,7 +163,7 @@ def test_all_labels_ignored(kf, device, dtype):
     labels = torch.full_like(ids, -100)
     want = model(input_ids=ids, labels=labels).loss
     want_sum = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(5)).loss
-    kf.patch(model, **LOSS_ONLY)
+    kf.patch(model, **LOSS_ONLY, attention=False)
     got = model(input_ids=ids, labels=labels).loss
     got_sum = model(input_ids=ids, labels=labels, num_items_in_batch=torch.tensor(5)).loss
     assert want.isnan() and got.isnan() and got.dtype == torch.float32
@@ -229,7 +229,7 @@ def test_return_dict_false(kf):
     model = _model("llama", "cpu", torch.float32)
     ids, labels = _batch(model, "cpu")
     want = model(input_ids=ids, labels=labels, return_dict=False)
-    kf.patch(model, **LOSS_ONLY)
+    kf.patch(model, **LOSS_ONLY, attention=False)
     got = model(input_ids=ids, labels=labels, return_dict=False)
     assert isinstance(got, tuple) and len(got) == len(want) - 1
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
@@ -246,7 +246,7 @@ def test_labels_none_runs_the_original(kf, device, dtype):
     with torch.no_grad():
         want = model(input_ids=ids)
         want_kept = model(input_ids=ids, logits_to_keep=1)
-        report = kf.patch(model, **LOSS_ONLY)
+        report = kf.patch(model, **LOSS_ONLY, attention=False)
         _assert_report(report, model)
         got = model(input_ids=ids)
         got_kept = model(input_ids=ids, logits_to_keep=1)
@@ -291,7 +291,7 @@ def test_logits_not_materialized_cuda(kf):
         return torch.cuda.max_memory_allocated() - base, out
 
     unpatched, _ = peak(model)
-    kf.patch(model, **LOSS_ONLY)
+    kf.patch(model, **LOSS_ONLY, attention=False)
     patched, out = peak(model)
     kf.unpatch(model)
     print(f"peak extra memory: unpatched {unpatched / 2**20:.0f} MiB, patched {patched / 2**20:.0f} MiB, "
@@ -309,9 +309,9 @@ def test_unpatch_restores(kf):
     ids, labels = _batch(model, "cpu")
     with torch.no_grad():
         want = model(input_ids=ids, labels=labels)
-        report = kf.patch(model)  # all families
+        report = kf.patch(model, attention=False)  # all families
         assert "" in report.patched_paths
-        assert kf.patch(model, **LOSS_ONLY).patched == []  # patching twice is patching once
+        assert kf.patch(model, **LOSS_ONLY, attention=False).patched == []  # patching twice is patching once
         assert kf.unpatch(model) == len(report.patched)
         for name, m in model.named_modules():
             assert "forward" not in m.__dict__ and "_kf_patch" not in m.__dict__, name
@@ -321,7 +321,7 @@ def test_unpatch_restores(kf):
 
 def test_loss_flag_off(kf):
     model = _model("llama", "cpu", torch.float32)
-    report = kf.patch(model, loss=False)
+    report = kf.patch(model, loss=False, attention=False)
     assert "" not in report.patched_paths and report.patched
     assert not any(p.op == OP for p in report.patched)
     kf.unpatch(model)
@@ -332,11 +332,11 @@ def test_not_a_causal_lm(kf):
     another forward or loss are reported as skipped, with the reason."""
     cfg = transformers.LlamaConfig(vocab_size=1000, **COMMON)
     for model in (transformers.LlamaModel(cfg), transformers.LlamaForSequenceClassification(cfg)):
-        report = kf.patch(model, **LOSS_ONLY)
+        report = kf.patch(model, **LOSS_ONLY, attention=False)
         assert report.patched == [] and report.skipped == [], str(report)
     mixtral = transformers.MixtralForCausalLM(transformers.MixtralConfig(vocab_size=1000, num_local_experts=2,
                                                                          **COMMON))
-    report = kf.patch(mixtral, **LOSS_ONLY)
+    report = kf.patch(mixtral, **LOSS_ONLY, attention=False)
     assert report.patched == [] and report.skipped_paths == [""]
     assert "forward differs" in report.skipped[0].reason
 
@@ -345,18 +345,18 @@ def test_not_a_causal_lm(kf):
 
     model = _model("llama", "cpu", torch.float32)
     model.loss_function = my_loss
-    report = kf.patch(model, **LOSS_ONLY)
+    report = kf.patch(model, **LOSS_ONLY, attention=False)
     assert report.patched == [] and "my_loss" in report.skipped[0].reason, str(report)
     model = _model("llama", "cpu", torch.float32)
     model.loss_type = "ForMaskedLM"
-    report = kf.patch(model, **LOSS_ONLY)
+    report = kf.patch(model, **LOSS_ONLY, attention=False)
     assert report.patched == [] and "ForMaskedLM" in report.skipped[0].reason, str(report)
 
 
 def test_lm_head_hooked_at_patch_time(kf):
     model = _model("llama", "cpu", torch.float32)
     model.lm_head.register_forward_hook(lambda *a: None)
-    report = kf.patch(model, **LOSS_ONLY)
+    report = kf.patch(model, **LOSS_ONLY, attention=False)
     assert report.patched == [] and "hooks" in report.skipped[0].reason
 
 
@@ -366,7 +366,7 @@ def test_runtime_fallback(kf, monkeypatch):
     monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())  # warn-once per process
     model = _model("llama", "cpu", torch.float32)
     ids, labels = _batch(model, "cpu")
-    kf.patch(model, **LOSS_ONLY)
+    kf.patch(model, **LOSS_ONLY, attention=False)
     calls = []
     handle = model.lm_head.register_forward_hook(lambda m, i, o: calls.append(o.shape))
     with warnings.catch_warnings(record=True) as w:
@@ -389,7 +389,7 @@ def test_autocast_cpu(kf):
     ids, labels = _batch(model, "cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = model(input_ids=ids, labels=labels).loss
-        kf.patch(model, **LOSS_ONLY)
+        kf.patch(model, **LOSS_ONLY, attention=False)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             got = model(input_ids=ids, labels=labels).loss
@@ -425,7 +425,7 @@ def test_training_curve(kf, device, dtype):
     ids, labels = _batch(base, device, b=4, s=32)
     want = _train(copy.deepcopy(base).to(dtype), ids, labels, steps)
     patched = copy.deepcopy(base).to(dtype)
-    kf.patch(patched, **LOSS_ONLY)
+    kf.patch(patched, **LOSS_ONLY, attention=False)
     got = _train(patched, ids, labels, steps)
     print("unpatched", want, "\npatched  ", got)
     assert want[-1] < want[0] - 0.5, "the steps must actually train"

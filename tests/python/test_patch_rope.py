@@ -122,7 +122,7 @@ def test_transformers_decode_step(kf, device, dtype, kernel_calls):
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
         want_logits = model(input_ids=want).logits
-        kf.patch(model, **ROPE_ONLY)
+        kf.patch(model, **ROPE_ONLY, attention=False)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             got = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
@@ -143,7 +143,7 @@ def test_other_models_are_not_affected(kf, kernel_calls):
     inputs = _hf_inputs("cpu")
     with torch.no_grad():
         want = _hf_forward(other, inputs)
-        kf.patch(patched, **ROPE_ONLY)
+        kf.patch(patched, **ROPE_ONLY, attention=False)
         assert M.apply_rotary_pos_emb is fn
         assert torch.equal(_hf_forward(other, inputs), want)
         assert kernel_calls == []
@@ -160,17 +160,17 @@ def test_unpatch_restores_and_repatch(kf):
     attn = model.model.layers[0].self_attn
     with torch.no_grad():
         want = _hf_forward(model, inputs)
-        first = kf.patch(model, **ROPE_ONLY)
+        first = kf.patch(model, **ROPE_ONLY, attention=False)
         installed = attn.forward
         assert installed.__self__ is attn and "forward" in attn.__dict__
-        second = kf.patch(model, **ROPE_ONLY)  # patching twice is patching once
+        second = kf.patch(model, **ROPE_ONLY, attention=False)  # patching twice is patching once
         assert not second.patched and sorted(second.skipped_paths) == _attn_paths()
         assert attn.forward is installed
         assert kf.unpatch(model) == len(first.patched) == 2
         _assert_unpatched(model)
         assert attn.forward.__func__ is M.Qwen3Attention.forward
         assert torch.equal(_hf_forward(model, inputs), want)
-        again = kf.patch(model, **ROPE_ONLY)
+        again = kf.patch(model, **ROPE_ONLY, attention=False)
         assert again.patched_paths == first.patched_paths
         # one rebound function per class forward, shared by the layers (one code object for torch.compile)
         P = _patch_module()
@@ -182,7 +182,7 @@ def test_unpatch_restores_and_repatch(kf):
 
 def test_rope_flag(kf):
     model = _hf_model("llama", "cpu", torch.float32)
-    report = kf.patch(model, rope=False)
+    report = kf.patch(model, rope=False, attention=False)
     assert report.patched and not any(p.path.endswith("self_attn") for p in report.patched)
     assert not any(s.path.endswith("self_attn") for s in report.skipped)  # out of scope: not even reported
     kf.unpatch(model)
@@ -191,7 +191,7 @@ def test_rope_flag(kf):
 def test_deepcopy(kf):
     model = _hf_model("llama", "cpu", torch.float32)
     inputs = _hf_inputs("cpu")
-    kf.patch(model, **ROPE_ONLY)
+    kf.patch(model, **ROPE_ONLY, attention=False)
     clone = copy.deepcopy(model)
     P = _patch_module()
     a, b = model.model.layers[1].self_attn, clone.model.layers[1].self_attn
@@ -214,7 +214,7 @@ def test_compile_patched_attention(kf):
     x = R.rand((2, 7, 64), torch.float32, "cpu")
     cos_sin = rotary(x, torch.arange(7).expand(2, 7))
     want = attn(x, cos_sin, None)[0]
-    kf.patch(attn)
+    kf.patch(attn, attention=False)
     graphs = []
 
     def backend(gm, example_inputs):
@@ -331,7 +331,7 @@ def test_copied_and_changed_functions(kf, tmp_path, kernel_calls):
     model = torch.nn.ModuleDict({"same": same.Attention(), "same_bshd": same.Attention2(), "pairs": pairs.Attention(),
                                  "rotate_half": other_rh.Attention(), "wrapped": same.Wrapped(),
                                  "opaque": same.Opaque(), "linear": torch.nn.Linear(4, 4)})
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     print(report)
     assert sorted(report.patched_paths) == ["same", "same_bshd", "wrapped"]
     skipped = {s.path: s.reason for s in report.skipped}
@@ -366,7 +366,7 @@ def test_real_modeling_modules_that_differ(kf):
     cfg = dict(COMMON, pad_token_id=None)
     model = torch.nn.ModuleDict({"phi3": Phi3Attention(tf.Phi3Config(**cfg), 0),
                                  "cohere": CohereAttention(tf.CohereConfig(**cfg), 0)})
-    report = kf.patch(model)
+    report = kf.patch(model, attention=False)
     assert not report.patched
     reasons = {s.path: s.reason for s in report.skipped}
     assert "modeling_phi3.apply_rotary_pos_emb differs from Llama's" in reasons["phi3"]
@@ -386,7 +386,7 @@ def test_hf_function_fallback(kf, tmp_path, fresh_warnings, monkeypatch, kernel_
     (same result, same dtype), with one warning per kind; KF_STRICT=1 makes it an error."""
     mod = _fake_modeling(tmp_path, "kf_fake_fallback")
     m = mod.Attention()
-    kf.patch(m)
+    kf.patch(m, attention=False)
     fn = _replacement(m)
     q, k, cos, sin = _qk_cos_sin()
     D = q.shape[-1]
@@ -427,7 +427,7 @@ def test_global_rebound_after_patch(kf, fresh_warnings, monkeypatch, kernel_call
     M = _modeling("llama")
     model = _hf_model("llama", "cpu", torch.float32)
     inputs = _hf_inputs("cpu")
-    kf.patch(model, **ROPE_ONLY)
+    kf.patch(model, **ROPE_ONLY, attention=False)
     theirs = []
     original = M.apply_rotary_pos_emb
 
@@ -483,7 +483,7 @@ def test_ltx_processor_replaced_after_patch(kf, fresh_warnings, kernel_calls):
     inputs = ltx_inputs("cpu", torch.float32, b=1)
     with torch.no_grad():
         want = _ltx_forward(model, inputs)
-        kf.patch(model, **ROPE_ONLY)
+        kf.patch(model, **ROPE_ONLY, attention=False)
         attn = model.transformer_blocks[0].attn1
 
         class MyProcessor(T.LTXVideoAttnProcessor):  # same __call__: still the kernel
@@ -525,7 +525,7 @@ def test_ltx_skips(kf):
     plain.processor = NoRope()
     model = torch.nn.ModuleDict({"no_rope": plain, "subclass": MyLTXAttention(32, heads=2, kv_heads=2, dim_head=16),
                                  "ok": T.LTXAttention(32, heads=2, kv_heads=2, dim_head=16)})
-    report = kf.patch(model, **ROPE_ONLY)
+    report = kf.patch(model, **ROPE_ONLY, attention=False)
     assert report.patched_paths == ["ok"]
     reasons = {s.path: s.reason for s in report.skipped}
     assert "processor NoRope does not call a module-level apply_rotary_emb" in reasons["no_rope"]
@@ -536,7 +536,7 @@ def test_ltx_skips(kf):
 def test_ltx_function_fallback(kf, fresh_warnings, monkeypatch, kernel_calls):
     T = _ltx_module()
     attn = T.LTXAttention(32, heads=2, kv_heads=2, dim_head=16)
-    kf.patch(attn)
+    kf.patch(attn, attention=False)
     fn = _replacement(attn, "apply_rotary_emb")
     cos, sin = kf.ltx_video_rope(1, 2, 3, 32, batch_size=2)
     x = R.rand((2, 6, 32), torch.float32, "cpu")

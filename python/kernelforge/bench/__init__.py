@@ -9,11 +9,19 @@ peers are the specs of kernelforge.specs. Providers:
     torch_native  a fused PyTorch op where one exists (F.rms_norm, F.layer_norm, F.gelu, torch.softmax)
     compile       torch.compile(eager, dynamic=False), warmed up
     liger         Liger-Kernel's Triton kernels, when `liger_kernel` imports
+    flash2, cudnn, mem_eff
+                  attention: torch's SDPA pinned to SDPBackend.FLASH_ATTENTION (FlashAttention-2;
+                  varlen: torch.nn.attention.varlen.varlen_attn), CUDNN_ATTENTION, EFFICIENT_ATTENTION
+    flex          attention: torch.compile(flex_attention) with a causal / document block mask
 
 No op list: the norm ops, silu_and_mul, geglu and apply_rope (scripts/gpu_run.sh's budget); name ops
-or groups (all, norm, activation, rope, softmax, loss) for the rest. Shapes: ROWSxHIDDEN (HIDDEN = the
-output width; the gated ops read [ROWS, 2I]), b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope (q, k as HF
-attention hands them over), t{T}h{H}v{V} for fused_linear_cross_entropy.
+or groups (all, norm, activation, rope, softmax, loss, attention) for the rest. Shapes: ROWSxHIDDEN
+(HIDDEN = the output width; the gated ops read [ROWS, 2I]), b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope (q,
+k as HF attention hands them over), t{T}h{H}v{V} for fused_linear_cross_entropy,
+b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] for attention (the anchors' form, c = causal).
+
+Attention is compute-bound (its spec's bound="compute"): its rows report TFLOP/s (the anchors'
+count, 4 * B * H * Sq * Sk * D, halved when causal) in a summary table of their own, no copy@size.
 
 Modes: fwd, fwdbwd, and for decode-sized rows (<= 64; apply_rope: batch * seq tokens) fwd_graph
 (CUDA-graph replay of 100 calls, divided) and fwd_call (wall clock around ~1000 eager calls + one
@@ -204,8 +212,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"note: no shape for {', '.join(unplanned)} (--shapes items of its kind: ROWSxHIDDEN, "
               "b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope, t{T}h{H}v{V} for fused_linear_cross_entropy; "
               "--rows): not run", flush=True)
-    n_meas = sum(len(modes_for(shape_rows(dims), args.modes))
-                 * len([p for p in providers if p in SPECS[op].providers]) for op, dims, _ in cases)
+    n_meas = sum(len(modes_for(shape_rows(dims), args.modes, SPECS[op]))
+                 * len([p for p in providers if p in SPECS[op].providers
+                        and (SPECS[op].peer_applies is None or SPECS[op].peer_applies(p, dims))])
+                 for op, dims, _ in cases)
     print(f"kforge bench on {gpu} | torch {info.torch_version} | commit {info.commit or '-'} | "
           f"D2D copy {info.copy_gbps:.0f} GB/s | {len(cases)} cases, {n_meas} measurements | "
           f"providers {','.join(providers)}", flush=True)
@@ -214,8 +224,11 @@ def main(args: argparse.Namespace) -> int:
     def log(res: Result, info: RunInfo):
         counter[0] += 1
         d = report.derived(res, info.copy_gbps, float("nan"))
-        gb = (f"{d['gbps']:8.1f} GB/s {d['pct']:5.1f}%" if math.isfinite(d["gbps"]) and math.isfinite(d["pct"])
-              else f"{d['gbps']:8.1f} GB/s {'-':>5} " if math.isfinite(d["gbps"]) else f"{'-':>8} GB/s {'-':>5} ")
+        if SPECS[res.op].bound == "compute":
+            gb = f"{d['tflops']:8.1f} TFLOP/s" if math.isfinite(d["tflops"]) else f"{'-':>8} TFLOP/s"
+        else:
+            gb = (f"{d['gbps']:8.1f} GB/s {d['pct']:5.1f}%" if math.isfinite(d["gbps"]) and math.isfinite(d["pct"])
+                  else f"{d['gbps']:8.1f} GB/s {'-':>5} " if math.isfinite(d["gbps"]) else f"{'-':>8} GB/s {'-':>5} ")
         us = f"{res.ms * 1e3:10.2f} us" if math.isfinite(res.ms) else f"{'nan':>10} us"
         print(f"[{counter[0]:>4}/{n_meas}] {res.op:<12} {res.mode:<9} {res.shape:<17} {res.dtype:<4} "
               f"{res.provider:<12} {us} {gb} {res.note}", flush=True)
@@ -227,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
             skipped += 1
             continue
         spec = SPECS[op]
-        if device.type == "cuda":  # copy@size: a copy of the same bytes, timed the same way
+        if device.type == "cuda" and spec.bound == "memory":  # copy@size: a copy of the same bytes, timed the same way
             for m in ("fwd", "fwdbwd"):
                 nbytes = spec.traffic(dims, m, report.elt_size(dt))
                 if m in args.modes and shape_rows(dims) > DECODE_MAX_ROWS and nbytes not in info.copy_at:

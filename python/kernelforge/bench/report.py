@@ -25,7 +25,7 @@ CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "
               "pct_of_copy_bw", "speedup_vs_best_peer", "gpu", "torch_version", "commit",
               "copy_same_bytes_gbps", "pct_of_copy_same_bytes", "peak_extra_mib")
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
-PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger")
+PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger", "flash2", "cudnn", "mem_eff", "flex")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NAN = float("nan")
 
@@ -103,9 +103,10 @@ def derived(res: Result, copy_gbps: float, best_peer_ms: float, copy_at: dict | 
     nbytes = spec.traffic(res.dims, res.mode, elt_size(res.dtype))
     gbps = nbytes / (res.ms * 1e-3) / 1e9 if ok else NAN
     tflops = spec.flop_count(res.dims, res.mode) / (res.ms * 1e-3) / 1e12 if ok else NAN
-    pct = 100.0 * gbps / copy_gbps if ok and _finite(copy_gbps) else NAN
+    memory = spec.bound == "memory"  # compute-bound ops (attention): no share of a copy's bandwidth
+    pct = 100.0 * gbps / copy_gbps if ok and memory and _finite(copy_gbps) else NAN
     speed = best_peer_ms / res.ms if ok and _finite(best_peer_ms) else NAN
-    size_copy = (copy_at or {}).get(nbytes, NAN) if res.mode in ("fwd", "fwdbwd") else NAN
+    size_copy = (copy_at or {}).get(nbytes, NAN) if memory and res.mode in ("fwd", "fwdbwd") else NAN
     pct_size = 100.0 * gbps / size_copy if ok and _finite(size_copy) else NAN
     return {"gbps": gbps, "tflops": tflops, "pct": pct, "speedup": speed, "size_copy": size_copy,
             "pct_size": pct_size}
@@ -180,6 +181,40 @@ def merge_problems(problems: list) -> list[str]:
 
 
 def summary_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
+    """The memory-bound ops' table (GB/s, % of the copy, copy@size), then the compute-bound ops'
+    (TFLOP/s) when the run has any."""
+    memory = [g for g in groups if g and SPECS[g[0].op].bound == "memory"]
+    compute = [g for g in groups if g and SPECS[g[0].op].bound == "compute"]
+    lines = _memory_lines(memory, info) if memory or not compute else []
+    if compute:
+        lines += ([""] if lines else []) + _compute_lines(compute, info)
+    return lines
+
+
+def _compute_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
+    head = (f"{'op':<13} {'mode':<9} {'shape':<24} {'dtype':<5} {'kf us':>10} {'kf TFLOP/s':>10} "
+            f"{'best peer':<13} {'peer us':>10} {'peer TFLOP/s':>12} {'speedup':>8}")
+    lines = [head, "-" * len(head)]
+
+    def f(v, d):
+        return f"{v:.{d}f}" if _finite(v) else "-"
+
+    for group in groups:
+        r0 = group[0]
+        peer_name, peer_ms = best_peer(group)
+        kf = next((r for r in group if r.provider == "kernelforge"), None)
+        kf_ms = kf.ms if kf else NAN
+        kfd = derived(kf, info.copy_gbps, peer_ms) if kf else {"tflops": NAN, "speedup": NAN}
+        flops = SPECS[r0.op].flop_count(r0.dims, r0.mode)
+        peer_tf = flops / (peer_ms * 1e-3) / 1e12 if _finite(peer_ms) else NAN
+        speed = (f(kfd["speedup"], 2) + "x") if _finite(kfd["speedup"]) else "-"
+        lines.append(f"{r0.op:<13} {r0.mode:<9} {r0.shape:<24} {r0.dtype:<5} {f(kf_ms * 1e3, 1):>10} "
+                     f"{f(kfd['tflops'], 1):>10} {peer_name or '-':<13} {f(peer_ms * 1e3, 1):>10} "
+                     f"{f(peer_tf, 1):>12} {speed:>8}")
+    return lines
+
+
+def _memory_lines(groups: list[list[Result]], info: RunInfo) -> list[str]:
     head = (f"{'op':<13} {'mode':<9} {'shape':<17} {'dtype':<5} {'kf us':>9} {'kf GB/s':>8} "
             f"{'%copy':>6} {'best peer':<13} {'peer us':>9} {'peer GB/s':>9} {'speedup':>8} "
             f"{'copy@size':>9} {'%':>5}")
@@ -227,7 +262,8 @@ def memory_lines(groups: list[list[Result]]) -> list[str]:
 # ---- plots ----------------------------------------------------------------------------------------
 
 PROVIDER_COLORS = {"kernelforge": "#d62728", "eager": "#7f7f7f", "torch_native": "#1f77b4",
-                   "compile": "#2ca02c", "liger": "#ff7f0e"}
+                   "compile": "#2ca02c", "liger": "#ff7f0e", "flash2": "#9467bd", "cudnn": "#8c564b",
+                   "mem_eff": "#e377c2", "flex": "#17becf"}
 MAX_BARS = 16  # more shapes than this in a mode: lines instead of bars
 
 
@@ -249,13 +285,16 @@ def _float(row: dict, key: str) -> float:
 def plot_op(op: str, rows: list[dict], title: str, path: str) -> bool:
     """GB/s per shape and provider of one op's CSV rows, one panel per mode, with the speed of light:
     copy@size (a copy of the same bytes timed the same way) per shape where measured, else the run's
-    1 GiB copy bandwidth. Returns False when there is nothing to plot."""
+    1 GiB copy bandwidth. Compute-bound ops (attention): TFLOP/s, no speed-of-light line. Returns
+    False when there is nothing to plot."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows = [r for r in rows if r["op"] == op]
+    compute = op in SPECS and SPECS[op].bound == "compute"
+    metric = "tflops" if compute else "gbps"
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     if not modes:
         return False
@@ -271,7 +310,7 @@ def plot_op(op: str, rows: list[dict], title: str, path: str) -> bool:
         width = 0.8 / max(len(provs), 1)
         vals_all = []
         for j, p in enumerate(provs):
-            by = {(r["shape"], r["dtype"]): _float(r, "gbps") for r in mrows if r["provider"] == p}
+            by = {(r["shape"], r["dtype"]): _float(r, metric) for r in mrows if r["provider"] == p}
             xs = [i for i, k in enumerate(mk) if k in by]
             vals = [by[mk[i]] if math.isfinite(by[mk[i]]) else 0.0 for i in xs]
             vals_all += [v for v in vals if v > 0]
@@ -285,16 +324,17 @@ def plot_op(op: str, rows: list[dict], title: str, path: str) -> bool:
             else:
                 ax.plot(xs, [v if v > 0 else math.nan for v in vals], marker=".", label=p,
                         color=PROVIDER_COLORS.get(p))
-        sol = [max((_float(r, "copy_same_bytes_gbps") for r in mrows if (r["shape"], r["dtype"]) == k),
-                   default=NAN) for k in mk]
+        sol = [NAN if compute else
+               max((_float(r, "copy_same_bytes_gbps") for r in mrows if (r["shape"], r["dtype"]) == k), default=NAN)
+               for k in mk]
         sol = [v if math.isfinite(v) else math.nan for v in sol]
         if any(math.isfinite(v) for v in sol):
             ax.plot(range(len(mk)), sol, "k--", linewidth=1, marker="_" if bars else None,
                     label="speed of light (copy@size)")
             vals_all += [v for v in sol if math.isfinite(v)]
         else:
-            copy = [_float(r, "gbps") * 100 / _float(r, "pct_of_copy_bw") for r in mrows
-                    if _float(r, "pct_of_copy_bw") > 0]
+            copy = [] if compute else [_float(r, "gbps") * 100 / _float(r, "pct_of_copy_bw") for r in mrows
+                                       if _float(r, "pct_of_copy_bw") > 0]
             if copy:
                 ax.axhline(copy[0], color="k", linestyle="--", linewidth=1,
                            label=f"speed of light (D2D copy {copy[0]:.0f} GB/s)")
@@ -305,7 +345,7 @@ def plot_op(op: str, rows: list[dict], title: str, path: str) -> bool:
         ax.set_xticks(range(0, len(mk), step))
         ax.set_xticklabels([f"{s}\n{d}" if bars else s for s, d in mk[::step]], fontsize=7,
                            rotation=0 if bars else 90)
-        ax.set_ylabel("GB/s (minimum traffic)")
+        ax.set_ylabel("TFLOP/s" if compute else "GB/s (minimum traffic)")
         ax.set_title(f"{op} {mode}", fontsize=10)
         ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.grid(axis="y", alpha=0.3)

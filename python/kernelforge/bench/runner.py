@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from ..specs import FAMILIES, SPECS, TOL, FlceShape, OpSpec, RopeShape, base_mode, shape_label, shape_rows
+from ..specs import FAMILIES, SPECS, TOL, AttnShape, FlceShape, OpSpec, RopeShape, base_mode, shape_label, shape_rows
 from ..specs._spec import last_plan
 from .report import DTYPES, Result
 from .timing import Timer
@@ -20,6 +20,8 @@ from .timing import Timer
 DECODE_MAX_ROWS = 64  # rows (apply_rope: tokens) at or under this also get fwd_graph and fwd_call
 ROPE_SHAPE_RE = re.compile(r"b(\d+)s(\d+)h(\d+)/(\d+)d(\d+)")
 FLCE_SHAPE_RE = re.compile(r"t(\d+)h(\d+)v(\d+)")
+# the anchors' attention form: b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen]
+ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(\d+))?(c)?(-varlen)?")
 
 
 # ---- shapes and cases -----------------------------------------------------------------------------
@@ -27,7 +29,7 @@ FLCE_SHAPE_RE = re.compile(r"t(\d+)h(\d+)v(\d+)")
 
 def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
-    FlceShape."""
+    FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -39,6 +41,16 @@ def parse_shapes(text: str) -> list[tuple]:
             if min(fs) == 0:
                 raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
             shapes.append(fs)
+            continue
+        m = ATTN_SHAPE_RE.fullmatch(item)
+        if m:
+            b, hq, hk, sq, sk, d, dv, causal, varlen = m.groups()
+            a = AttnShape(int(b), int(hq), int(hk or hq), int(sq), int(sk or sq), int(d), int(dv or d),
+                          causal == "c", varlen is not None)
+            if min(a[:7]) == 0 or a.hq % a.hk or (a.varlen and a.sk != a.sq):
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0, Hq a multiple of Hkv, "
+                                                 "and varlen shapes have Sk = Sq")
+            shapes.append(a)
             continue
         m = ROPE_SHAPE_RE.fullmatch(item)
         if m:
@@ -52,7 +64,9 @@ def parse_shapes(text: str) -> list[tuple]:
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
             raise argparse.ArgumentTypeError(f"shape {item!r} is not ROWSxHIDDEN, e.g. 16384x4096, nor "
                                              "b{B}s{S}h{Hq}/{Hk}d{D} (apply_rope), e.g. b4s4096h32/8d128, "
-                                             "nor t{T}h{H}v{V} (fused_linear_cross_entropy)")
+                                             "nor t{T}h{H}v{V} (fused_linear_cross_entropy), "
+                                             "nor b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] "
+                                             "(attention), e.g. b4h32/8s4096d128c")
         shapes.append((int(parts[0]), int(parts[1])))
     if not shapes:
         raise argparse.ArgumentTypeError("--shapes is empty")
@@ -60,6 +74,8 @@ def parse_shapes(text: str) -> list[tuple]:
 
 
 def _kind(shape) -> str:
+    if isinstance(shape, AttnShape):
+        return "attn"
     return "rope" if isinstance(shape, RopeShape) else "flce" if isinstance(shape, FlceShape) else "rows"
 
 
@@ -90,12 +106,21 @@ def plan_cases(ops, shapes, dtypes, sweep: bool = False, rows: list | None = Non
         for dims in ordered:
             for s in fam_ops:
                 if dims in per_op[s.name]:
-                    cases += [(s.name, dims, dt) for dt in dtypes]
+                    cases += [(s.name, dims, dt) for dt in dtypes if dtype_applies(s, dt)]
     return cases
 
 
-def modes_for(rows: int, modes) -> list[str]:
-    return [m for m in modes if m in ("fwd", "fwdbwd") or rows <= DECODE_MAX_ROWS]
+def dtype_applies(spec: OpSpec, dt: str) -> bool:
+    """Whether the op takes the dtype named dt (attention: float16 / bfloat16 only)."""
+    return spec.dtypes is None or DTYPES[dt] in spec.dtypes
+
+
+def modes_for(rows: int, modes, spec: OpSpec | None = None) -> list[str]:
+    """The modes of a case: fwd_graph / fwd_call only for decode-sized rows; only the spec's modes
+    (forward-only ops have no fwdbwd)."""
+    have = spec.modes if spec is not None else ("fwd", "fwdbwd")
+    return [m for m in modes if (m in ("fwd", "fwdbwd") or rows <= DECODE_MAX_ROWS)
+            and (m in have or (m in ("fwd_graph", "fwd_call") and "fwd" in have))]
 
 
 def op_order(groups: list[list[Result]], ops) -> list[list[Result]]:
@@ -222,6 +247,8 @@ def run_case(op, dims, dt, modes, timer, info, providers, log, show_plan=False) 
     t = spec.inputs(dims, dtype, device, torch.Generator(device=device).manual_seed(0))
     fns: dict = {}
     for name in providers:
+        if spec.peer_applies is not None and not spec.peer_applies(name, dims):
+            continue
         try:
             fn = spec.peer(name)
         except Exception as e:  # noqa: BLE001
@@ -229,7 +256,7 @@ def run_case(op, dims, dt, modes, timer, info, providers, log, show_plan=False) 
         if fn is not None:
             fns[name] = fn
     groups = []
-    for mode in modes_for(shape_rows(dims), modes):
+    for mode in modes_for(shape_rows(dims), modes, spec):
         bmode = base_mode(mode)
         for n in spec.grad_inputs:
             t[n].requires_grad_(bmode == "fwdbwd")

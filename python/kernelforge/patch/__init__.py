@@ -35,6 +35,7 @@ from . import norm as _norm_entries  # noqa: F401  (isort: skip)
 from . import activation as _activation_entries  # noqa: F401  (isort: skip)
 from . import rope as _rope_entries  # noqa: F401  (isort: skip)
 from . import loss as _loss_entries  # noqa: F401  (isort: skip)
+from . import attention as _attention
 from ._match import qualname as _qualname
 from ._registry import FAMILIES, REPLACEMENTS, STATE_ATTR, UNSUPPORTED, PatchState, Replacement, register_replacement
 
@@ -117,7 +118,7 @@ class PatchReport:
 
 
 def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True, rope: bool = True,
-          loss: bool = True, logits_with_loss: bool = False) -> PatchReport:
+          loss: bool = True, logits_with_loss: bool = False, attention: bool = True) -> PatchReport:
     """Replace the forward of every supported norm, activation and attention module and causal LM in
     ``model``; returns what was done.
 
@@ -135,6 +136,12 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
     from the hidden states (ForCausalLMLoss semantics: shifted labels or ``shift_labels``, -100 ignored,
     mean or sum / ``num_items_in_batch``) and return ``logits=None``, unless ``logits_with_loss=True``,
     which also computes and returns the logits; without labels the original forward runs.
+    Attention (``attention``; forward only, see ``patch/attention.py``): transformers models get
+    ``set_attn_implementation("kernelforge")`` (registered in transformers' AttentionInterface and
+    AttentionMaskInterface: causal, sliding window, softcap, sinks, GQA, padding masks as varlen);
+    diffusers LTX-Video / Flux / Wan attention modules get a processor that routes their
+    ``dispatch_attention_fn`` calls to ``kernelforge.attention``. Calls that need a gradient, dropout or
+    a mask pattern the kernel cannot express run the library's attention instead, announced once.
     Modules already patched are skipped (patching twice is patching once; the options of the first
     patch stay).
     """
@@ -164,12 +171,21 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
         module.__dict__[STATE_ATTR] = PatchState(entry, module.forward, installed, extra, dict(options))
         module.forward = installed
         report.patched.append(PatchedModule(path, cls, entry.op, qual))
+    if attention:
+        for path, m in _attention.patch_transformers(model):
+            report.patched.append(PatchedModule(path, type(m).__name__, "kernelforge.attention", _qualname(type(m))))
+        patched, skipped = _attention.patch_diffusers(model)
+        for path, m in patched:
+            report.patched.append(PatchedModule(path, type(m).__name__, "kernelforge.attention", _qualname(type(m))))
+        for path, m, why in skipped:
+            report.skipped.append(SkippedModule(path, type(m).__name__, why, _qualname(type(m))))
     return report
 
 
 def unpatch(model: torch.nn.Module) -> int:
-    """Restore the original forward of every module ``patch`` changed; returns how many."""
-    restored = 0
+    """Restore the original forward of every module ``patch`` changed, the attention implementation of
+    transformers models and the processors of diffusers attention modules; returns how many."""
+    restored = _attention.unpatch_transformers(model) + _attention.unpatch_diffusers(model)
     for path, module in model.named_modules():
         state = module.__dict__.get(STATE_ATTR)
         if state is None:

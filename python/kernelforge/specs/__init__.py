@@ -5,14 +5,14 @@
     t = spec.inputs((16384, 4096), torch.bfloat16, "cuda", None)
     spec.traffic((16384, 4096), "fwd", 2)     # minimum bytes
 
-Families, in bench order: norm, activation, rope, softmax, loss. Importing this package needs no
+Families, in bench order: norm, activation, rope, softmax, loss, attention. Importing this package needs no
 compiled extension; the kernelforge calls import it when they run.
 """
 
 from __future__ import annotations
 
-from . import activation, cross_entropy, norm, rope, softmax
-from ._spec import (MODES, TOL, FlceShape, OpSpec, RopeShape, Tol, base_mode, shape_label,
+from . import activation, attention, cross_entropy, norm, rope, softmax
+from ._spec import (MODES, TOL, AttnShape, FlceShape, OpSpec, RopeShape, Tol, base_mode, shape_label,
                     shape_rows)
 
 FAMILIES = {
@@ -21,11 +21,12 @@ FAMILIES = {
     "rope": rope.SPECS,
     "softmax": softmax.SPECS,
     "loss": cross_entropy.SPECS,
+    "attention": attention.SPECS,
 }
 SPECS: dict[str, OpSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 OPS = tuple(SPECS)
 # op groups of the command line: a family name, or "all"
 GROUPS = {"all": OPS, **{f: tuple(s.name for s in specs) for f, specs in FAMILIES.items()}}
 
-__all__ = ["SPECS", "OPS", "GROUPS", "FAMILIES", "TOL", "Tol", "OpSpec", "RopeShape", "FlceShape",
+__all__ = ["SPECS", "OPS", "GROUPS", "FAMILIES", "TOL", "Tol", "OpSpec", "RopeShape", "FlceShape", "AttnShape",
            "MODES", "base_mode", "shape_label", "shape_rows"]

@@ -48,18 +48,22 @@ class Tol:
     max_err: float  # kforge check: max|got - ref| / max(max|ref|, 1)
     rel_l2: float  # kforge check: ||got - ref|| / max(||ref||, sqrt(numel))
     peer_l2: float  # kforge bench: a peer's relative L2 distance from kernelforge's result (two roundings)
+    # attention outputs: |a - e| <= attn (1 + |e|) against the float64 reference rounded to the dtype;
+    # flash kernels round the probabilities P to the dtype for the PV GEMM (one more rounding of each
+    # term, averaged over the keys) on top of the output's own rounding
+    attn: float = 0.0
 
 
 TOL = {
     torch.float32: Tol(out=1e-5, grad=1e-4, floor=1e-37, lse=2e-5, loss=2e-5, gemm=1e-4,
-                       max_err=1e-4, rel_l2=3e-5, peer_l2=1e-4),
+                       max_err=1e-4, rel_l2=3e-5, peer_l2=1e-4, attn=1e-5),
     torch.float16: Tol(out=2e-3, grad=3e-3, floor=6e-8, lse=2e-5, loss=1e-3, gemm=5e-3,
-                       max_err=4e-3, rel_l2=2e-3, peer_l2=5e-3),
+                       max_err=4e-3, rel_l2=2e-3, peer_l2=5e-3, attn=4e-3),
     torch.bfloat16: Tol(out=1.6e-2, grad=1e-2, floor=1e-37, lse=2e-5, loss=8e-3, gemm=2e-2,
-                        max_err=2e-2, rel_l2=8e-3, peer_l2=2e-2),
+                        max_err=2e-2, rel_l2=8e-3, peer_l2=2e-2, attn=2e-2),
     # float64 (the CPU reference, the float64-on-CUDA fallback): differences of summation order only
     torch.float64: Tol(out=1e-12, grad=1e-10, floor=1e-300, lse=1e-6, loss=1e-6, gemm=1e-10,
-                       max_err=1e-10, rel_l2=1e-10, peer_l2=1e-10),
+                       max_err=1e-10, rel_l2=1e-10, peer_l2=1e-10, attn=1e-12),
 }
 
 
@@ -93,15 +97,40 @@ class FlceShape(NamedTuple):
         return f"t{self.t}h{self.h}v{self.v}"
 
 
+class AttnShape(NamedTuple):
+    """An attention bench shape: B sequences (varlen: B ragged sequences packed into one [T, H, D]
+    tensor), Hq / Hkv heads, Sq query and Sk key rows, head dims D (q, k) and Dv (v, out)."""
+
+    b: int
+    hq: int
+    hk: int
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    causal: bool
+    varlen: bool = False
+
+    def __str__(self) -> str:
+        s = f"b{self.b}h{self.hq}" + (f"/{self.hk}" if self.hk != self.hq else "")
+        s += f"s{self.sq}" + (f"/{self.sk}" if self.sk != self.sq else "")
+        s += f"d{self.d}" + (f"/{self.dv}" if self.dv != self.d else "")
+        return s + ("c" if self.causal else "") + ("-varlen" if self.varlen else "")
+
+
+
 def shape_label(shape: tuple) -> str:
-    """ROWSxHIDDEN, or a RopeShape's / FlceShape's own form."""
-    return str(shape) if isinstance(shape, (RopeShape, FlceShape)) else f"{shape[0]}x{shape[1]}"
+    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's own form."""
+    return str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape)) else f"{shape[0]}x{shape[1]}"
 
 
 def shape_rows(shape: tuple) -> int:
-    """Rows of a bench shape (apply_rope: tokens B*S; the fused loss: tokens)."""
+    """Rows of a bench shape (apply_rope: tokens B*S; the fused loss: tokens; attention: query
+    tokens, B*Sq)."""
     if isinstance(shape, RopeShape):
         return shape.b * shape.s
+    if isinstance(shape, AttnShape):
+        return shape.b * shape.sq
     if isinstance(shape, FlceShape):
         return shape.t
     return shape[0]
@@ -115,8 +144,8 @@ Tensors = dict  # name -> tensor (or None for an absent optional tensor)
 @dataclass(frozen=True)
 class OpSpec:
     name: str  # kf.<name>: the bench and check case name
-    family: str  # norm | activation | rope | softmax | loss (the CLI's op groups)
-    shape_kind: str  # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape)
+    family: str  # norm | activation | rope | softmax | loss | attention (the CLI's op groups)
+    shape_kind: str  # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape)
 
     # -- bench --
     inputs: Callable[[tuple, torch.dtype, Any, torch.Generator], Tensors]  # fresh random inputs + grads
@@ -133,6 +162,14 @@ class OpSpec:
     outputs: tuple[str, ...] = ("y",)  # names of run()'s outputs (the peer-check report)
     sweep_shapes: tuple = ()  # `kforge bench --sweep`
     measure_memory: bool = False  # bench reports peak memory above inputs and outputs
+    # providers beyond eager / torch_native / compile / liger: name -> () -> callable (attention: SDPA
+    # pinned to one backend, flex_attention)
+    extra_peers: dict = field(default_factory=dict)
+    peer_applies: Callable[[str, tuple], bool] | None = None  # (provider, shape) -> whether it runs the shape
+    modes: tuple[str, ...] = MODES  # what the op has (forward-only ops: ("fwd",))
+    dtypes: tuple | None = None  # the dtypes the op takes (None: every bench / check dtype)
+    # "memory": GB/s of the minimum traffic against a copy of the same bytes; "compute": TFLOP/s
+    bound: str = "memory"
 
     # -- kforge check: every shape x variant, against two float64 oracles --
     check_shapes: tuple = ()
@@ -160,6 +197,8 @@ class OpSpec:
             return self.run
         if provider == "compile":
             return torch.compile(self.eager(), dynamic=False) if self.eager else None
+        if provider in self.extra_peers:
+            return self.extra_peers[provider]()
         factory = {"eager": self.eager, "torch_native": self.torch_native, "liger": self.liger}[provider]
         return factory() if factory else None
 

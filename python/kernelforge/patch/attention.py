@@ -1,0 +1,427 @@
+"""The attention family of patch(): transformers models through the attention interface, diffusers
+transformers through their attention processors. Forward only: whatever needs a gradient, dropout or
+a mask the kernel cannot express runs the library's own attention, with a warning once (KF_STRICT=1:
+an error).
+
+transformers (5.x): ``"kernelforge"`` is registered in ``AttentionInterface`` (the attention function)
+and ``AttentionMaskInterface`` (the mask function); ``patch`` sets ``model.set_attn_implementation(
+"kernelforge")`` on the outermost ``PreTrainedModel`` and ``unpatch`` restores the implementation it
+had. The mask function follows flash-attention's: for the plain patterns (causal, bidirectional and
+their sliding-window forms, with padding) it returns None or the 2-D padding mask [B, Lk] (the window
+comes from the layer's ``sliding_window`` argument); any other pattern (packed sequences detected
+from position_ids, or_mask / and_mask functions, blockwise overlays) gets SDPA's 4-D boolean mask,
+and the attention function runs torch's attention with it (announced).
+
+The attention function receives query [B, Hq, Sq, D], key / value [B, Hkv, Sk, D] (not repeated for
+GQA) and returns ([B, Sq, Hq, Dv], None). It calls ``kernelforge.attention`` with layout "bshd" on
+``transpose(1, 2)`` views (no copy; the output is HF's layout as it is):
+
+- causal: ``is_causal`` kwarg, else ``module.is_causal``; bottom-right aligned, as flash-attention
+  (with a KV cache the Sq new rows are the last Sq of the Sk keys).
+- ``sliding_window=W``: causal layers see the last W keys including their own, ``window=(W - 1, 0)``:
+  transformers' eager mask ``kv > q - W`` and its flash integration's ``window_size=(W - 1, W - 1)``
+  with causal. Bidirectional layers: ``window=(W, W)``, eager's ``|q - kv| <= W``.
+- ``softcap`` (Gemma 2), ``s_aux`` (gpt-oss sinks, float32 or q's dtype), ``scaling``.
+- a padding mask [B, Lk] (True = token): each row's tokens are gathered first (a stable sort of the
+  mask, no host synchronization) into packed varlen sequences, two per row (its tokens, then its
+  padding, a sequence of its own whose output is discarded); max_seqlen are the padded lengths (upper
+  bounds: no .item()); the output is scattered back and zero at padded query positions (as
+  flash-attention's pad_input). Query rows are the last Sq positions of the mask.
+- ``cu_seq_lens_q`` / ``cu_seq_lens_k`` kwargs (padding-free batches): varlen over the flattened
+  tokens; ``max_length_q`` / ``_k`` when they are ints, else the token count (no .item()).
+
+Fallbacks (torch's attention on the same inputs, announced): a gradient is needed (q, k, v or s_aux
+requires grad under grad mode: the backward does not exist yet), dropout > 0, a 4-D mask, a dtype the
+kernel does not take (CUDA float32; the CPU runs the float64 reference for every floating dtype),
+``output_attentions``. The fallback is SDPA with an explicit boolean mask, or, with softcap or sinks,
+the eager formula (softmax in float32), as the modeling files compute it.
+
+diffusers: the processors of ``LTXVideoAttnProcessor``, ``FluxAttnProcessor`` and ``WanAttnProcessor``
+call the module-level ``dispatch_attention_fn(query, key, value, attn_mask=..., ...)`` with
+[B, S, H, D] tensors. ``patch`` replaces each such processor by a ``KernelforgeProcessor`` holding
+it: its ``__call__`` runs the original processor's own code with that one global bound to
+``kf_dispatch_attention_fn`` (the rope family's technique: the modeling module is untouched), which
+calls ``kernelforge.attention(layout="bshd")`` and otherwise (a mask, dropout, a backend or parallel
+config, a gradient, an unsupported dtype) the original ``dispatch_attention_fn``, announced.
+``unpatch`` puts the original processor back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import torch
+
+from ._runtime import announce_fallback
+
+# the module kernelforge.attention (the package binds the name `attention` to the function)
+_attn = importlib.import_module("..attention", __package__)
+
+NAME = "kernelforge"
+STATE_ATTR = "_kf_attn_patch"  # on a patched transformers model: the attention implementation it had
+_HINT = "Run without gradients, dropout or custom masks, with float16 / bfloat16 CUDA tensors, to use the kernel."
+
+
+def _fallback(subject: str, why: str, original: str) -> None:
+    announce_fallback(subject, why, original, _HINT, 5)
+
+
+# ---- transformers: the mask function -----------------------------------------------------------------
+
+
+def _closure(fn, name):
+    code = getattr(fn, "__code__", None)
+    if code is None or name not in code.co_freevars or fn.__closure__ is None:
+        return None
+    return fn.__closure__[code.co_freevars.index(name)].cell_contents
+
+
+def plain_mask_function(mask_function) -> bool:
+    """Whether a transformers mask function is causal, bidirectional, or one of them with a sliding
+    window (``sliding_window_causal_mask_function`` / ``sliding_window_bidirectional_mask_function``):
+    the patterns the kernel computes from is_causal and sliding_window."""
+    from transformers import masking_utils as mu  # noqa: PLC0415
+
+    if mask_function in (mu.causal_mask_function, mu.bidirectional_mask_function):
+        return True
+    if getattr(mask_function, "__qualname__", "") != "and_masks.<locals>.and_mask":
+        return False
+    parts = _closure(mask_function, "mask_functions")
+    if not isinstance(parts, tuple) or len(parts) != 2:
+        return False
+    overlay = getattr(parts[0], "__qualname__", "")
+    return ((overlay == "sliding_window_overlay.<locals>.inner_mask" and parts[1] is mu.causal_mask_function)
+            or (overlay == "sliding_window_bidirectional_overlay.<locals>.inner_mask"
+                and parts[1] is mu.bidirectional_mask_function))
+
+
+def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                  attention_mask=None, **kwargs):
+    """transformers' mask interface for "kernelforge": flash-attention's 2-D padding mask (or None) for
+    the plain patterns, SDPA's 4-D boolean mask for the others (the attention function then falls back)."""
+    from transformers import masking_utils as mu  # noqa: PLC0415
+
+    fn = mu.causal_mask_function if mask_function is None else mask_function
+    if plain_mask_function(fn):
+        return mu.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, fn, attention_mask,
+                                       **kwargs)
+    return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, fn, attention_mask, **kwargs)
+
+
+# ---- transformers: the attention function ------------------------------------------------------------
+
+
+def _window(sliding_window, causal: bool) -> tuple[int, int]:
+    if sliding_window is None or sliding_window <= 0:
+        return (-1, -1)
+    w = int(sliding_window)
+    return (w - 1, 0) if causal else (w, w)
+
+
+def _visible(sq: int, sk: int, causal: bool, window: tuple[int, int], device) -> torch.Tensor:
+    """The contract's visibility [Sq, Sk] (bottom-right aligned), built explicitly for the fallback."""
+    i = torch.arange(sq, device=device).view(-1, 1)
+    j = torch.arange(sk, device=device).view(1, -1)
+    off = sk - sq
+    left, right = window[0], (0 if causal else window[1])
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        vis &= j >= i + off - left
+    if right >= 0:
+        vis &= j <= i + off + right
+    return vis
+
+
+def torch_attention(query, key, value, mask, scaling, dropout, softcap, sinks, training):
+    """The fallback: [B, Hq, Sq, D] in, [B, Sq, Hq, Dv] out, with autograd. mask: a boolean
+    [B or 1, 1, Sq, Sk] (True = visible) or None. Without softcap and sinks: SDPA; else the eager
+    formula of the modeling files (Gemma 2: softcap before the mask; gpt-oss: the sink logit joins the
+    softmax and its column is dropped), softmax in float32."""
+    group = query.shape[1] // key.shape[1]
+    if group > 1:
+        key = key.repeat_interleave(group, dim=1)
+        value = value.repeat_interleave(group, dim=1)
+    if not softcap and sinks is None:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                               dropout_p=dropout if training else 0.0, scale=scaling)
+        return out.transpose(1, 2).contiguous()
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    s = torch.matmul(query, key.transpose(2, 3)) * scale
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    if mask is not None:
+        s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+    if sinks is not None:
+        sink = sinks.reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1).to(s.dtype)
+        s = torch.cat([s, sink], dim=-1)
+        s = s - s.max(dim=-1, keepdim=True).values
+        p = torch.softmax(s, dim=-1, dtype=s.dtype)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(query.dtype)
+    p = torch.nn.functional.dropout(p, p=dropout, training=training)
+    return torch.matmul(p.to(value.dtype), value).transpose(1, 2).contiguous()
+
+
+def _pack(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """x [B, L, H, D] (any strides) -> [B * L, H, D], row b's tokens in ``order[b]``'s order."""
+    b = torch.arange(x.shape[0], device=x.device).view(-1, 1)
+    return x[b, order].reshape(-1, x.shape[2], x.shape[3])
+
+
+def _segments(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """keep [B, L] bool -> (order [B, L]: each row's kept positions first, in order, then the others;
+    cu_seqlens int32 [2B + 1]: per row a sequence of its kept tokens and one of the rest)."""
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+    n = keep.sum(dim=1, dtype=torch.int32)
+    lens = torch.stack([n, keep.shape[1] - n], dim=1).flatten()
+    cu = torch.nn.functional.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
+    return order, cu
+
+
+def _padded(q, k, v, mask, **opts):
+    """kernelforge.attention on [B, S, H, D] views with a padding mask [B, Lk]: packed varlen
+    sequences, the output scattered back, zero at padded query positions."""
+    B, Sq = q.shape[:2]
+    if k.shape[1] > mask.shape[1]:  # a static cache longer than the tokens seen: its tail is unused
+        k, v = k[:, :mask.shape[1]], v[:, :mask.shape[1]]
+    Sk = k.shape[1]
+    keep_k, keep_q = mask[:, -Sk:], mask[:, -Sq:]
+    order_k, cu_k = _segments(keep_k)
+    order_q, cu_q = _segments(keep_q)
+    out_packed = _attn.attention(_pack(q, order_q), _pack(k, order_k), _pack(v, order_k), cu_seqlens_q=cu_q,
+                                 cu_seqlens_k=cu_k, max_seqlen_q=Sq, max_seqlen_k=Sk, layout="varlen", **opts)
+    out = torch.empty((B, Sq) + out_packed.shape[1:], dtype=out_packed.dtype, device=out_packed.device)
+    out[torch.arange(B, device=q.device).view(-1, 1), order_q] = out_packed.view(B, Sq, *out_packed.shape[1:])
+    return out.masked_fill_(~keep_q[:, :, None, None], 0)
+
+
+def _max_length(m, total: int) -> int:
+    return m if isinstance(m, int) and not isinstance(m, bool) else total
+
+
+def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                 sliding_window=None, softcap=None, is_causal=None, s_aux=None, **kwargs):
+    """transformers' attention interface for "kernelforge" (see the module docstring)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window = _window(sliding_window, bool(causal))
+    training = module.training
+    sinks = s_aux
+    why = None
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, sinks))
+    dtype = _attn.reference_dtype(query)
+    if needs_grad:
+        why = "inputs that require grad (the attention backward is not implemented yet)"
+    elif dropout and training:
+        why = f"dropout={dropout} in training mode"
+    elif attention_mask is not None and attention_mask.dim() != 2:
+        why = "a mask pattern the kernel cannot express (packed sequences, custom mask functions)"
+    elif dtype is None:
+        why = f"{query.dtype} {query.device.type} tensors"
+    elif not _attn.head_dims_supported(query, value):
+        why = f"head dims {query.shape[-1]}/{value.shape[-1]} (the kernels take 64, 96, 128, 192, 256 and 192/128)"
+    elif kwargs.get("output_attentions", False):
+        why = "output_attentions=True"
+    if why is not None:
+        _fallback(f"{type(module).__name__} attention", why, "attention (torch SDPA / eager formula)")
+        mask = attention_mask
+        if mask is None or mask.dim() == 2:
+            sq, sk = query.shape[2], key.shape[2]
+            if mask is not None and sk > mask.shape[1]:
+                key, value, sk = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]], mask.shape[1]
+            vis = _visible(sq, sk, bool(causal), window, query.device)
+            mask = vis[None, None] if mask is None else vis[None, None] & mask[:, None, None, -sk:]
+        elif mask.dtype != torch.bool:  # an additive float mask (eager's): visible where it is not the minimum
+            mask = mask > torch.finfo(mask.dtype).min / 2
+        return torch_attention(query, key, value, mask, scaling, dropout, softcap, sinks, training), None
+
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D] views
+    if dtype != q.dtype:  # CPU float32: the float64 reference, rounded once to float32
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if sinks is not None and sinks.dtype not in (torch.float32, q.dtype):
+        sinks = sinks.float()
+    opts = {"causal": bool(causal), "window": window, "softcap": float(softcap or 0.0), "scale": scaling,
+            "sinks": sinks}
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if attention_mask is not None:
+        out = _padded(q, k, v, attention_mask, **opts)
+    elif cu_q is not None and cu_k is not None:
+        tq, tk = q.shape[0] * q.shape[1], k.shape[0] * k.shape[1]
+        out = _attn.attention(q.reshape(tq, *q.shape[2:]), k.reshape(tk, *k.shape[2:]), v.reshape(tk, *v.shape[2:]),
+                              cu_seqlens_q=cu_q.to(torch.int32), cu_seqlens_k=cu_k.to(torch.int32),
+                              max_seqlen_q=_max_length(kwargs.get("max_length_q"), tq),
+                              max_seqlen_k=_max_length(kwargs.get("max_length_k"), tk), layout="varlen", **opts)
+        out = out.view(q.shape[0], q.shape[1], *out.shape[1:])
+    else:
+        out = _attn.attention(q, k, v, layout="bshd", **opts)
+    return out.to(query.dtype), None
+
+
+_REGISTERED = [False]
+
+
+def register_transformers() -> bool:
+    """Registers "kernelforge" in transformers' AttentionInterface and AttentionMaskInterface (once);
+    False when transformers is not importable."""
+    if _REGISTERED[0]:
+        return True
+    try:
+        from transformers import AttentionInterface  # noqa: PLC0415
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415
+    except Exception:  # noqa: BLE001
+        return False
+    AttentionInterface.register(NAME, hf_attention)
+    AttentionMaskInterface.register(NAME, mask_function)
+    _REGISTERED[0] = True
+    return True
+
+
+def _is_hf_model(m) -> bool:
+    mod = sys.modules.get("transformers")
+    return mod is not None and isinstance(m, mod.PreTrainedModel) and hasattr(m, "set_attn_implementation")
+
+
+def _current_impl(model):
+    return model.config._attn_implementation
+
+
+def patch_transformers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Sets "kernelforge" on the outermost transformers models of ``model`` (their sub-models follow);
+    returns the (path, model) patched."""
+    done: list[tuple[str, torch.nn.Module]] = []
+    for path, m in model.named_modules():
+        if any(path.startswith(p + ".") or p == "" for p, _ in done) or not _is_hf_model(m):
+            continue
+        if STATE_ATTR in m.__dict__ or not register_transformers():
+            continue
+        previous = _current_impl(m)
+        m.set_attn_implementation(NAME)
+        m.__dict__[STATE_ATTR] = previous
+        done.append((path, m))
+    return done
+
+
+def unpatch_transformers(model: torch.nn.Module) -> int:
+    restored = 0
+    for _, m in model.named_modules():
+        previous = m.__dict__.pop(STATE_ATTR, None)
+        if previous is None:
+            continue
+        m.set_attn_implementation(previous)
+        restored += 1
+    return restored
+
+
+# ---- diffusers: attention processors ---------------------------------------------------------------------
+
+_PROCESSORS = ("LTXVideoAttnProcessor", "FluxAttnProcessor", "WanAttnProcessor")
+
+
+def kf_dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                             enable_gqa=False, attention_kwargs=None, *, backend=None, parallel_config=None):
+    """diffusers' ``dispatch_attention_fn`` ([B, S, H, D] tensors) through kernelforge.attention;
+    what the kernel cannot compute goes to diffusers' own function, announced."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn  # noqa: PLC0415
+
+    why = None
+    dtype = _attn.reference_dtype(query)
+    if attn_mask is not None:
+        why = "an attention mask"
+    elif dropout_p:
+        why = f"dropout_p={dropout_p}"
+    elif backend is not None or parallel_config is not None or attention_kwargs:
+        why = "an attention backend, parallel config or attention kwargs"
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        why = "inputs that require grad (the attention backward is not implemented yet)"
+    elif dtype is None:
+        why = f"{query.dtype} {query.device.type} tensors"
+    elif not _attn.head_dims_supported(query, value):
+        why = f"head dims {query.shape[-1]}/{value.shape[-1]} (the kernels take 64, 96, 128, 192, 256 and 192/128)"
+    elif is_causal and query.shape[1] < key.shape[1]:
+        why = "is_causal with fewer queries than keys (top-left alignment)"
+    elif query.shape[2] != key.shape[2] and not enable_gqa:
+        why = "different head counts without enable_gqa"
+    if why is not None:
+        _fallback("diffusers attention processor", why, "dispatch_attention_fn")
+        return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                     scale=scale, enable_gqa=enable_gqa, attention_kwargs=attention_kwargs,
+                                     backend=backend, parallel_config=parallel_config)
+    window = (-1, query.shape[1] - key.shape[1]) if is_causal else (-1, -1)  # SDPA's top-left causal
+    out = _attn.attention(query.to(dtype), key.to(dtype), value.to(dtype), scale=scale, window=window, layout="bshd")
+    return out.to(query.dtype)
+
+
+_REBOUND_CALLS: dict = {}
+
+
+def _rebound_call(cls):
+    """cls.__call__'s code with the global dispatch_attention_fn bound to kf_dispatch_attention_fn."""
+    fn = cls.__call__
+    if fn not in _REBOUND_CALLS:
+        g = dict(fn.__globals__)
+        g["dispatch_attention_fn"] = kf_dispatch_attention_fn
+        new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+        new.__kwdefaults__ = fn.__kwdefaults__
+        _REBOUND_CALLS[fn] = new
+    return _REBOUND_CALLS[fn]
+
+
+class KernelforgeProcessor:
+    """Wraps a diffusers attention processor: its own ``__call__`` code, with ``dispatch_attention_fn``
+    routed to kernelforge. ``original`` is the processor it replaced (unpatch puts it back)."""
+
+    def __init__(self, original):
+        self.original = original
+        self._call = _rebound_call(type(original))
+
+    def __getattr__(self, name):  # _attention_backend, _parallel_config, ... of the original
+        return getattr(self.__dict__["original"], name)
+
+    def __call__(self, *args, **kwargs):
+        return self._call(self.original, *args, **kwargs)
+
+
+def diffusers_processor_reason(module) -> str | None:
+    """None when ``module`` (a diffusers attention module) has a processor kernelforge can wrap; else
+    the reason it is skipped; "" when the module has no processor at all."""
+    proc = getattr(module, "processor", None)
+    if proc is None or not hasattr(module, "set_processor"):
+        return ""
+    if isinstance(proc, KernelforgeProcessor):
+        return "already patched by kernelforge"
+    cls = type(proc)
+    if cls.__name__ not in _PROCESSORS or not cls.__module__.startswith("diffusers."):
+        return f"processor {cls.__name__} is not one kernelforge routes ({', '.join(_PROCESSORS)})"
+    if "dispatch_attention_fn" not in cls.__call__.__code__.co_names:
+        return f"{cls.__name__}.__call__ does not call dispatch_attention_fn"
+    return None
+
+
+def patch_diffusers(model: torch.nn.Module) -> tuple[list, list]:
+    """Wraps the supported processors of ``model``'s attention modules: ([(path, module)], [(path,
+    module, reason)])."""
+    patched, skipped = [], []
+    for path, m in model.named_modules():
+        if not hasattr(m, "set_processor") or not hasattr(m, "processor"):
+            continue
+        why = diffusers_processor_reason(m)
+        if why == "":
+            continue
+        if why is not None:
+            skipped.append((path, m, why))
+            continue
+        m.processor = KernelforgeProcessor(m.processor)
+        patched.append((path, m))
+    return patched, skipped
+
+
+def unpatch_diffusers(model: torch.nn.Module) -> int:
+    restored = 0
+    for _, m in model.named_modules():
+        proc = getattr(m, "processor", None)
+        if isinstance(proc, KernelforgeProcessor):
+            m.processor = proc.original
+            restored += 1
+    return restored

@@ -1,0 +1,240 @@
+"""patch(model) routes attention to kernelforge.attention: tiny random transformers models (Llama, Qwen2,
+Mistral with a sliding window, Gemma 2 with softcap and sliding windows, gpt-oss with sinks) and
+diffusers transformers (LTX-Video, Flux, Wan), patched against unpatched, in eval mode without
+gradients; padding masks (left padding) become varlen; unpatch restores the previous implementation.
+
+CPU: the patched attention runs the float64 reference (float32 inputs computed in float64, rounded
+once), the unpatched model its eager float32 attention: they agree to float32 accuracy. CUDA (bf16):
+both are compared with a float32 run of the same weights (the oracle); the patched model must be
+about as accurate as the original.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+CASES = [pytest.param("cpu", torch.float32, id="cpu-float32"),
+         pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=pytest.mark.cuda)]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+SLACK, FLOOR = 1.5, 5e-3
+
+
+def rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def compare(name, got, want, truth, dtype):
+    if truth is None:
+        err = rel_err(got, want)
+        assert err < TOL[dtype], f"{name}: patched vs original {err:.2e}"
+        return
+    e_p, e_o = rel_err(got, truth), rel_err(want, truth)
+    assert e_p <= SLACK * e_o + FLOOR, f"{name}: patched {e_p:.2e} vs original {e_o:.2e} (float32 oracle)"
+    assert rel_err(got, want) < max(TOL[dtype], 1.1 * (e_p + e_o))
+
+
+# head_dim 64 (the kernels' smallest); 2 layers so that sliding and full layers alternate (Gemma 2,
+# gpt-oss); sequences longer than the window
+COMMON = dict(vocab_size=96, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, max_position_embeddings=64, attn_implementation="eager")
+
+
+def hf_model(arch, device, dtype):
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON))
+    elif arch == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON))
+    elif arch == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=5, **COMMON))
+    elif arch == "gemma2":
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            sliding_window=5, attn_logit_softcapping=5.0, final_logit_softcapping=30.0, query_pre_attn_scalar=64,
+            **COMMON))
+    elif arch == "gpt_oss":
+        cfg = dict(COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=5)
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**cfg))
+        with torch.no_grad():  # HF initializes the sinks to zeros: random ones test that they are used
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0, 1.0)
+    else:
+        raise ValueError(arch)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def logits(model, ids, mask=None):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+
+
+ARCHS = ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_transformers_patched_matches(kf, arch, device, dtype):
+    model = hf_model(arch, device, dtype)
+    ids = torch.randint(0, 96, (2, 13), device=device)
+    truth = None
+    if dtype != torch.float32:
+        truth = logits(copy.deepcopy(model).float(), ids)
+    want = logits(model, ids)
+    report = kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    assert [(p.path, p.op) for p in report.patched] == [("", "kernelforge.attention")], str(report)
+    assert model.config._attn_implementation == "kernelforge"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        got = logits(model, ids)
+    compare(arch, got, want, truth, dtype)
+    assert kf.unpatch(model) == 1
+    assert model.config._attn_implementation == "eager"
+    assert torch.equal(logits(model, ids), want)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt_oss"])
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_transformers_left_padding(kf, arch, device, dtype):
+    """A batch with left padding: the padding mask becomes varlen; valid positions match the eager
+    model (padded positions are not compared: eager attends them to something, the kernel gives 0)."""
+    model = hf_model(arch, device, dtype)
+    ids = torch.randint(0, 96, (3, 11), device=device)
+    mask = torch.ones(3, 11, dtype=torch.long, device=device)
+    mask[1, :4] = 0
+    mask[2, :9] = 0
+    truth = logits(copy.deepcopy(model).float(), ids, mask) if dtype != torch.float32 else None
+    want = logits(model, ids, mask)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = logits(model, ids, mask)
+    keep = mask.bool()
+    compare(f"{arch} padded", got[keep], want[keep], None if truth is None else truth[keep], dtype)
+    kf.unpatch(model)
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_transformers_generate(kf, device, dtype):
+    """Greedy generation with a KV cache (Sq = 1 < Sk: bottom-right causal) gives the same tokens."""
+    model = hf_model("mistral", device, dtype)
+    ids = torch.randint(0, 96, (1, 6), device=device)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+        got = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    kf.unpatch(model)
+    if dtype == torch.float32:
+        assert torch.equal(got, want)
+
+
+def test_transformers_grad_falls_back(kf, monkeypatch):
+    """Training (inputs that require grad): torch's attention runs, announced once; gradients flow."""
+    from kernelforge.patch import _runtime
+
+    monkeypatch.setattr(_runtime, "warned", set())
+    model = hf_model("gemma2", "cpu", torch.float32)
+    ids = torch.randint(0, 96, (2, 9))
+    want = model(input_ids=ids, use_cache=False).logits
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    with pytest.warns(UserWarning, match="require grad"):
+        got = model(input_ids=ids, use_cache=False).logits
+    got.sum().backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
+    assert rel_err(got, want) < 1e-5
+    monkeypatch.setenv("KF_STRICT", "1")
+    with pytest.raises(RuntimeError, match="KF_STRICT=1"):
+        model(input_ids=ids, use_cache=False)
+    kf.unpatch(model)
+
+
+def test_window_conversion_matches_eager_mask():
+    """sliding_window W: transformers' eager mask (kv > q - W, causal) is window (W - 1, 0)."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    from kernelforge.patch.attention import _visible, _window
+
+    W, S = 4, 10
+    fn = sliding_window_causal_mask_function(W)
+    t = torch.tensor
+    eager = torch.tensor([[bool(fn(t(0), t(0), t(q), t(k))) for k in range(S)] for q in range(S)])
+    assert torch.equal(_visible(S, S, True, _window(W, True), "cpu"), eager)
+
+
+def test_mask_function_plain_patterns():
+    from transformers import masking_utils as mu
+
+    from kernelforge.patch.attention import plain_mask_function
+
+    assert plain_mask_function(mu.causal_mask_function)
+    assert plain_mask_function(mu.sliding_window_causal_mask_function(8))
+    assert plain_mask_function(mu.sliding_window_bidirectional_mask_function(8))
+    packed = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(torch.zeros(1, 4)))
+    assert not plain_mask_function(packed)
+    assert not plain_mask_function(mu.or_masks(mu.causal_mask_function, mu.bidirectional_mask_function))
+
+
+# ---- diffusers -----------------------------------------------------------------------------------------
+
+
+def _ltx(device, dtype):
+    diffusers = pytest.importorskip("diffusers")
+    model = diffusers.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2,
+                                                 attention_head_dim=64, cross_attention_dim=128, num_layers=1,
+                                                 caption_channels=16)
+    inputs = {"hidden_states": torch.randn(2, 32, 8), "encoder_hidden_states": torch.randn(2, 6, 16),
+              "timestep": torch.tensor([10, 500])}
+
+    def forward(m, inp):
+        return m(inp["hidden_states"], inp["encoder_hidden_states"], inp["timestep"], None, num_frames=2, height=4,
+                 width=4).sample
+    return model, inputs, forward, 2
+
+
+def _flux(device, dtype):
+    diffusers = pytest.importorskip("diffusers")
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=64, num_attention_heads=2, joint_attention_dim=16,
+                                             pooled_projection_dim=16, axes_dims_rope=(16, 24, 24))
+    inputs = {"hidden_states": torch.randn(1, 16, 8), "encoder_hidden_states": torch.randn(1, 5, 16),
+              "pooled_projections": torch.randn(1, 16), "timestep": torch.tensor([0.5]),
+              "img_ids": torch.randn(16, 3), "txt_ids": torch.zeros(5, 3)}
+
+    def forward(m, inp):
+        return m(**inp).sample
+    return model, inputs, forward, 2
+
+
+def _wan(device, dtype):
+    diffusers = pytest.importorskip("diffusers")
+    model = diffusers.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                            in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=64,
+                                            num_layers=1, rope_max_seq_len=32)
+    inputs = {"hidden_states": torch.randn(1, 4, 2, 8, 8), "timestep": torch.tensor([10]),
+              "encoder_hidden_states": torch.randn(1, 6, 16)}
+
+    def forward(m, inp):
+        return m(**inp).sample
+    return model, inputs, forward, 2
+
+
+@pytest.mark.parametrize("build", [_ltx, _flux, _wan], ids=["ltx", "flux", "wan"])
+def test_diffusers_patched_matches(kf, build):
+    model, inputs, forward, n_attn = build("cpu", torch.float32)
+    model.eval()
+    with torch.no_grad():
+        want = forward(model, inputs)
+        report = kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+        attn = [p for p in report.patched if p.op == "kernelforge.attention"]
+        assert len(attn) == n_attn, str(report)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = forward(model, inputs)
+        assert rel_err(got, want) < 1e-4
+        assert kf.unpatch(model) == n_attn
+        assert torch.equal(forward(model, inputs), want)
