@@ -14,7 +14,7 @@ include/kernelforge/attention.h); arguments are validated there. Per batch b, qu
 
 A row that sees no key gets out = 0 (never NaN), lse = -inf (or sinks[h]). GQA / MQA: Hq a
 multiple of Hkv, query head h reads key/value head h // (Hq // Hkv). Head dims Dqk = Dv in
-{64, 96, 128, 192, 256}, or Dqk 192 with Dv 128. CUDA: float16 / bfloat16, float32 softmax math;
+{64, 96, 128, 256}, or Dqk 192 with Dv 128. CUDA: float16 / bfloat16, float32 softmax math;
 CPU tensors run the float64 C++ reference.
 
 ``scaled_dot_product_attention`` takes torch's SDPA arguments ([B, H, S, D]); what the kernel cannot
@@ -122,7 +122,7 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # (Dqk, Dv) pairs the kernels compile (attention.h)
-HEAD_DIMS = {(d, d) for d in (64, 96, 128, 192, 256)} | {(192, 128)}
+HEAD_DIMS = {(d, d) for d in (64, 96, 128, 256)} | {(192, 128)}
 
 
 def head_dims_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
@@ -185,7 +185,7 @@ def scaled_dot_product_attention(
     if dtype is None:
         return fallback(f"{query.dtype} {query.device.type} tensors")
     if not head_dims_supported(query, value):
-        return fallback(f"head dims {query.shape[-1]}/{value.shape[-1]} (the kernels take 64, 96, 128, 192, 256 "
+        return fallback(f"head dims {query.shape[-1]}/{value.shape[-1]} (the kernels take 64, 96, 128, 256 "
                         "and 192/128)")
     sq, sk = query.shape[2], key.shape[2]
     window = (-1, -1)

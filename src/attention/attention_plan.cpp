@@ -15,7 +15,7 @@ namespace {
 
 // set true once the wgmma kernel is verified on the GPU: production then runs the first entry of
 // wgmma_plans() whenever it is non-empty (sm_90, head dims, features and alignment it supports).
-constexpr bool kUseWgmma = false;
+constexpr bool kUseWgmma = true;
 
 // The mma kernel needs mma.sync m16n8k16 with bf16, ldmatrix and cp.async: sm_80.
 constexpr int kMmaMinCapability = 80;

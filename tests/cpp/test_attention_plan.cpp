@@ -55,14 +55,25 @@ struct Expect {
   const char* plan;  // to_string of the expected plan
 };
 
-// Expected plans, from the rules of attention_plan.cpp: each head dim's first kAttnMmaTiles row that
+// Expected plans, from the rules of attention_plan.cpp and attention_plan_wgmma.cpp. On sm_90 with
+// TMA-aligned tensors the wgmma kernel runs every head dim it has (64, 128, 192/128, 256; 128 x 128
+// tiles, 128 x 80 for d256). Otherwise the mma kernel: each head dim's first kAttnMmaTiles row that
 // fits the device's shared memory (128 x 64 with 8 warps for d64..d128, 128 x 32 for 192/128, 64 x 32
-// for d256); the row with the smallest block_m when the call has fewer blocks than SMs; causal calls
+// for d256); the row with the smallest block_m when the call has fewer blocks than SMs. Causal calls
 // start the longest query tiles first.
+AttentionProblem no_tma(AttentionProblem p) {
+  p.tma_ok = false;
+  return p;
+}
+
 const Expect kExpect[] = {
     {"d128 b4 s4096 h32", problem(4, 32, 8, 4096, 4096, 128, 128), &kH100,
-     "attn_fwd_mma d=128/128 tile=128x64 warps=8 stages=2 order=row"},
+     "attn_fwd_wgmma d=128/128 tile=128x128 warps=12 stages=2 order=row"},
     {"d128 b4 s4096 h32 causal", problem(4, 32, 8, 4096, 4096, 128, 128, true), &kH100,
+     "attn_fwd_wgmma d=128/128 tile=128x128 warps=12 stages=2 order=longest"},
+    {"d128 b4 s4096 h32 unaligned", no_tma(problem(4, 32, 8, 4096, 4096, 128, 128)), &kH100,
+     "attn_fwd_mma d=128/128 tile=128x64 warps=8 stages=2 order=row"},
+    {"d128 b4 s4096 h32 causal unaligned", no_tma(problem(4, 32, 8, 4096, 4096, 128, 128, true)), &kH100,
      "attn_fwd_mma d=128/128 tile=128x64 warps=8 stages=2 order=longest"},
     {"d128 b4 s4096 h32 A100", problem(4, 32, 8, 4096, 4096, 128, 128), &kA100,
      "attn_fwd_mma d=128/128 tile=128x64 warps=8 stages=2 order=row"},
@@ -70,29 +81,42 @@ const Expect kExpect[] = {
     {"d128 b4 s4096 h32 sm_89", problem(4, 32, 8, 4096, 4096, 128, 128), &kAda,
      "attn_fwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
     // 4 query tiles x 8 heads = 32 blocks of 128 rows < 132 SMs: 64-row tiles
-    {"d128 b1 s512 h8", problem(1, 8, 8, 512, 512, 128, 128), &kH100,
+    {"d128 b1 s512 h8 unaligned", no_tma(problem(1, 8, 8, 512, 512, 128, 128)), &kH100,
      "attn_fwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
+    {"d128 b1 s512 h8", problem(1, 8, 8, 512, 512, 128, 128), &kH100,
+     "attn_fwd_wgmma d=128/128 tile=128x128 warps=12 stages=2 order=row"},
     // 11 query tiles x 12 heads = 132 blocks of 128 rows: enough
-    {"d128 b1 s1408 h12", problem(1, 12, 12, 1408, 1408, 128, 128), &kH100,
+    {"d128 b1 s1408 h12 A100", problem(1, 12, 12, 1408, 1408, 128, 128), &kA100,
      "attn_fwd_mma d=128/128 tile=128x64 warps=8 stages=2 order=row"},
     {"d64 b8 s2048 h16", problem(8, 16, 16, 2048, 2048, 64, 64), &kH100,
+     "attn_fwd_wgmma d=64/64 tile=128x128 warps=12 stages=2 order=row"},
+    {"d64 b8 s2048 h16 A100", problem(8, 16, 16, 2048, 2048, 64, 64), &kA100,
      "attn_fwd_mma d=64/64 tile=128x64 warps=8 stages=2 order=row"},
-    {"d64 decode-sized s1", problem(1, 16, 16, 1, 2048, 64, 64), &kH100,
+    {"d64 decode-sized s1 unaligned", no_tma(problem(1, 16, 16, 1, 2048, 64, 64)), &kH100,
      "attn_fwd_mma d=64/64 tile=64x64 warps=4 stages=2 order=row"},
-    {"d96 b2 s4096 h32", problem(2, 32, 32, 4096, 4096, 96, 96), &kA100,
+    // the wgmma kernel has no d96: the mma kernel on every device
+    {"d96 b2 s4096 h32", problem(2, 32, 32, 4096, 4096, 96, 96), &kH100,
+     "attn_fwd_mma d=96/96 tile=128x64 warps=8 stages=2 order=row"},
+    {"d96 b2 s4096 h32 A100", problem(2, 32, 32, 4096, 4096, 96, 96), &kA100,
      "attn_fwd_mma d=96/96 tile=128x64 warps=8 stages=2 order=row"},
     {"d192/128 MLA prefill", problem(1, 128, 128, 4096, 4096, 192, 128, true), &kH100,
+     "attn_fwd_wgmma d=192/128 tile=128x128 warps=12 stages=2 order=longest"},
+    {"d192/128 MLA prefill A100", problem(1, 128, 128, 4096, 4096, 192, 128, true), &kA100,
      "attn_fwd_mma d=192/128 tile=128x32 warps=8 stages=2 order=longest"},
     {"d192/128 sm_89", problem(1, 128, 128, 4096, 4096, 192, 128), &kAda,
      "attn_fwd_mma d=192/128 tile=128x32 warps=8 stages=2 order=row"},
     {"d256 b2 s4096 h16", problem(2, 16, 16, 4096, 4096, 256, 256), &kH100,
+     "attn_fwd_wgmma d=256/256 tile=128x80 warps=12 stages=2 order=row"},
+    {"d256 b2 s4096 h16 A100", problem(2, 16, 16, 4096, 4096, 256, 256), &kA100,
      "attn_fwd_mma d=256/256 tile=64x32 warps=4 stages=2 order=row"},
     {"d256 sm_89 (99 KB exactly)", problem(2, 16, 16, 4096, 4096, 256, 256), &kAda,
      "attn_fwd_mma d=256/256 tile=64x32 warps=4 stages=2 order=row"},
-    // varlen: 3 x 1000 query rows over 32 heads: at least 24 x 32 blocks of 128 rows
     {"varlen d128", varlen(3, 32, 8, 3000, 1000, 128), &kH100,
+     "attn_fwd_wgmma d=128/128 tile=128x128 warps=12 stages=2 order=row"},
+    // varlen: 3 x 1000 query rows over 32 heads: at least 24 x 32 blocks of 128 rows
+    {"varlen d128 A100", varlen(3, 32, 8, 3000, 1000, 128), &kA100,
      "attn_fwd_mma d=128/128 tile=128x64 warps=8 stages=2 order=row"},
-    {"varlen d128 short", varlen(3, 4, 4, 300, 100, 128), &kH100,
+    {"varlen d128 short A100", varlen(3, 4, 4, 300, 100, 128), &kA100,
      "attn_fwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
 };
 
@@ -125,13 +149,14 @@ TEST(AttentionPlan, CandidatesPassCheckPlan) {
   }
 }
 
-// Every head dim has both of its tiles on the H100 and the A100; on sm_89 only the tiles within 99 KB.
+// Every head dim has both of its mma tiles on the H100 and the A100, and its wgmma tile on the H100
+// (every head dim but 96); on sm_89 only the mma tiles within 99 KB.
 TEST(AttentionPlan, CandidateTilesPerDevice) {
   const int dims[][2] = {{64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
   for (const auto& d : dims) {
     SCOPED_TRACE(std::to_string(d[0]) + "/" + std::to_string(d[1]));
     const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
-    EXPECT_EQ(kf::candidate_plans(pr, kH100).size(), 2u);
+    EXPECT_EQ(kf::candidate_plans(pr, kH100).size(), d[0] == 96 ? 2u : 3u);
     // A100: 163 KB holds every tile (the largest: 192/128 64x64 109 KB, d256 128x32 132 KB)
     EXPECT_EQ(kf::candidate_plans(pr, kA100).size(), 2u);
     for (const AttentionPlan& p : kf::candidate_plans(pr, kAda)) {
@@ -169,7 +194,7 @@ TEST(AttentionPlan, BelowSm80NotSupported) {
 }
 
 TEST(AttentionPlan, ImpossiblePlansRejected) {
-  const AttentionProblem pr = problem(2, 16, 4, 1024, 1024, 128, 128);
+  const AttentionProblem pr = no_tma(problem(2, 16, 4, 1024, 1024, 128, 128));  // an mma plan on the H100
   const AttentionPlan good = kf::plan_attention_fwd(pr, kH100);
   ASSERT_TRUE(kf::check_plan(good, pr, kH100).ok());
   auto rejected = [&](const AttentionPlan& p, const AttentionProblem& on, const DeviceInfo& dev, kf::StatusCode code,
@@ -190,7 +215,7 @@ TEST(AttentionPlan, ImpossiblePlansRejected) {
     EXPECT_TRUE(kf::candidate_plans(bad, kH100).empty());
   }
   // a plan for other head dims than the call's
-  p = kf::plan_attention_fwd(problem(2, 16, 4, 1024, 1024, 64, 64), kH100);
+  p = kf::plan_attention_fwd(no_tma(problem(2, 16, 4, 1024, 1024, 64, 64)), kH100);
   rejected(p, pr, kH100, kf::StatusCode::kInvalidArgument, "the call has head dims 128/128");
   // tiles that are not built
   p = good;
@@ -226,6 +251,16 @@ TEST(AttentionPlan, ImpossiblePlansRejected) {
   p = good;
   p.kind = AttentionKernel::kWgmma;
   EXPECT_FALSE(kf::check_plan(p, pr, kH100).ok());
+  // the wgmma plan of an aligned call: valid on the H100, not on the A100 or for unaligned tensors
+  const AttentionProblem aligned = problem(2, 16, 4, 1024, 1024, 128, 128);
+  const AttentionPlan w = kf::plan_attention_fwd(aligned, kH100);
+  ASSERT_EQ(w.kind, AttentionKernel::kWgmma) << kf::to_string(w);
+  EXPECT_TRUE(kf::check_plan(w, aligned, kH100).ok());
+  EXPECT_FALSE(kf::check_plan(w, aligned, kA100).ok());
+  EXPECT_FALSE(kf::check_plan(w, pr, kH100).ok());
+  p = w;
+  p.block_n = 64;
+  rejected(p, aligned, kH100, kf::StatusCode::kInvalidArgument, "");
 }
 
 TEST(AttentionPlan, ToString) {

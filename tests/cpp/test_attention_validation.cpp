@@ -483,7 +483,7 @@ TEST(AttentionValidation, ParamsVarlen) {
   EXPECT_EQ(p.seqlen_k, 50);
   const kf::AttentionProblem pr = kf::make_attention_problem(p, t);
   EXPECT_TRUE(pr.varlen);
-  EXPECT_EQ(pr.total_q, 2 * 25);  // Params only bound Tq; the public entries set Tq itself
+  EXPECT_EQ(pr.total_q, 40);  // Tq, not the bound
 }
 
 TEST(AttentionValidation, MaskFolding) {
