@@ -48,7 +48,7 @@ def vid(v: dict) -> str:
 def close(got: torch.Tensor, want64: torch.Tensor, dtype, what: str):
     """|got - want| <= tol (1 + |want|), want the float64 reference rounded to got's dtype."""
     tol = TOL[dtype].attn
-    want = want64.to(got.dtype).to(torch.float64)
+    want = want64.to(got.dtype).to("cpu", torch.float64)
     g = got.detach().to("cpu", torch.float64)
     assert g.shape == want.shape, f"{what}: shape {tuple(g.shape)} != {tuple(want.shape)}"
     assert torch.isfinite(g).all(), f"{what}: non-finite values"

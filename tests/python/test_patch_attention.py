@@ -238,3 +238,20 @@ def test_diffusers_patched_matches(kf, build):
         assert rel_err(got, want) < 1e-4
         assert kf.unpatch(model) == n_attn
         assert torch.equal(forward(model, inputs), want)
+
+
+def test_ltx_rope_patch_keeps_its_modules(kf):
+    """LTX attention modules whose forward the rope entry replaced keep it (the attention processor is
+    not wrapped around them: the two rebindings do not compose), and the patched model still matches."""
+    model, inputs, forward, n_attn = _ltx("cpu", torch.float32)
+    model.eval()
+    with torch.no_grad():
+        want = forward(model, inputs)
+        report = kf.patch(model, norms=False, activations=False, loss=False)
+        rope = [p for p in report.patched if p.op == "kernelforge.apply_rope_bsc"]
+        attn = [p for p in report.patched if p.op == "kernelforge.attention"]
+        skipped = [s for s in report.skipped if "RoPE" in s.reason]
+        assert len(rope) == n_attn and not attn and len(skipped) == n_attn, str(report)
+        got = forward(model, inputs)
+        assert rel_err(got, want) < 1e-4
+        kf.unpatch(model)

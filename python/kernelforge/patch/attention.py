@@ -54,6 +54,7 @@ import types
 
 import torch
 
+from ._registry import STATE_ATTR as _REGISTRY_STATE  # a module whose forward a family entry replaced
 from ._runtime import announce_fallback
 
 # the module kernelforge.attention (the package binds the name `attention` to the function)
@@ -391,6 +392,11 @@ def diffusers_processor_reason(module) -> str | None:
         return ""
     if isinstance(proc, KernelforgeProcessor):
         return "already patched by kernelforge"
+    if _REGISTRY_STATE in module.__dict__:
+        # LTX-Video: the rope entry runs the processor's code with apply_rotary_emb -> apply_rope_bsc;
+        # the two rebindings do not compose yet, and the rope one is worth more (its SDPA call already
+        # runs cuDNN, within a few % of the kernel at LTX's 2688 tokens x 64 head dims)
+        return "its forward is already patched by kernelforge (RoPE); attention stays on SDPA"
     cls = type(proc)
     if cls.__name__ not in _PROCESSORS or not cls.__module__.startswith("diffusers."):
         return f"processor {cls.__name__} is not one kernelforge routes ({', '.join(_PROCESSORS)})"
