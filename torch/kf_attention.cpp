@@ -44,8 +44,14 @@ OutShapes out_shapes(kf::AttentionLayout layout, const Tensor& q, const Tensor& 
   const char* form = varlen ? "[Tq, Hq, D] for layout 'varlen'"
                             : (layout == kf::AttentionLayout::kBSHD ? "[B, Sq, Hq, D] for layout 'bshd'"
                                                                     : "[B, Hq, Sq, D] for layout 'bhsd'");
-  TORCH_CHECK_VALUE(q.dim() == rank, "attention: q must have ", rank, " dimensions ", form, ", got ", q.dim());
-  TORCH_CHECK_VALUE(v.dim() == rank, "attention: v must have ", rank, " dimensions (q's layout), got ", v.dim());
+  // Messages are formatted into one std::string here: TORCH_CHECK_VALUE with numeric arguments
+  // crashed (SIGSEGV) when built with GCC 13 against torch 2.11 on the H100 machine.
+  if (q.dim() != rank)
+    TORCH_CHECK_VALUE(false, "attention: q must have " + std::to_string(rank) + " dimensions " + form + ", got " +
+                                 std::to_string(q.dim()));
+  if (v.dim() != rank)
+    TORCH_CHECK_VALUE(false, "attention: v must have " + std::to_string(rank) + " dimensions (q's layout), got " +
+                                 std::to_string(v.dim()));
   OutShapes s;
   s.out = q.sizes().vec();
   s.out.back() = v.size(-1);
@@ -70,9 +76,9 @@ std::tuple<Tensor, Tensor> attention_impl(bool cuda, const Tensor& q, const Tens
   o.window_right = window_right;
   o.softcap = static_cast<float>(softcap);
   // scale 0 is the core's "1 / sqrt(Dqk)"; an explicit 0 (or a negative value) is no softmax scale
-  TORCH_CHECK_VALUE(!scale.has_value() || (std::isfinite(*scale) && *scale > 0.0),
-                    "attention: scale must be a finite value > 0 or None (1 / sqrt(head dim)), got ",
-                    scale.has_value() ? *scale : 0.0);
+  if (scale.has_value() && !(std::isfinite(*scale) && *scale > 0.0))
+    TORCH_CHECK_VALUE(false, "attention: scale must be a finite value > 0 or None (1 / sqrt(head dim)), got " +
+                                 std::to_string(*scale));
   o.scale = scale.has_value() ? static_cast<float>(*scale) : 0.0f;
   o.max_seqlen_q = max_seqlen_q;
   o.max_seqlen_k = max_seqlen_k;

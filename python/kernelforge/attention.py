@@ -107,6 +107,7 @@ def attention(
     """
     if layout is None:
         layout = "varlen" if cu_seqlens_q is not None else "bshd"
+    _check_ranks(q, v, layout)
     left, right = _window(window)
     out, lse = _ops.attention(
         q, k, v, causal=bool(causal), scale=None if scale is None else float(scale), window_left=left,
@@ -114,6 +115,21 @@ def attention(
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=0 if max_seqlen_q is None else max_seqlen_q,
         max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, layout=layout, return_lse=bool(return_lse))
     return (out, lse) if return_lse else out
+
+
+_FORMS = {"varlen": "[Tq, Hq, D] for layout 'varlen'", "bshd": "[B, Sq, Hq, D] for layout 'bshd'",
+          "bhsd": "[B, Hq, Sq, D] for layout 'bhsd'"}
+
+
+def _check_ranks(q, v, layout) -> None:
+    """The ranks the layout needs, checked before the op allocates its outputs (the op checks them too)."""
+    if layout not in _FORMS:
+        raise ValueError(f"attention: layout must be 'bshd', 'bhsd' or 'varlen', got '{layout}'")
+    rank = 3 if layout == "varlen" else 4
+    if q.dim() != rank:
+        raise ValueError(f"attention: q must have {rank} dimensions {_FORMS[layout]}, got {q.dim()}")
+    if v.dim() != rank:
+        raise ValueError(f"attention: v must have {rank} dimensions (q's layout), got {v.dim()}")
 
 
 # dtypes the kernels take on CUDA; on the CPU the float64 reference takes every floating dtype (float32
