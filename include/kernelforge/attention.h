@@ -53,11 +53,11 @@ enum class AttentionLayout : int { kBSHD = 0, kBHSD = 1, kVarlen = 2 };
 
 struct AttentionOptions {
   AttentionLayout layout = AttentionLayout::kBSHD;
-  bool causal = false;       // bottom-right aligned when Sq != Sk; the same as window_right = 0
-  int64_t window_left = -1;  // keys at most window_left before the diagonal; -1: unbounded
-  int64_t window_right = -1; // keys at most window_right after the diagonal; -1: unbounded
-  float softcap = 0.0f;      // > 0: logits pass through softcap * tanh(s / softcap)
-  float scale = 0.0f;        // 0: 1 / sqrt(Dqk)
+  bool causal = false;        // bottom-right aligned when Sq != Sk; the same as window_right = 0
+  int64_t window_left = -1;   // keys at most window_left before the diagonal; -1: unbounded
+  int64_t window_right = -1;  // keys at most window_right after the diagonal; -1: unbounded
+  float softcap = 0.0f;       // > 0: logits pass through softcap * tanh(s / softcap)
+  float scale = 0.0f;         // 0: 1 / sqrt(Dqk)
   // kVarlen only: upper bounds of every sequence's query and key length (host values: they size the
   // grid without reading cu_seqlens). 0: the total token count, always safe, more idle blocks.
   int64_t max_seqlen_q = 0;
@@ -91,13 +91,13 @@ enum class AttentionOrder : int {
 // A plan: the kernel and every launch parameter chosen for a problem. A small printable value.
 struct AttentionPlan {
   AttentionKernel kind = AttentionKernel::kMma;
-  int head_dim_qk = 0;   // the kernel's compiled head dims
+  int head_dim_qk = 0;  // the kernel's compiled head dims
   int head_dim_v = 0;
-  int block_m = 0;       // query rows per tile
-  int block_n = 0;       // key rows per inner step
-  int warps = 0;         // warps per block (wgmma: including the producer warpgroup)
-  int stages = 0;        // K/V shared-memory pipeline stages
-  int splits = 1;        // key splits (1: none; more: split-KV with a merge pass in the workspace)
+  int block_m = 0;  // query rows per tile
+  int block_n = 0;  // key rows per inner step
+  int warps = 0;    // warps per block (wgmma: including the producer warpgroup)
+  int stages = 0;   // K/V shared-memory pipeline stages
+  int splits = 1;   // key splits (1: none; more: split-KV with a merge pass in the workspace)
   AttentionOrder order = AttentionOrder::kRowMajor;
 };
 

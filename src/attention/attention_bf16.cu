@@ -5,6 +5,6 @@
 #include "attention/attention_launch.cuh"
 
 namespace kernelforge {
-template Status launch_attention_fwd<__nv_bfloat16>(const AttentionPlan&, const AttentionParams&, const DeviceInfo&, void*,
-                                              cudaStream_t);
+template Status launch_attention_fwd<__nv_bfloat16>(const AttentionPlan&, const AttentionParams&, const DeviceInfo&,
+                                                    void*, cudaStream_t);
 }  // namespace kernelforge

@@ -6,5 +6,5 @@
 
 namespace kernelforge {
 template Status launch_attention_fwd<__half>(const AttentionPlan&, const AttentionParams&, const DeviceInfo&, void*,
-                                              cudaStream_t);
+                                             cudaStream_t);
 }  // namespace kernelforge

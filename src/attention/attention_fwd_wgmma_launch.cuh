@@ -111,7 +111,8 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
   const int64_t batch = p.varlen ? 1 : p.batch;
   const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
   CUtensorMap tq, tk, tv;
-  Status st = encode_attention_map<T>(&tq, p.q, kDqk, rows_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
+  Status st =
+      encode_attention_map<T>(&tq, p.q, kDqk, rows_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
   if (!st.ok()) return st;
   if (rows_k == 0) {
     // No key: no K/V load is issued (every tile's key range is empty); the maps only need to be valid.

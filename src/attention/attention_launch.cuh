@@ -14,8 +14,8 @@
 namespace kernelforge {
 
 template <typename T>
-Status launch_attention_fwd(const AttentionPlan& plan, const AttentionParams& p, const DeviceInfo& dev,
-                            void* workspace, cudaStream_t stream) {
+Status launch_attention_fwd(const AttentionPlan& plan, const AttentionParams& p, const DeviceInfo& dev, void* workspace,
+                            cudaStream_t stream) {
   (void)dev;
   (void)workspace;  // no plan splits over keys yet
   record_plan(plan);

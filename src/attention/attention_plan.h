@@ -15,23 +15,23 @@ namespace kernelforge {
 
 // What the plan depends on and nothing else.
 struct AttentionProblem {
-  int elem_bytes = 2;      // sizeof(T) of q / k / v
-  bool bf16 = true;        // bfloat16 (else float16)
+  int elem_bytes = 2;  // sizeof(T) of q / k / v
+  bool bf16 = true;    // bfloat16 (else float16)
   int64_t batch = 0;
   int heads_q = 0;
   int heads_kv = 0;
-  int64_t seqlen_q = 0;    // per sequence, or the varlen upper bound
+  int64_t seqlen_q = 0;  // per sequence, or the varlen upper bound
   int64_t seqlen_k = 0;
-  int64_t total_q = 0;     // query rows over the batch (B * Sq, or Tq)
+  int64_t total_q = 0;  // query rows over the batch (B * Sq, or Tq)
   int head_dim_qk = 0;
   int head_dim_v = 0;
   bool varlen = false;
-  bool causal = false;     // window_right == 0 (folded)
-  bool window = false;     // window_left >= 0, or window_right > 0
+  bool causal = false;  // window_right == 0 (folded)
+  bool window = false;  // window_left >= 0, or window_right > 0
   bool softcap = false;
   bool sinks = false;
   bool lse = false;
-  bool tma_ok = false;     // every base 16-byte aligned and every row stride a multiple of 16 bytes
+  bool tma_ok = false;  // every base 16-byte aligned and every row stride a multiple of 16 bytes
 };
 
 AttentionProblem make_attention_problem(const AttentionParams& p, DType dtype);
@@ -55,15 +55,15 @@ size_t workspace_bytes(const AttentionPlan& plan, const AttentionProblem& proble
 
 // Test-only entries: run one call with a given plan (validate, check the device, check_plan, launch),
 // and list a call's candidate plans on the current device.
-Status launch_with_plan(const AttentionPlan& plan, const AttentionCall& call, void* workspace,
-                        size_t workspace_bytes, cudaStream_t stream);
+Status launch_with_plan(const AttentionPlan& plan, const AttentionCall& call, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream);
 Status attention_candidate_plans(const AttentionCall& call, std::vector<AttentionPlan>* plans);
 
 // The launcher (attention_launch.cuh): one switch over plan.kind, one instantiation per dtype
 // (attention_<dtype>.cu). T is __half or __nv_bfloat16.
 template <typename T>
-Status launch_attention_fwd(const AttentionPlan& plan, const AttentionParams& p, const DeviceInfo& dev,
-                            void* workspace, cudaStream_t stream);
+Status launch_attention_fwd(const AttentionPlan& plan, const AttentionParams& p, const DeviceInfo& dev, void* workspace,
+                            cudaStream_t stream);
 
 // One launcher per kernel, each in its own translation units (kernel files are compiled apart so that
 // the build runs them in parallel): attention_fwd_mma_<dtype>.cu and attention_fwd_wgmma_<dtype>.cu.

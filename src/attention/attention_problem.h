@@ -24,8 +24,8 @@ struct AttentionParams {
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;
-  float* lse = nullptr;          // nullptr: not written
-  const void* sinks = nullptr;   // nullptr: no sinks; else [Hq] of float32 (sinks_float) or q's dtype
+  float* lse = nullptr;         // nullptr: not written
+  const void* sinks = nullptr;  // nullptr: no sinks; else [Hq] of float32 (sinks_float) or q's dtype
   bool sinks_float = true;
   const int32_t* cu_seqlens_q = nullptr;  // kVarlen: [batch + 1]; nullptr otherwise
   const int32_t* cu_seqlens_k = nullptr;
@@ -37,15 +37,15 @@ struct AttentionParams {
   int32_t batch = 0;
   int32_t heads_q = 0;
   int32_t heads_kv = 0;
-  int32_t group = 1;        // heads_q / heads_kv: query head h reads kv head h / group
-  int32_t seqlen_q = 0;     // kBSHD / kBHSD: every sequence's length; kVarlen: an upper bound (max_seqlen_q)
+  int32_t group = 1;     // heads_q / heads_kv: query head h reads kv head h / group
+  int32_t seqlen_q = 0;  // kBSHD / kBHSD: every sequence's length; kVarlen: an upper bound (max_seqlen_q)
   int32_t seqlen_k = 0;
-  int64_t total_q = 0;      // rows of q over the batch: B * Sq, or Tq (kVarlen)
-  int64_t total_k = 0;      // rows of k / v over the batch: B * Sk, or Tk (kVarlen)
+  int64_t total_q = 0;  // rows of q over the batch: B * Sq, or Tq (kVarlen)
+  int64_t total_k = 0;  // rows of k / v over the batch: B * Sk, or Tk (kVarlen)
   int32_t head_dim_qk = 0;
   int32_t head_dim_v = 0;
-  float scale = 1.0f;       // applied to q . k (before the softcap)
-  float softcap = 0.0f;     // 0: none
+  float scale = 1.0f;    // applied to q . k (before the softcap)
+  float softcap = 0.0f;  // 0: none
   // Visible keys of row i, d = Sk_b - Sq_b: j >= i + d - window_left (when window_left >= 0) and
   // j <= i + d + window_right (when window_right >= 0). causal has been folded into window_right = 0.
   int32_t window_left = -1;
