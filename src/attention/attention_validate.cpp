@@ -16,6 +16,7 @@ namespace {
 
 using validate_util::device_str;
 using validate_util::shape_str;
+using validate_util::strided_view_error;
 using validate_util::strides_str;
 
 std::string dims(std::initializer_list<int64_t> v) {
@@ -91,15 +92,8 @@ struct Checker {
       return fail(std::string(name) + " must have " + std::to_string(ndim) +
                   (ndim == 1 ? " dimension " : " dimensions ") + shape_desc + ", got " + std::to_string(t.ndim) +
                   " dimensions " + shape_str(t));
-    for (int d = 0; d < t.ndim; ++d) {
-      if (t.shape[d] < 0) return fail(std::string(name) + " has a negative size " + shape_str(t));
-      if (t.strides[d] < 0) return fail(std::string(name) + " must not have negative strides, got " + strides_str(t));
-    }
-    if (t.numel() > 0 && t.size(-1) > 1 && t.stride(-1) != 1)
-      return fail(std::string(name) + " must be contiguous in its last dimension (stride 1), got stride " +
-                  std::to_string(t.stride(-1)));
-    if (t.numel() > 0 && t.data == nullptr) return fail(std::string(name) + " has a null data pointer");
-    return Status::Ok();
+    const std::string layout = strided_view_error(t, name);
+    return layout.empty() ? Status::Ok() : fail(layout);
   }
 
   Status expect_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> want,

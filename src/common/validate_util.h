@@ -64,5 +64,19 @@ inline std::string collapse_rows(const TensorView& t, int64_t* row_stride) {
   return "";
 }
 
+// A strided view's elementwise layout: no negative size or stride, a contiguous last dimension and a
+// data pointer when it holds elements. "" when it holds; otherwise the message, starting with `name`.
+inline std::string strided_view_error(const TensorView& t, const char* name) {
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) return std::string(name) + " has a negative size " + shape_str(t);
+    if (t.strides[d] < 0) return std::string(name) + " must not have negative strides, got " + strides_str(t);
+  }
+  if (t.numel() > 0 && t.size(-1) > 1 && t.stride(-1) != 1)
+    return std::string(name) + " must be contiguous in its last dimension (stride 1), got stride " +
+           std::to_string(t.stride(-1));
+  if (t.numel() > 0 && t.data == nullptr) return std::string(name) + " has a null data pointer";
+  return "";
+}
+
 }  // namespace validate_util
 }  // namespace kernelforge

@@ -13,6 +13,7 @@ namespace {
 
 using validate_util::device_str;
 using validate_util::shape_str;
+using validate_util::strided_view_error;
 using validate_util::strides_str;
 
 struct Names {
@@ -45,15 +46,8 @@ struct Checker {
           ndim_lo == ndim_hi ? std::to_string(ndim_lo) : std::to_string(ndim_lo) + " or " + std::to_string(ndim_hi);
       return fail(std::string(name) + " must have " + want + " dimensions, got " + std::to_string(t.ndim));
     }
-    for (int d = 0; d < t.ndim; ++d) {
-      if (t.shape[d] < 0) return fail(std::string(name) + " has a negative size " + shape_str(t));
-      if (t.strides[d] < 0) return fail(std::string(name) + " must not have negative strides, got " + strides_str(t));
-    }
-    if (t.numel() > 0 && t.size(-1) > 1 && t.stride(-1) != 1)
-      return fail(std::string(name) + " must be contiguous in its last dimension (stride 1), got stride " +
-                  std::to_string(t.stride(-1)));
-    if (t.numel() > 0 && t.data == nullptr) return fail(std::string(name) + " has a null data pointer");
-    return Status::Ok();
+    const std::string layout = strided_view_error(t, name);
+    return layout.empty() ? Status::Ok() : fail(layout);
   }
 
   Status qk_dtype(const TensorView& t, const char* name) const {
