@@ -1,5 +1,5 @@
 // kernelforge attention family: scaled dot-product attention for prefill and training (forward:
-// out and logsumexp; the backward extends this contract with dq, dk, dv and dsinks).
+// out and logsumexp; backward: dq, dk, dv and dsinks).
 //
 // Tensors (element strides, as in tensor.h; every last dimension contiguous, stride 1; any other
 // strides, e.g. slices of a fused qkv projection):
@@ -62,6 +62,9 @@ struct AttentionOptions {
   // grid without reading cu_seqlens). 0: the total token count, always safe, more idle blocks.
   int64_t max_seqlen_q = 0;
   int64_t max_seqlen_k = 0;
+  // Backward only: dq (and dsinks) summed in a fixed order, so reruns are bit-identical. The default
+  // adds dq with float atomics (fewer passes, order-dependent rounding).
+  bool deterministic = false;
 };
 
 // The tensors of one forward call. q, k, v, out are required; the others are optional (nullptr).
@@ -76,10 +79,37 @@ struct AttentionTensors {
   const TensorView* cu_seqlens_k = nullptr;  // kVarlen only, then required
 };
 
+// The tensors of one backward call: the forward's tensors (q, k, v, out, sinks, cu_seqlens as in
+// the forward; lse is required: the forward's float32 logsumexp), dout (out's shape and dtype), and
+// the gradients: dq, dk, dv with the shapes and dtype of q, k, v (any strides, last one 1);
+// dsinks float32 [Hq], required when sinks is given, null otherwise. Gradients are overwritten, not
+// accumulated; they must not overlap each other nor any input.
+struct AttentionGradTensors {
+  AttentionTensors fwd;
+  const TensorView* dout = nullptr;
+  const TensorView* dq = nullptr;
+  const TensorView* dk = nullptr;
+  const TensorView* dv = nullptr;
+  const TensorView* dsinks = nullptr;
+};
+// Backward formula, with s_ij the (capped) logit and lse_i the forward's logsumexp:
+//   p_ij = exp(s_ij - lse_i) for visible j (0 otherwise), p_sink_i = exp(sink_h - lse_i)
+//   D_i   = dout_i . out_i                           (= sum_j p_ij dp_ij: the sink carries no value)
+//   dv_j  = sum_i p_ij dout_i
+//   dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - D_i)
+//   du_ij = ds_ij (1 - (s_ij / softcap)^2) with softcap (d/du of softcap tanh(u / softcap)), else ds_ij
+//   dq_i  = scale sum_j du_ij k_j,  dk_j = scale sum_i du_ij q_i
+//   dk, dv of a key/value head sum over the query heads that read it (GQA)
+//   dsinks_h = -sum over every (b, i) of p_sink_i D_i
+// A row with lse_i = -inf (it saw no key and there is no sink) contributes nothing.
+// FLOPs: 2.5 x the forward's (five GEMMs of the forward's two: S, dP, dV, dQ, dK).
+
 // Which kernel runs a plan.
 enum class AttentionKernel : int {
-  kMma = 0,    // attention_fwd_mma: mma.sync tensor cores with cp.async loads (sm_80 and later)
-  kWgmma = 1,  // attention_fwd_wgmma: wgmma with TMA loads, warp-specialized (sm_90a)
+  kMma = 0,     // attention_fwd_mma: mma.sync tensor cores with cp.async loads (sm_80 and later)
+  kWgmma = 1,   // attention_fwd_wgmma: wgmma with TMA loads, warp-specialized (sm_90a)
+  kBwdMma = 2,  // attention_bwd_mma: the backward on mma.sync (sm_80 and later), with its
+                // preprocessing (D = rowsum(dout * out)) and dq conversion passes
 };
 
 // Tile order of the grid.
@@ -115,12 +145,22 @@ Status attention_forward(const AttentionPlan& plan, const AttentionTensors& t, c
 Status attention_forward(const AttentionTensors& t, const AttentionOptions& opts, void* workspace,
                          size_t* workspace_bytes, cudaStream_t stream);
 
+// The backward: the same plan / run split and workspace convention. The workspace holds the float32
+// dq accumulator and the row sums D (a few times q's bytes), so it is rarely 0.
+Status attention_backward_plan(const AttentionGradTensors& t, const AttentionOptions& opts, AttentionPlan* plan,
+                               size_t* workspace_bytes);
+Status attention_backward(const AttentionPlan& plan, const AttentionGradTensors& t, const AttentionOptions& opts,
+                          void* workspace, size_t workspace_bytes, cudaStream_t stream);
+Status attention_backward(const AttentionGradTensors& t, const AttentionOptions& opts, void* workspace,
+                          size_t* workspace_bytes, cudaStream_t stream);
+
 // ---- float64 CPU reference -------------------------------------------------------------------
 // The same call on CPU tensors (float64 also accepted for q, k, v, out, sinks; lse float32 or
 // float64): computes in double and rounds each output once. The test oracle and the CPU
 // implementation of the PyTorch op.
 namespace ref {
 Status attention_forward(const AttentionTensors& t, const AttentionOptions& opts);
+Status attention_backward(const AttentionGradTensors& t, const AttentionOptions& opts);
 }  // namespace ref
 
 }  // namespace kernelforge

@@ -108,8 +108,11 @@ std::string to_string(const AttentionPlan& plan) {
     case AttentionKernel::kWgmma:
       s = "attn_fwd_wgmma";
       break;
+    case AttentionKernel::kBwdMma:
+      s = "attn_bwd_mma";
+      break;
     default:
-      s = "attn_fwd_unknown(" + std::to_string(int(plan.kind)) + ")";
+      s = "attn_unknown(" + std::to_string(int(plan.kind)) + ")";
   }
   s += " d=" + std::to_string(plan.head_dim_qk) + "/" + std::to_string(plan.head_dim_v) +
        " tile=" + std::to_string(plan.block_m) + "x" + std::to_string(plan.block_n) +

@@ -32,9 +32,15 @@ struct AttentionProblem {
   bool sinks = false;
   bool lse = false;
   bool tma_ok = false;  // every base 16-byte aligned and every row stride a multiple of 16 bytes
+  // backward only
+  int64_t total_k = 0;  // key rows over the batch (B * Sk, or Tk)
+  bool deterministic = false;
 };
 
 AttentionProblem make_attention_problem(const AttentionParams& p, DType dtype);
+// The backward's problem: the forward's, with total_k and deterministic set (tma_ok covers dout and
+// the gradients too).
+AttentionProblem make_attention_bwd_problem(const AttentionGradParams& p, DType dtype);
 
 // The plan production runs (problem non-empty).
 AttentionPlan plan_attention_fwd(const AttentionProblem& problem, const DeviceInfo& dev);
@@ -53,11 +59,22 @@ Status check_wgmma_plan(const AttentionPlan& plan, const AttentionProblem& probl
 // Bytes of workspace a plan needs (0 unless split over keys).
 size_t workspace_bytes(const AttentionPlan& plan, const AttentionProblem& problem);
 
+// ---- backward (attention_plan_bwd.cpp) -----------------------------------------------------------
+AttentionPlan plan_attention_bwd(const AttentionProblem& problem, const DeviceInfo& dev);
+std::vector<AttentionPlan> candidate_bwd_plans(const AttentionProblem& problem, const DeviceInfo& dev);
+Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& problem, const DeviceInfo& dev);
+// Bytes of workspace a backward plan needs (the float32 dq accumulator, the row sums D, and whatever
+// else the plan's passes keep there; the layout is the launcher's, attention_bwd_workspace.h).
+size_t bwd_workspace_bytes(const AttentionPlan& plan, const AttentionProblem& problem);
+
 // Test-only entries: run one call with a given plan (validate, check the device, check_plan, launch),
 // and list a call's candidate plans on the current device.
 Status launch_with_plan(const AttentionPlan& plan, const AttentionCall& call, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream);
 Status attention_candidate_plans(const AttentionCall& call, std::vector<AttentionPlan>* plans);
+Status launch_bwd_with_plan(const AttentionPlan& plan, const AttentionGradCall& call, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
+Status attention_candidate_bwd_plans(const AttentionGradCall& call, std::vector<AttentionPlan>* plans);
 
 // The launcher (attention_launch.cuh): one switch over plan.kind, one instantiation per dtype
 // (attention_<dtype>.cu). T is __half or __nv_bfloat16.
@@ -71,5 +88,12 @@ template <typename T>
 Status launch_attention_fwd_mma(const AttentionPlan& plan, const AttentionParams& p, cudaStream_t stream);
 template <typename T>
 Status launch_attention_fwd_wgmma(const AttentionPlan& plan, const AttentionParams& p, cudaStream_t stream);
+
+// The backward launcher (attention_bwd_launch.cuh, instantiated in attention_bwd_<dtype>.cu): one
+// switch over plan.kind. `workspace` holds at least bwd_workspace_bytes(plan, problem), 256-byte
+// aligned.
+template <typename T>
+Status launch_attention_bwd(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
+                            void* workspace, cudaStream_t stream);
 
 }  // namespace kernelforge

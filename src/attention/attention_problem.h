@@ -64,4 +64,33 @@ struct AttentionCall {
 // Checks every argument of `c` and fills `p`; `dtype` receives q's dtype.
 Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dtype);
 
+// Device-side parameters of the backward: the forward's (f: q, k, v, out, lse, sinks, cu_seqlens,
+// every shape and option; lse is never null here) and the gradients. dout and out share one
+// addressing rule (do_* strides, out's shape); dq / dk / dv follow q / k / v with their own strides.
+struct AttentionGradParams {
+  AttentionParams f;
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* dsinks = nullptr;  // [Hq] float32; non-null exactly when f.sinks is
+  int64_t do_sb = 0, do_ss = 0, do_sh = 0;
+  int64_t dq_sb = 0, dq_ss = 0, dq_sh = 0;
+  int64_t dk_sb = 0, dk_ss = 0, dk_sh = 0;
+  int64_t dv_sb = 0, dv_ss = 0, dv_sh = 0;
+  bool deterministic = false;
+};
+
+// The arguments of one public backward call.
+struct AttentionGradCall {
+  const char* name = "attention_backward";
+  bool cuda = true;  // false: the CPU reference (float64 also accepted)
+  AttentionGradTensors t;
+  AttentionOptions opts;
+};
+
+// Checks every argument of `c` (the forward's through validate_attention, lse required, then dout
+// and the gradients) and fills `p`; `dtype` receives q's dtype.
+Status validate_attention_backward(const AttentionGradCall& c, AttentionGradParams* p, DType* dtype);
+
 }  // namespace kernelforge

@@ -206,7 +206,7 @@ TEST(AttentionPlan, ImpossiblePlansRejected) {
   AttentionPlan p = good;
   p.kind = static_cast<AttentionKernel>(7);
   rejected(p, pr, kH100, kf::StatusCode::kNotSupported, "no such kernel");
-  EXPECT_NE(kf::to_string(p).find("attn_fwd_unknown(7)"), std::string::npos);
+  EXPECT_NE(kf::to_string(p).find("attn_unknown(7)"), std::string::npos);
   // head dims without a kernel (Dqk 80; Dv != Dqk except 192/128)
   for (const auto& d : {std::pair<int, int>{80, 80}, {128, 64}, {192, 192}, {512, 512}}) {
     const AttentionProblem bad = problem(2, 16, 4, 1024, 1024, d.first, d.second);
