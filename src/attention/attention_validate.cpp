@@ -8,61 +8,18 @@
 
 #include "attention/attention_plan.h"
 #include "attention/attention_problem.h"
+#include "attention/attention_validate_util.h"
 #include "common/validate_util.h"
 
 namespace kernelforge {
 
 namespace {
 
+using attention_validate::Checker;
+using attention_validate::ranges_overlap;
+using attention_validate::stride_or_0;
 using validate_util::device_str;
 using validate_util::shape_str;
-using validate_util::strided_view_error;
-using validate_util::strides_str;
-
-std::string dims(std::initializer_list<int64_t> v) {
-  std::string s = "[";
-  int i = 0;
-  for (int64_t x : v) s += (i++ ? ", " : "") + std::to_string(x);
-  return s + "]";
-}
-
-// Bytes spanned by a view: [data, data + extent).
-int64_t extent_bytes(const TensorView& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  return (last + 1) * int64_t(dtype_size(t.dtype));
-}
-
-bool ranges_overlap(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return pa < pb + extent_bytes(b) && pb < pa + extent_bytes(a);
-}
-
-// True when no two elements of the view share an address (sufficient test: with the dimensions of
-// size > 1 sorted by stride, each stride exceeds the span of the dimensions inside it).
-bool non_overlapping(const TensorView& t) {
-  if (t.numel() <= 1) return true;
-  int order[kMaxDims];
-  int n = 0;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) order[n++] = d;
-  for (int i = 1; i < n; ++i)  // insertion sort by stride
-    for (int j = i; j > 0 && t.strides[order[j]] < t.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
-  int64_t span = 0;  // largest offset reachable with the inner dimensions
-  for (int i = 0; i < n; ++i) {
-    const int d = order[i];
-    if (t.strides[d] <= span) return false;
-    span += (t.shape[d] - 1) * t.strides[d];
-  }
-  return true;
-}
-
-// Stride of dimension d, 0 when the dimension has size 1 (its index is always 0; PyTorch may give
-// it any stride, which would otherwise needlessly rule out 16-byte loads and TMA).
-int64_t stride_or_0(const TensorView& t, int d) { return t.shape[d] == 1 ? 0 : t.strides[d]; }
 
 // Supported (Dqk, Dv) pairs: the head dims the kernels are compiled for.
 bool supported_head_dims(int64_t dqk, int64_t dv) {
@@ -70,58 +27,10 @@ bool supported_head_dims(int64_t dqk, int64_t dv) {
   return dqk == dv && (dqk == 64 || dqk == 96 || dqk == 128 || dqk == 256);
 }
 
-struct Checker {
-  const AttentionCall& c;
-  const TensorView* q = nullptr;
-  explicit Checker(const AttentionCall& call) : c(call) {}
-
-  Status fail(const std::string& m) const { return Status::Invalid(std::string(c.name) + ": " + m); }
-
-  Status same_device_as_q(const TensorView& t, const char* name) const {
-    const bool same =
-        t.device.type == q->device.type && (q->device.type != DeviceType::kCUDA || t.device.index == q->device.index);
-    if (!same)
-      return fail(std::string(name) + " must be on the same device as q (" + device_str(q->device) + "), got " +
-                  device_str(t.device));
-    return Status::Ok();
-  }
-
-  // Rank, sizes, unit last stride, non-negative strides, non-null data.
-  Status basic(const TensorView& t, const char* name, int ndim, const char* shape_desc) const {
-    if (t.ndim != ndim)
-      return fail(std::string(name) + " must have " + std::to_string(ndim) +
-                  (ndim == 1 ? " dimension " : " dimensions ") + shape_desc + ", got " + std::to_string(t.ndim) +
-                  " dimensions " + shape_str(t));
-    const std::string layout = strided_view_error(t, name);
-    return layout.empty() ? Status::Ok() : fail(layout);
-  }
-
-  Status expect_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> want,
-                      const std::string& why) const {
-    bool same = int(want.size()) == t.ndim;
-    int d = 0;
-    for (int64_t w : want) same = same && t.shape[d++] == w;
-    if (!same) return fail(std::string(name) + " must have shape " + dims(want) + " " + why + ", got " + shape_str(t));
-    return Status::Ok();
-  }
-
-  // An output (out, lse) whose elements must not alias each other nor any input.
-  Status no_alias(const TensorView& o, const char* name) const {
-    if (!non_overlapping(o))
-      return fail(std::string(name) + " has overlapping elements (shape " + shape_str(o) + ", strides " +
-                  strides_str(o) + "): outputs would race");
-    const std::pair<const TensorView*, const char*> inputs[] = {{c.t.q, "q"}, {c.t.k, "k"}, {c.t.v, "v"}};
-    for (const auto& in : inputs)
-      if (ranges_overlap(o, *in.first))
-        return fail(std::string(name) + " must not overlap " + in.second + " (attention does not run in place)");
-    return Status::Ok();
-  }
-};
-
 }  // namespace
 
 Status validate_attention(const AttentionCall& c, AttentionParams* p, DType* dtype) {
-  Checker ck(c);
+  Checker ck(c.name, c.t);
   const AttentionTensors& t = c.t;
   const AttentionOptions& o = c.opts;
   if (t.q == nullptr) return ck.fail("q must not be null");

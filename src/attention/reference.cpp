@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention/attention_problem.h"
+#include "attention/reference_util.h"
 #include "common/host_convert.h"
 
 namespace kernelforge {
@@ -17,56 +18,18 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// One sequence of the batch: its first query / key row and its lengths.
-struct Seq {
-  int64_t q0 = 0, sq = 0, k0 = 0, sk = 0;
-};
-
-// Reads cu_seqlens (host memory) and checks what the kernels assume: starts at 0, non-decreasing,
-// ends at the token count, and no sequence longer than the max_seqlen bound when one is given.
-Status read_cu(const AttentionCall& c, const TensorView& cu, const char* name, int64_t total, int64_t max_len,
-               const char* max_name, std::vector<int64_t>* start, std::vector<int64_t>* len) {
-  const int32_t* x = static_cast<const int32_t*>(cu.data);
-  const int64_t B = cu.shape[0] - 1;
-  auto fail = [&](const std::string& m) { return Status::Invalid(std::string(c.name) + ": " + name + " " + m); };
-  if (x[0] != 0) return fail("must start at 0, got " + std::to_string(x[0]));
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = int64_t(x[b + 1]) - x[b];
-    if (n < 0)
-      return fail("must be non-decreasing, got " + std::to_string(x[b]) + " then " + std::to_string(x[b + 1]) +
-                  " at index " + std::to_string(b));
-    if (max_len > 0 && n > max_len)
-      return fail("holds a sequence of " + std::to_string(n) + " tokens (index " + std::to_string(b) + "), more than " +
-                  max_name + " = " + std::to_string(max_len));
-    (*start)[b] = x[b];
-    (*len)[b] = n;
-  }
-  if (x[B] != total)
-    return fail("must end at the token count " + std::to_string(total) + ", got " + std::to_string(x[B]));
-  return Status::Ok();
-}
+using detail::Seq;
 
 Status run(const AttentionCall& c) {
   AttentionParams p;
   DType t;
   Status s = validate_attention(c, &p, &t);
   if (!s.ok()) return s;
-  const TensorView& q = *c.t.q;
   const AttentionOptions& o = c.opts;
   const int64_t B = p.batch, group = p.group, Dqk = p.head_dim_qk, Dv = p.head_dim_v;
 
-  std::vector<Seq> seqs(static_cast<size_t>(B));
-  if (p.varlen) {
-    std::vector<int64_t> q0(B), sq(B), k0(B), sk(B);
-    if (!(s = read_cu(c, *c.t.cu_seqlens_q, "cu_seqlens_q", q.shape[0], o.max_seqlen_q, "max_seqlen_q", &q0, &sq)).ok())
-      return s;
-    if (!(s = read_cu(c, *c.t.cu_seqlens_k, "cu_seqlens_k", c.t.k->shape[0], o.max_seqlen_k, "max_seqlen_k", &k0, &sk))
-             .ok())
-      return s;
-    for (int64_t b = 0; b < B; ++b) seqs[b] = Seq{q0[b], sq[b], k0[b], sk[b]};
-  } else {
-    for (int64_t b = 0; b < B; ++b) seqs[b] = Seq{0, p.seqlen_q, 0, p.seqlen_k};
-  }
+  std::vector<Seq> seqs;
+  if (!(s = detail::read_seqs(c.name, c.t, o, p, &seqs)).ok()) return s;
 
   const double scale = o.scale > 0.0f ? double(o.scale) : 1.0 / std::sqrt(double(Dqk));
   const double softcap = o.softcap;
