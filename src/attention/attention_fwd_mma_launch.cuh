@@ -1,17 +1,17 @@
 // The mma attention kernel's launcher for one head dim: picks the compiled tile (kAttnMmaTiles row)
-// that the plan names, sets the kernel's shared-memory limit once per device, and launches the grid
+// that the plan names, raises the kernel's shared-memory limit (once per device), and launches the grid
 // (query tiles, Hq, B). Included by attention_fwd_mma_<dtype>.cu.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "attention/attention_fwd_mma_config.h"
 #include "attention/attention_fwd_mma_launch.h"
 #include "attention/kernels/attention_fwd_mma.cuh"
 #include "common/launch.cuh"
+#include "common/occupancy.h"
 
 namespace kernelforge {
 namespace attn_mma {
@@ -40,14 +40,9 @@ Status launch_tile(const AttentionParams& p, bool longest_first, cudaStream_t st
   const DeviceInfo* dev = nullptr;
   Status st = current_device_info(&device, &dev);
   if (!st.ok()) return st;
-  // The opt-in above 48 KB of dynamic shared memory, once per device (bit `device`).
-  static std::atomic<uint64_t> smem_set{0};
-  if (smem > 48 * 1024 && ((smem_set.load(std::memory_order_acquire) >> device) & 1) == 0) {
-    st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                     "attention_forward", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (!st.ok()) return st;
-    smem_set.fetch_or(uint64_t(1) << device, std::memory_order_acq_rel);
-  }
+  st = cuda_status(ensure_smem_limit(kernel, size_t(smem)), "attention_forward",
+                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!st.ok()) return st;
   const int64_t q_tiles = ceil_div(p.seqlen_q, block_m);
   if (q_tiles == 0 || p.heads_q == 0 || p.batch == 0) return Status::Ok();
   Launch l(dim3(unsigned(q_tiles), unsigned(p.heads_q), unsigned(p.batch)), dim3(32u * c.warps), size_t(smem), stream,

@@ -18,6 +18,7 @@
 #include "attention/kernels/attention_fwd_wgmma.cuh"
 #include "common/launch.cuh"
 #include "common/math.h"
+#include "common/occupancy.h"
 
 namespace kernelforge {
 
@@ -95,11 +96,8 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
       plan.stages != kWgmmaStages || plan.splits != 1)
     return Status::Invalid("attention_forward: the wgmma kernel has no configuration " + to_string(plan));
   auto kernel = attention_fwd_wgmma<T, kDqk, kDv, kBlockN>;
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess || attr.binaryVersion != 90) {
-    cudaGetLastError();
+  if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported("attention_forward: the wgmma kernel needs an sm_90 device and a build with 90a-real");
-  }
   // Windows wider than any sequence are unbounded (keeps the kernel's int32 bound arithmetic small).
   AttentionParams p = p_in;
   if (p.window_left >= p.seqlen_k) p.window_left = -1;
@@ -129,7 +127,7 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
       unaligned(p.o_sb, p.batch))
     return Status::NotSupported("attention_forward: the wgmma kernel stores out in 16-byte vectors (aligned rows)");
 
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+  const cudaError_t err = ensure_smem_limit(kernel, L::kBytes);
   if (err != cudaSuccess) return cuda_status(err, "attention_forward", "cudaFuncSetAttribute(shared memory)");
   const dim3 grid(unsigned(ceil_div(p.seqlen_q, kWgmmaBlockM)), unsigned(p.heads_q), unsigned(p.batch));
   Launch launch(grid, dim3(kWgmmaThreads), L::kBytes, stream, /*pdl=*/true);

@@ -11,6 +11,65 @@
 
 namespace kernelforge {
 
+// Per (kernel, device) facts, cached for the same reason: the dynamic shared memory limit raised so
+// far and the binary version of the code the device runs (cudaFuncGetAttributes).
+struct KernelDeviceFacts {
+  const void* kernel = nullptr;
+  int device = -1;
+  size_t smem_limit = 48 * 1024;  // every kernel may take 48 KB without the attribute
+  int binary_version = -1;        // -1: not queried yet; 0: no image for this device
+};
+
+inline KernelDeviceFacts& kernel_device_facts(const void* kernel, int device) {
+  static std::vector<KernelDeviceFacts> facts;  // callers hold the mutex below
+  for (KernelDeviceFacts& f : facts)
+    if (f.kernel == kernel && f.device == device) return f;
+  facts.push_back(KernelDeviceFacts{kernel, device});
+  return facts.back();
+}
+
+inline std::mutex& kernel_device_facts_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Makes `kernel` launchable with `smem` bytes of dynamic shared memory on the current device. The
+// first launch over 48 KB raises the limit to the device's opt-in maximum (227 KB on the H100), once
+// per (kernel, device); the limit never goes down, so no launcher can shrink another's.
+inline cudaError_t ensure_smem_limit(const void* kernel, size_t smem) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(kernel_device_facts_mutex());
+  KernelDeviceFacts& f = kernel_device_facts(kernel, device);
+  if (smem <= f.smem_limit) return cudaSuccess;
+  int optin = 0;
+  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  if (smem > size_t(optin)) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  if (err == cudaSuccess) f.smem_limit = size_t(optin);
+  return err;
+}
+
+// The binary version (e.g. 90) of the image of `kernel` the current device runs; 0 when there is
+// none (the build has no code for this device).
+inline int kernel_binary_version(const void* kernel) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(kernel_device_facts_mutex());
+  KernelDeviceFacts& f = kernel_device_facts(kernel, device);
+  if (f.binary_version < 0) {
+    cudaFuncAttributes attr{};
+    f.binary_version = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
+    cudaGetLastError();
+  }
+  return f.binary_version;
+}
+
 // Blocks of `kernel` resident per SM at `threads` threads and `smem` bytes of dynamic shared memory.
 // The first call per (kernel, threads, smem) also raises the kernel's dynamic shared memory limit
 // (static + dynamic shared memory over 48 KB needs the attribute). 0 when the kernel cannot run so.
@@ -23,20 +82,32 @@ inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
   };
   static std::mutex mu;
   static std::vector<Key> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const Key& e : cache)
-    if (e.k == kernel && e.t == threads && e.s == smem) return e.v;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Key& e : cache)
+      if (e.k == kernel && e.t == threads && e.s == smem) return e.v;
+  }
   int per_sm = 0;
-  if (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) != cudaSuccess)
-    per_sm = -1;
+  if (ensure_smem_limit(kernel, smem) != cudaSuccess) per_sm = -1;
   if (per_sm == 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess)
     per_sm = -1;
   if (per_sm < 1) {
     cudaGetLastError();
     per_sm = 0;
   }
+  std::lock_guard<std::mutex> lock(mu);
   cache.push_back({kernel, threads, smem, per_sm});
   return per_sm;
+}
+
+template <typename... Params>
+cudaError_t ensure_smem_limit(void (*kernel)(Params...), size_t smem) {
+  return ensure_smem_limit(reinterpret_cast<const void*>(kernel), smem);
+}
+
+template <typename... Params>
+int kernel_binary_version(void (*kernel)(Params...)) {
+  return kernel_binary_version(reinterpret_cast<const void*>(kernel));
 }
 
 template <typename... Params>

@@ -52,8 +52,7 @@ inline int cached_active_clusters(const void* kernel, int cluster, int block, co
     if (e.k == kernel && e.c == cluster && e.b == block && e.smem == smem) return e.v;
   int v = 0;
   cudaError_t err = cudaSuccess;
-  if (smem > 0)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSoftmaxBulkMaxSmem));
+  err = ensure_smem_limit(kernel, smem);
   if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&v, kernel, &cfg);
   if (err != cudaSuccess) {
     cudaGetLastError();
