@@ -148,7 +148,8 @@ AttentionGrads attention_backward_impl(bool cuda, const Tensor& dout, const Tens
   // Gradients in their inputs' memory layout where those are dense (a bhsd view of bshd memory keeps
   // its bshd strides), contiguous otherwise (e.g. slices of a fused qkv projection).
   Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  Tensor dsinks = at::empty({defined(sinks) ? q.size(-2) : 0}, q.options().dtype(at::kFloat));
+  const std::vector<int64_t> dsinks_shape = defined(sinks) ? sinks->sizes().vec() : std::vector<int64_t>{0};
+  Tensor dsinks = at::empty(dsinks_shape, q.options().dtype(at::kFloat));
 
   const kf::TensorView qv = view(q), kv = view(k), vv = view(v), ov = view(out), lv = view(lse), dov = view(dout);
   const kf::TensorView dqv = view(dq), dkv = view(dk), dvv = view(dv), dsv = view(dsinks);

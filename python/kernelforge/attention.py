@@ -67,13 +67,13 @@ def _attention_fake(q, k, v, *, causal, scale, window_left, window_right, softca
 def _attention_backward_fake(dout, q, k, v, out, lse, *, causal, scale, window_left, window_right, softcap, sinks,
                              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, deterministic):
     # The C++ impl's: dq, dk, dv like q, k, v (empty_like: the input's strides when dense), dsinks
-    # float32 [Hq], or [0] without sinks.
+    # float32 with sinks' shape [Hq], or [0] without sinks.
     if layout not in _LAYOUTS:
         raise ValueError(f"attention: layout must be 'bshd', 'bhsd' or 'varlen', got '{layout}'")
     if q.dim() != _RANK[layout] or v.dim() != _RANK[layout]:
         raise ValueError(f"attention: q and v must have {_RANK[layout]} dimensions {_FORM[layout]} for layout "
                          f"'{layout}', got {q.dim()} and {v.dim()}")
-    dsinks = q.new_empty((q.shape[-2] if sinks is not None else 0,), dtype=torch.float32)
+    dsinks = q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
