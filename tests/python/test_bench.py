@@ -403,11 +403,15 @@ def test_check_cpu(kf, op, dtype):
     assert not tally.failures, tally.failures[:4]
 
 
-@pytest.mark.parametrize("broken", ["causal", "window", "sinks"])
+@pytest.mark.parametrize("broken", ["causal", "window", "sinks", "dq"])
 def test_check_attention_catches(kf, broken):
-    """The oracles catch a dropped causal mask, a shifted window and ignored sinks."""
+    """The oracles catch a dropped causal mask, a shifted window, ignored sinks and a gradient 5% off
+    (the forward exact)."""
 
     def attention(q, k, v, **kw):
+        if broken == "dq":
+            q = q.clone()
+            q.register_hook(lambda g: g * 1.05)
         if broken == "causal" and kw["causal"]:
             kw["causal"] = False
         if broken == "window" and kw["window"] != (-1, -1):

@@ -308,7 +308,14 @@ def _options(v) -> dict:
 
 
 def _check_inputs(shape, v, dtype, device):
-    return make_inputs(shape, v, dtype, device)
+    """make_inputs plus dout, the incoming gradient (out's shape)."""
+    t = make_inputs(shape, v, dtype, device)
+    t["dout"] = randn(None, device, dtype, *t["q"].shape[:-1], t["v"].shape[-1])
+    return t
+
+
+def _leaves(t) -> list[str]:
+    return ["q", "k", "v"] + (["sinks"] if t["sinks"] is not None else [])
 
 
 def _tensor_args(t) -> dict:
@@ -316,13 +323,21 @@ def _tensor_args(t) -> dict:
 
 
 def _check_run(kfm, t, v):
+    """Forward and backward through kernelforge.attention's autograd; deterministic=True: check runs
+    every case twice and needs bit-identical gradients."""
     q = t["q"]
-    poison([q.shape[:-1] + (t["v"].shape[-1],)], q.dtype, q.device)
-    out, lse = kfm.attention(t["q"], t["k"], t["v"], **_options(v), **_tensor_args(t), return_lse=True)
+    poison([q.shape[:-1] + (t["v"].shape[-1],), q.shape, t["k"].shape, t["v"].shape], q.dtype, q.device)
+    x = {n: t[n].detach().clone().requires_grad_() for n in _leaves(t)}
+    args = {**_tensor_args(t), **({"sinks": x["sinks"]} if "sinks" in x else {})}
+    out, lse = kfm.attention(x["q"], x["k"], x["v"], **_options(v), **args, return_lse=True, deterministic=True)
     check_out("out", out, q.shape[:-1] + (t["v"].shape[-1],), q.dtype)
-    res = {"out": out}
+    out.backward(t["dout"])
+    res = {"out": out.detach()}
     if v.get("lse"):
         res["lse"] = lse
+    for n in x:
+        check_out(f"d{n}", x[n].grad, t[n].shape, t[n].dtype)
+        res[f"d{n}"] = x[n].grad
     return res
 
 
@@ -333,12 +348,15 @@ def _finite_lse(lse):
 
 def _cpp_reference(a, v):
     o = _options(v)
-    out, lse = torch.ops.kernelforge.attention(
-        a["q"], a["k"], a["v"], causal=o["causal"], scale=None, window_left=o["window"][0],
-        window_right=o["window"][1], softcap=o["softcap"], sinks=a["sinks"], cu_seqlens_q=a["cu_seqlens_q"],
-        cu_seqlens_k=a["cu_seqlens_k"], max_seqlen_q=a["max_seqlen_q"] or 0, max_seqlen_k=a["max_seqlen_k"] or 0,
-        layout=o["layout"], return_lse=True)
-    res = {"out": out}
+    kw = dict(causal=o["causal"], scale=None, window_left=o["window"][0], window_right=o["window"][1],
+              softcap=o["softcap"], sinks=a["sinks"], cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
+              max_seqlen_q=a["max_seqlen_q"] or 0, max_seqlen_k=a["max_seqlen_k"] or 0, layout=o["layout"])
+    out, lse = torch.ops.kernelforge.attention(a["q"], a["k"], a["v"], **kw, return_lse=True)
+    dq, dk, dv, dsinks = torch.ops.kernelforge.attention_backward(a["dout"], a["q"], a["k"], a["v"], out, lse, **kw,
+                                                                  deterministic=False)
+    res = {"out": out, "dq": dq, "dk": dk, "dv": dv}
+    if a["sinks"] is not None:
+        res["dsinks"] = dsinks
     if v.get("lse"):
         res["lse"] = _finite_lse(lse)
     return res
@@ -346,10 +364,13 @@ def _cpp_reference(a, v):
 
 def _reference(a, v):
     o = _options(v)
-    out, lse = attention_ref(a["q"], a["k"], a["v"], causal=o["causal"], window=o["window"], softcap=o["softcap"],
-                             sinks=a["sinks"], cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
+    x = {n: a[n].detach().clone().requires_grad_() for n in _leaves(a)}
+    out, lse = attention_ref(x["q"], x["k"], x["v"], causal=o["causal"], window=o["window"], softcap=o["softcap"],
+                             sinks=x.get("sinks"), cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
                              layout=o["layout"])
-    res = {"out": out}
+    grads = torch.autograd.grad(out, list(x.values()), a["dout"])
+    res = {"out": out.detach(), **{f"d{n}": g for n, g in zip(x, grads)}}
+    lse = lse.detach()
     if v.get("lse"):
         res["lse"] = _finite_lse(lse)
     return res
