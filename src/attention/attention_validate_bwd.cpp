@@ -14,7 +14,7 @@ namespace kernelforge {
 namespace {
 
 using attention_validate::Checker;
-using attention_validate::ranges_overlap;
+using attention_validate::may_overlap;
 using attention_validate::stride_or_0;
 using validate_util::shape_str;
 
@@ -104,11 +104,11 @@ Status validate_attention_backward(const AttentionGradCall& c, AttentionGradPara
       return ck.fail(std::string(outs[i].second) + " has overlapping elements (shape " + shape_str(g) + ", strides " +
                      validate_util::strides_str(g) + "): gradients would race");
     for (const Named& in : ins)
-      if (in.first != nullptr && ranges_overlap(g, *in.first))
+      if (in.first != nullptr && may_overlap(g, *in.first))
         return ck.fail(std::string(outs[i].second) + " must not overlap " + in.second +
                        " (the backward does not run in place)");
     for (size_t j = 0; j < i; ++j)
-      if (outs[j].first != nullptr && ranges_overlap(g, *outs[j].first))
+      if (outs[j].first != nullptr && may_overlap(g, *outs[j].first))
         return ck.fail(std::string(outs[i].second) + " must not overlap " + outs[j].second);
   }
 

@@ -55,6 +55,37 @@ inline bool non_overlapping(const TensorView& t) {
   return true;
 }
 
+// True when two views whose byte ranges interleave are still disjoint because they are slices of
+// one parent view along one dimension d: the same dtype and strides, the same sizes except in d, b
+// starting m steps of d past a (m integral), the index ranges [0, a.shape[d]) and [m, m + b.shape[d])
+// disjoint, and the parent (d spanning both) free of self-overlap, so distinct indices are distinct
+// addresses. Covers the q / k / v (or dq / dk / dv) heads of one fused buffer.
+inline bool disjoint_slices(const TensorView& a, const TensorView& b) {
+  if (a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  const int64_t es = int64_t(dtype_size(a.dtype));
+  const int64_t delta_bytes = static_cast<const char*>(b.data) - static_cast<const char*>(a.data);
+  if (delta_bytes % es != 0) return false;
+  const int64_t delta = delta_bytes / es;
+  for (int d = 0; d < a.ndim; ++d) {
+    bool same = true;
+    for (int e = 0; e < a.ndim; ++e)
+      same = same && a.strides[e] == b.strides[e] && (e == d || a.shape[e] == b.shape[e]);
+    if (!same || a.strides[d] <= 0 || delta % a.strides[d] != 0) continue;
+    const int64_t m = delta / a.strides[d];
+    if (m < a.shape[d] && m + b.shape[d] > 0) continue;  // the index ranges intersect
+    TensorView parent = m >= 0 ? a : b;
+    parent.shape[d] = m >= 0 ? m + b.shape[d] : a.shape[d] - m;
+    if (non_overlapping(parent)) return true;
+  }
+  return false;
+}
+
+// Whether two views may share an address: their byte ranges intersect and they are not disjoint
+// slices of one parent.
+inline bool may_overlap(const TensorView& a, const TensorView& b) {
+  return ranges_overlap(a, b) && !disjoint_slices(a, b);
+}
+
 // Stride of dimension d, 0 when the dimension has size 1 (its index is always 0; PyTorch may give
 // it any stride, which would otherwise needlessly rule out 16-byte loads and TMA).
 inline int64_t stride_or_0(const TensorView& t, int d) { return t.shape[d] == 1 ? 0 : t.strides[d]; }

@@ -5,3 +5,9 @@ add_test(NAME attention_validation COMMAND kf_tests --gtest_filter=*AttentionVal
 # every AttentionGpu case runs the public entry (the default plan) and then every candidate plan
 add_test(NAME attention_gpu COMMAND kf_tests --gtest_filter=*AttentionGpu* --kf_no_gpu_exit_code=77)
 set_tests_properties(attention_gpu PROPERTIES TIMEOUT 1800 SKIP_RETURN_CODE 77)
+# the backward: the float64 reference against finite differences, validation, and the GPU kernels
+# against the reference (every candidate plan of every case)
+add_test(NAME attention_bwd_reference COMMAND kf_tests --gtest_filter=*AttentionBwdReference*)
+add_test(NAME attention_bwd_validation COMMAND kf_tests --gtest_filter=*AttentionBwdValidation*)
+add_test(NAME attention_bwd_gpu COMMAND kf_tests --gtest_filter=*AttentionBwdGpu* --kf_no_gpu_exit_code=77)
+set_tests_properties(attention_bwd_gpu PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
