@@ -1,8 +1,9 @@
-"""The attention family: the fake (meta) implementation of its op and the functional API (forward
-only: the backward does not exist yet, and the op refuses inputs that require a gradient).
+"""The attention family: the fake (meta) implementations of its ops (kernelforge::attention and
+kernelforge::attention_backward) and the functional API, differentiable for q, k, v and sinks.
 
-The op lives in C++ (`torch/kf_attention.cpp`; the contract and formula in
-include/kernelforge/attention.h); arguments are validated there. Per batch b, query head h, row i
+The ops live in C++ (`torch/kf_attention.cpp`, whose autograd Function computes lse in the forward
+and calls attention_backward; the contract and formula in include/kernelforge/attention.h);
+arguments are validated there. Per batch b, query head h, row i
 (Sq_b, Sk_b: the sequence's lengths, d = Sk_b - Sq_b, bottom-right alignment):
 
     s_ij  = scale * q_i . k_j                    (scale None: 1 / sqrt(Dqk))
@@ -12,7 +13,10 @@ include/kernelforge/attention.h); arguments are validated there. Per batch b, qu
     out_i = softmax over the visible j (and the sink logit sinks[h], gpt-oss) of s_ij, times v_j
     lse_i = log of the softmax denominator (natural log, float32)
 
-A row that sees no key gets out = 0 (never NaN), lse = -inf (or sinks[h]). GQA / MQA: Hq a
+A row that sees no key gets out = 0 (never NaN), lse = -inf (or sinks[h]). Backward (p_ij the
+softmax weights, D_i = dout_i . out_i): dv_j = sum_i p_ij dout_i, ds_ij = p_ij (dout_i . v_j - D_i)
+(times the softcap derivative), dq / dk = scale * ds k / ds^T q, dsinks_h = -sum_i p_sink_i D_i;
+lse carries no gradient. GQA / MQA: Hq a
 multiple of Hkv, query head h reads key/value head h // (Hq // Hkv). Head dims Dqk = Dv in
 {64, 96, 128, 256}, or Dqk 192 with Dv 128. CUDA: float16 / bfloat16, float32 softmax math;
 CPU tensors run the float64 C++ reference.
@@ -39,7 +43,7 @@ _FORM = {"bshd": "[B, Sq, Hq, D]", "bhsd": "[B, Hq, Sq, D]", "varlen": "[Tq, Hq,
 
 @torch.library.register_fake("kernelforge::attention")
 def _attention_fake(q, k, v, *, causal, scale, window_left, window_right, softcap, sinks, cu_seqlens_q,
-                    cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, return_lse):
+                    cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, return_lse, deterministic=False):
     # The C++ impl's shapes (kf_attention.cpp): out contiguous in q's layout with v's head dim; lse
     # float32 [B, Hq, Sq] / [Hq, Tq]. max_seqlen_q / _k are not read: new lengths trace nothing new.
     if layout not in _LAYOUTS:
@@ -57,6 +61,20 @@ def _attention_fake(q, k, v, *, causal, scale, window_left, window_right, softca
     else:
         lse_shape = tuple(q.shape[:3])
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("kernelforge::attention_backward")
+def _attention_backward_fake(dout, q, k, v, out, lse, *, causal, scale, window_left, window_right, softcap, sinks,
+                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, layout, deterministic):
+    # The C++ impl's: dq, dk, dv like q, k, v (empty_like: the input's strides when dense), dsinks
+    # float32 with sinks' shape [Hq], or [0] without sinks.
+    if layout not in _LAYOUTS:
+        raise ValueError(f"attention: layout must be 'bshd', 'bhsd' or 'varlen', got '{layout}'")
+    if q.dim() != _RANK[layout] or v.dim() != _RANK[layout]:
+        raise ValueError(f"attention: q and v must have {_RANK[layout]} dimensions {_FORM[layout]} for layout "
+                         f"'{layout}', got {q.dim()} and {v.dim()}")
+    dsinks = q.new_empty(sinks.shape if sinks is not None else (0,), dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 # ---- functional API -------------------------------------------------------------------------------
@@ -86,8 +104,10 @@ def attention(
     max_seqlen_k: int | None = None,
     layout: str | None = None,
     return_lse: bool = False,
+    deterministic: bool = False,
 ):
-    """Scaled dot-product attention, forward: returns out, or (out, lse) with ``return_lse=True``.
+    """Scaled dot-product attention: returns out, or (out, lse) with ``return_lse=True``;
+    differentiable for q, k, v and sinks.
 
     layout "bshd" (the default without cu_seqlens): q [B, Sq, Hq, Dqk], k [B, Sk, Hkv, Dqk],
     v [B, Sk, Hkv, Dv], out [B, Sq, Hq, Dv]. "bhsd": [B, H, S, D] (SDPA's). "varlen" (the default
@@ -101,9 +121,14 @@ def attention(
     window of W keys including the current one: ``causal=True, window=(W - 1, 0)``). ``softcap`` > 0:
     logits pass through ``softcap * tanh(s / softcap)``. ``sinks``: a per-query-head logit [Hq]
     (float32 or q's dtype) added to every softmax denominator (gpt-oss). ``lse``: float32
-    [B, Hq, Sq] ([Hq, Tq] for varlen), natural log.
+    [B, Hq, Sq] ([Hq, Tq] for varlen), natural log; it carries no gradient (returned with
+    requires_grad=False).
 
-    Forward only: q, k, v and sinks must not require grad (an error otherwise).
+    Backward: gradients of q, k, v (their dtypes) and sinks (its dtype; summed in float32). When a
+    gradient is needed the forward also computes lse and keeps q, k, v, out, lse for the backward.
+    ``deterministic=True``: the backward sums dq and dsinks in a fixed order, so reruns give
+    bit-identical gradients (the default adds dq with float atomics: fewer passes, order-dependent
+    rounding); the forward ignores it. Double backward (create_graph=True) is an error.
     """
     if layout is None:
         layout = "varlen" if cu_seqlens_q is not None else "bshd"
@@ -113,7 +138,8 @@ def attention(
         q, k, v, causal=bool(causal), scale=None if scale is None else float(scale), window_left=left,
         window_right=right, softcap=float(softcap or 0.0), sinks=sinks, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=0 if max_seqlen_q is None else max_seqlen_q,
-        max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, layout=layout, return_lse=bool(return_lse))
+        max_seqlen_k=0 if max_seqlen_k is None else max_seqlen_k, layout=layout, return_lse=bool(return_lse),
+        deterministic=bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -180,7 +206,7 @@ def scaled_dot_product_attention(
     Sq > Sk the kernel runs it as ``window=(-1, Sq - Sk)``. Runs torch's SDPA instead (a warning
     once, KF_STRICT=1: an error) for an ``attn_mask``, ``dropout_p > 0``, ``is_causal`` with
     Sq < Sk, float32 CUDA tensors, more than 4 dimensions, or Hq != Hkv without ``enable_gqa``
-    (torch's error). Forward only.
+    (torch's error). Differentiable for query, key and value (kernelforge.attention's backward).
     """
     sdpa = torch.nn.functional.scaled_dot_product_attention
 

@@ -5,7 +5,7 @@ MQA, decode, partial rotary, odd head_dim; cross-entropy: vocabularies from 7 to
 every head dim pair, GQA / MQA, Sq != Sk both ways, ragged varlen) and variants
 (with / without weight and bias; AdaLN kinds and scale shapes; GELU erf / tanh, gate first / second;
 RoPE pairings, layouts and cos/sin tables; loss reductions and options; attention causal, window,
-softcap, sinks, layouts, lse; forward only) are the specs of
+softcap, sinks, layouts, lse; gradients of q, k, v, sinks with the deterministic backward) are the specs of
 kernelforge.specs. For each op, dtype, shape and variant, on fresh random data:
 
   * the GPU result through the public API (kf.*, autograd for the gradients) is compared with

@@ -249,15 +249,24 @@ def test_error_options(kf):
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v", "sinks"])
-def test_error_requires_grad(kf, which):
+def test_requires_grad_each_input(kf, which):
+    """One input requiring grad: the op records its backward and only that input gets a gradient, with
+    its shape and dtype; lse carries none. Under no_grad the same call records nothing."""
     q, k, v = qkv()
-    sinks = torch.zeros(2, dtype=torch.float64)
+    sinks = torch.zeros(2, dtype=torch.float32)
     t = {"q": q, "k": k, "v": v, "sinks": sinks}
     t[which].requires_grad_(True)
-    with pytest.raises(RuntimeError, match="kernelforge.attention: the backward is not implemented yet"):
-        kf.attention(t["q"], t["k"], t["v"], sinks=t["sinks"])
-    with torch.no_grad():  # no gradient asked: runs
-        assert kf.attention(t["q"], t["k"], t["v"], sinks=t["sinks"]).shape == q.shape
+    out, lse = kf.attention(t["q"], t["k"], t["v"], sinks=t["sinks"], return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+    (out * torch.randn_like(out)).sum().backward()
+    for name, x in t.items():
+        if name == which:
+            assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+            assert torch.isfinite(x.grad).all() and (x.grad != 0).any()
+        else:
+            assert x.grad is None
+    with torch.no_grad():  # no gradient asked: runs without recording
+        assert not kf.attention(t["q"], t["k"], t["v"], sinks=t["sinks"]).requires_grad
 
 
 def test_default_scale(kf):

@@ -40,7 +40,7 @@ def test_spec_is_complete(op):
     assert s.name == op and op in GROUPS[s.family]
     for f in ("reference", "cpp_reference", "check_run", "check_inputs", "inputs", "run"):
         assert callable(getattr(s, f)), f"{op}: no {f}"
-    backward = "fwdbwd" in s.modes  # forward-only ops (attention) differentiate nothing
+    backward = "fwdbwd" in s.modes  # a forward-only op would differentiate nothing
     assert s.check_shapes and s.variants and s.shapes and "fwd" in s.modes
     assert not backward or (s.grad_inputs and s.grad_outputs)
     assert s.bound in ("memory", "compute")
@@ -100,7 +100,8 @@ def test_families_and_groups():
 
 def test_attention_flops_and_shapes():
     """The anchors' count: 4 * B * H * S^2 * D, halved when causal; 2 * (Dqk + Dv) per pair in general;
-    varlen over its ragged lengths; the bench grid at 16 K tokens per batch; fwd only, bf16 / fp16."""
+    varlen over its ragged lengths; fwdbwd 3.5x the forward (the backward's five GEMMs: 2.5x); the bench
+    grid at 16 K tokens per batch; fwd and fwdbwd, bf16 / fp16."""
     s = SPECS["attention"]
     assert s.flop_count(AttnShape(4, 32, 32, 4096, 4096, 64, 64, False), "fwd") == 4 * 4 * 32 * 4096 ** 2 * 64
     assert s.flop_count(AttnShape(4, 32, 32, 4096, 4096, 64, 64, True), "fwd") == 2 * 4 * 32 * 4096 ** 2 * 64
@@ -112,7 +113,11 @@ def test_attention_flops_and_shapes():
     assert {sh.sq for sh in s.shapes} >= {512, 1024, 2048, 4096, 8192, 16384}
     assert {(sh.hq, sh.d) for sh in s.shapes} >= {(16, 128), (32, 64), (8, 256)}
     assert any(sh.hq != sh.hk for sh in s.shapes) and any(sh.varlen for sh in s.shapes)
-    assert runner.modes_for(16384, ["fwd", "fwdbwd", "fwd_graph"], s) == ["fwd"]
+    for sh in (AttnShape(4, 32, 32, 4096, 4096, 64, 64, True), AttnShape(1, 2, 2, 10, 20, 192, 128, False),
+               AttnShape(4, 1, 1, 8, 8, 64, 64, False, True)):
+        assert 2 * s.flop_count(sh, "fwdbwd") == 7 * s.flop_count(sh, "fwd")
+    assert s.grad_inputs == ("q", "k", "v") and s.grad_outputs == ("dout",)
+    assert runner.modes_for(16384, ["fwd", "fwdbwd", "fwd_graph"], s) == ["fwd", "fwdbwd"]
     cases = runner.plan_cases(["attention"], None, ["bf16", "fp32"])
     assert cases and {dt for _, _, dt in cases} == {"bf16"}
     assert not s.peer_applies("cudnn", AttnShape(8, 16, 16, 4096, 4096, 128, 128, True, True))
@@ -398,11 +403,15 @@ def test_check_cpu(kf, op, dtype):
     assert not tally.failures, tally.failures[:4]
 
 
-@pytest.mark.parametrize("broken", ["causal", "window", "sinks"])
+@pytest.mark.parametrize("broken", ["causal", "window", "sinks", "dq"])
 def test_check_attention_catches(kf, broken):
-    """The oracles catch a dropped causal mask, a shifted window and ignored sinks."""
+    """The oracles catch a dropped causal mask, a shifted window, ignored sinks and a gradient 5% off
+    (the forward exact)."""
 
     def attention(q, k, v, **kw):
+        if broken == "dq":
+            q = q.clone()
+            q.register_hook(lambda g: g * 1.05)
         if broken == "causal" and kw["causal"]:
             kw["causal"] = False
         if broken == "window" and kw["window"] != (-1, -1):

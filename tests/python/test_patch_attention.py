@@ -1,7 +1,9 @@
 """patch(model) routes attention to kernelforge.attention: tiny random transformers models (Llama, Qwen2,
-Mistral with a sliding window, Gemma 2 with softcap and sliding windows, gpt-oss with sinks) and
-diffusers transformers (LTX-Video, Flux, Wan), patched against unpatched, in eval mode without
-gradients; padding masks (left padding) become varlen; unpatch restores the previous implementation.
+Mistral with a sliding window, Gemma 2 with softcap and sliding windows, gpt-oss with sinks,
+DeepSeek-V2 with MLA head dims 192 / 128) and diffusers transformers (LTX-Video, Flux, Wan), patched
+against unpatched, in eval mode without gradients and as training steps (loss and parameter
+gradients, sinks included); padding masks (left padding) become varlen; dropout in training falls
+back, announced; unpatch restores the previous implementation.
 
 CPU: the patched attention runs the float64 reference (float32 inputs computed in float64, rounded
 once), the unpatched model its eager float32 attention: they agree to float32 accuracy. CUDA (bf16):
@@ -64,6 +66,12 @@ def hf_model(arch, device, dtype):
         with torch.no_grad():  # HF initializes the sinks to zeros: random ones test that they are used
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0, 1.0)
+    elif arch == "deepseek_v2":  # MLA: q / k head dim 128 + 64 (rope) = 192, v head dim 128
+        cfg = dict(COMMON, num_key_value_heads=2, kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=128,
+                   qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=4, num_experts_per_tok=2,
+                   moe_intermediate_size=64, n_shared_experts=1, first_k_dense_replace=1)
+        cfg.pop("head_dim")
+        model = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**cfg))
     else:
         raise ValueError(arch)
     return model.to(device=device, dtype=dtype).eval()
@@ -74,7 +82,7 @@ def logits(model, ids, mask=None):
         return model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
 
 
-ARCHS = ["llama", "qwen2", "mistral", "gemma2", "gpt_oss"]
+ARCHS = ["llama", "qwen2", "mistral", "gemma2", "gpt_oss", "deepseek_v2"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -133,20 +141,101 @@ def test_transformers_generate(kf, device, dtype):
         assert torch.equal(got, want)
 
 
-def test_transformers_grad_falls_back(kf, monkeypatch):
-    """Training (inputs that require grad): torch's attention runs, announced once; gradients flow."""
+def train_step(model, ids, mask=None, labels=None):
+    """One training step (train mode): the loss and every parameter's gradient, float32 copies."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids if labels is None else labels, use_cache=False).loss
+    loss.backward()
+    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return loss.detach().float(), grads
+
+
+def compare_step(name, got, want, truth, dtype):
+    """Loss, the gradients of the first layer's attention parameters (projections, sinks) one by one,
+    and all gradients as one vector."""
+    (l_g, g_g), (l_w, g_w) = got, want
+    l_t, g_t = truth if truth is not None else (None, None)
+    assert g_g.keys() == g_w.keys(), f"{name}: gradients of different parameters"
+    compare(f"{name} loss", l_g.view(1), l_w.view(1), None if truth is None else l_t.view(1), dtype)
+    attn = [n for n in g_w if ".layers.0.self_attn." in n]
+    assert attn, f"{name}: no attention parameter has a gradient"
+    for n in attn:
+        compare(f"{name} grad {n}", g_g[n], g_w[n], None if truth is None else g_t[n], dtype)
+
+    def flat(g):
+        return torch.cat([g[n].flatten() for n in sorted(g_w)])
+
+    compare(f"{name} all grads", flat(g_g), flat(g_w), None if truth is None else flat(g_t), dtype)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_transformers_training_matches(kf, arch, device, dtype):
+    """A training step (train mode, gradients of every parameter) runs the kernel's forward and backward
+    (no fallback) and matches the unpatched model's step (CUDA: both against a float32 oracle)."""
+    model = hf_model(arch, device, dtype)
+    ids = torch.randint(0, 96, (2, 13), device=device)
+    truth = train_step(copy.deepcopy(model).float(), ids) if dtype != torch.float32 else None
+    want = train_step(model, ids)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        got = train_step(model, ids)
+    compare_step(arch, got, want, truth, dtype)
+    if arch == "gpt_oss":
+        assert any(n.endswith("self_attn.sinks") for n in got[1]), "gpt-oss sinks got no gradient"
+    assert kf.unpatch(model) == 1
+
+
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_transformers_training_left_padding(kf, device, dtype):
+    """Training with left padding: the varlen path (gather, kernel, scatter) carries the gradients."""
+    model = hf_model("mistral", device, dtype)
+    ids = torch.randint(0, 96, (3, 11), device=device)
+    mask = torch.ones(3, 11, dtype=torch.long, device=device)
+    mask[1, :4] = 0
+    mask[2, :9] = 0
+    # no loss term reads a padded position's output (eager attends padded rows to something, the kernel
+    # gives them 0): labels at pads and at the tokens a pad predicts (the causal LM shift) are ignored
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
+    truth = train_step(copy.deepcopy(model).float(), ids, mask, labels) if dtype != torch.float32 else None
+    want = train_step(model, ids, mask, labels)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = train_step(model, ids, mask, labels)
+    compare_step("mistral padded", got, want, truth, dtype)
+    kf.unpatch(model)
+
+
+def test_transformers_dropout_falls_back(kf, monkeypatch):
+    """Attention dropout in training mode: torch's attention runs, announced once; gradients flow. In
+    eval mode (no dropout) the kernel runs again."""
     from kernelforge.patch import _runtime
 
     monkeypatch.setattr(_runtime, "warned", set())
-    model = hf_model("gemma2", "cpu", torch.float32)
+    model = hf_model("llama", "cpu", torch.float32)
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
     ids = torch.randint(0, 96, (2, 9))
-    want = model(input_ids=ids, use_cache=False).logits
+    want = logits(model, ids)
     kf.patch(model, norms=False, activations=False, rope=False, loss=False)
-    with pytest.warns(UserWarning, match="require grad"):
-        got = model(input_ids=ids, use_cache=False).logits
-    got.sum().backward()
+    model.train()
+    with pytest.warns(UserWarning, match=r"dropout=0\.1 in training mode"):
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
     assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
-    assert rel_err(got, want) < 1e-5
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = logits(model, ids)
+    assert rel_err(got, want) < 1e-4
+    model.train()
     monkeypatch.setenv("KF_STRICT", "1")
     with pytest.raises(RuntimeError, match="KF_STRICT=1"):
         model(input_ids=ids, use_cache=False)
@@ -238,6 +327,35 @@ def test_diffusers_patched_matches(kf, build):
         assert rel_err(got, want) < 1e-4
         assert kf.unpatch(model) == n_attn
         assert torch.equal(forward(model, inputs), want)
+
+
+@pytest.mark.parametrize("build", [_ltx, _flux, _wan], ids=["ltx", "flux", "wan"])
+def test_diffusers_training_matches(kf, build):
+    """A training step through the patched processors: the kernel's backward (no fallback); the loss and
+    the attention parameters' gradients match the unpatched model's."""
+    model, inputs, forward, n_attn = build("cpu", torch.float32)
+
+    def step():
+        model.train()
+        model.zero_grad(set_to_none=True)
+        loss = forward(model, inputs).square().mean()
+        loss.backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.eval()
+        return loss.detach(), grads
+
+    want_loss, want = step()
+    report = kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    assert len([p for p in report.patched if p.op == "kernelforge.attention"]) == n_attn, str(report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got_loss, got = step()
+    assert rel_err(got_loss.view(1), want_loss.view(1)) < 1e-4
+    attn = [n for n in want if ".to_q." in n or ".to_k." in n or ".to_v." in n]
+    assert attn and got.keys() == want.keys()
+    for n in attn:
+        assert rel_err(got[n], want[n]) < 1e-4, n
+    kf.unpatch(model)
 
 
 def test_ltx_rope_patch_keeps_its_modules(kf):

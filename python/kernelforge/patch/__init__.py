@@ -136,12 +136,13 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
     from the hidden states (ForCausalLMLoss semantics: shifted labels or ``shift_labels``, -100 ignored,
     mean or sum / ``num_items_in_batch``) and return ``logits=None``, unless ``logits_with_loss=True``,
     which also computes and returns the logits; without labels the original forward runs.
-    Attention (``attention``; forward only, see ``patch/attention.py``): transformers models get
+    Attention (``attention``; inference and training, see ``patch/attention.py``): transformers models get
     ``set_attn_implementation("kernelforge")`` (registered in transformers' AttentionInterface and
     AttentionMaskInterface: causal, sliding window, softcap, sinks, GQA, padding masks as varlen);
     diffusers LTX-Video / Flux / Wan attention modules get a processor that routes their
-    ``dispatch_attention_fn`` calls to ``kernelforge.attention``. Calls that need a gradient, dropout or
-    a mask pattern the kernel cannot express run the library's attention instead, announced once.
+    ``dispatch_attention_fn`` calls to ``kernelforge.attention`` (differentiable: gradients flow through
+    its backward). Calls with dropout in training or a mask pattern the kernel cannot express run the
+    library's attention instead, announced once.
     Modules already patched are skipped (patching twice is patching once; the options of the first
     patch stay).
     """

@@ -1,7 +1,7 @@
 """The attention family of patch(): transformers models through the attention interface, diffusers
-transformers through their attention processors. Forward only: whatever needs a gradient, dropout or
-a mask the kernel cannot express runs the library's own attention, with a warning once (KF_STRICT=1:
-an error).
+transformers through their attention processors, in inference and in training (kernelforge.attention
+is differentiable for q, k, v and sinks). Dropout in training, or a mask the kernel cannot express,
+runs the library's own attention, with a warning once (KF_STRICT=1: an error).
 
 transformers (5.x): ``"kernelforge"`` is registered in ``AttentionInterface`` (the attention function)
 and ``AttentionMaskInterface`` (the mask function); ``patch`` sets ``model.set_attn_implementation(
@@ -30,10 +30,12 @@ GQA) and returns ([B, Sq, Hq, Dv], None). It calls ``kernelforge.attention`` wit
 - ``cu_seq_lens_q`` / ``cu_seq_lens_k`` kwargs (padding-free batches): varlen over the flattened
   tokens; ``max_length_q`` / ``_k`` when they are ints, else the token count (no .item()).
 
-Fallbacks (torch's attention on the same inputs, announced): a gradient is needed (q, k, v or s_aux
-requires grad under grad mode: the backward does not exist yet), dropout > 0, a 4-D mask, a dtype the
-kernel does not take (CUDA float32; the CPU runs the float64 reference for every floating dtype),
-``output_attentions``. The fallback is SDPA with an explicit boolean mask, or, with softcap or sinks,
+Training: the gradients of query, key, value and s_aux flow through the kernel's backward (the
+padded path's gather / scatter and the dtype casts are ordinary differentiable torch ops).
+
+Fallbacks (torch's attention on the same inputs, announced): dropout > 0 in training mode, a 4-D
+mask, a dtype the kernel does not take (CUDA float32; the CPU runs the float64 reference for every
+floating dtype), ``output_attentions``. The fallback is SDPA with an explicit boolean mask, or, with softcap or sinks,
 the eager formula (softmax in float32), as the modeling files compute it.
 
 diffusers: the processors of ``LTXVideoAttnProcessor``, ``FluxAttnProcessor`` and ``WanAttnProcessor``
@@ -42,7 +44,8 @@ call the module-level ``dispatch_attention_fn(query, key, value, attn_mask=..., 
 it: its ``__call__`` runs the original processor's own code with that one global bound to
 ``kf_dispatch_attention_fn`` (the rope family's technique: the modeling module is untouched), which
 calls ``kernelforge.attention(layout="bshd")`` and otherwise (a mask, dropout, a backend or parallel
-config, a gradient, an unsupported dtype) the original ``dispatch_attention_fn``, announced.
+config, an unsupported dtype) the original ``dispatch_attention_fn``, announced; gradients flow
+through the kernel's backward.
 ``unpatch`` puts the original processor back.
 """
 
@@ -62,7 +65,7 @@ _attn = importlib.import_module("..attention", __package__)
 
 NAME = "kernelforge"
 STATE_ATTR = "_kf_attn_patch"  # on a patched transformers model: the attention implementation it had
-_HINT = "Run without gradients, dropout or custom masks, with float16 / bfloat16 CUDA tensors, to use the kernel."
+_HINT = "Run without dropout or custom masks, with float16 / bfloat16 CUDA tensors, to use the kernel."
 
 
 def _fallback(subject: str, why: str, original: str) -> None:
@@ -210,12 +213,8 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     training = module.training
     sinks = s_aux
     why = None
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (query, key, value, sinks))
     dtype = _attn.reference_dtype(query)
-    if needs_grad:
-        why = "inputs that require grad (the attention backward is not implemented yet)"
-    elif dropout and training:
+    if dropout and training:
         why = f"dropout={dropout} in training mode"
     elif attention_mask is not None and attention_mask.dim() != 2:
         why = "a mask pattern the kernel cannot express (packed sequences, custom mask functions)"
@@ -334,8 +333,6 @@ def kf_dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, i
         why = f"dropout_p={dropout_p}"
     elif backend is not None or parallel_config is not None or attention_kwargs:
         why = "an attention backend, parallel config or attention kwargs"
-    elif torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        why = "inputs that require grad (the attention backward is not implemented yet)"
     elif dtype is None:
         why = f"{query.dtype} {query.device.type} tensors"
     elif not _attn.head_dims_supported(query, value):

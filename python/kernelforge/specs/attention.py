@@ -1,4 +1,4 @@
-"""The attention family: attention (scaled dot-product attention, forward).
+"""The attention family: attention (scaled dot-product attention, forward and backward).
 
 Bench shapes are AttnShapes, written as the anchors write them: b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}],
 ``c`` for causal, ``-varlen`` for packed ragged sequences (B sequences of lengths S, 3S/4, S/2, S/4,
@@ -7,7 +7,9 @@ repeated). Check shapes are (B, Sq, Sk, Hq, Hkv, Dqk, Dv) with variants for the 
 Attention is compute-bound: the bench reports TFLOP/s (``bound="compute"``), counted as the anchors
 count it: 4 * B * H * Sq * Sk * D for Dqk = Dv (2 * Sq * Sk * (Dqk + Dv) per (b, h) in general: the
 QK^T and PV GEMMs), halved when causal (Sq = Sk: the visible pairs are about half; exactly
-Sq * (Sq + 1) / 2, the anchors and FlashAttention's benchmarks use half).
+Sq * (Sq + 1) / 2, the anchors and FlashAttention's benchmarks use half). Forward + backward
+(``fwdbwd``) counts 3.5x that: the forward's two GEMMs, then the backward's five (S recomputed, dP,
+dV, dQ, dK: 2.5x the forward), as FlashAttention's benchmarks count it.
 """
 
 from __future__ import annotations
@@ -100,8 +102,10 @@ def _pairs(shape: AttnShape) -> int:
 
 
 def _flops(shape: AttnShape, mode: str) -> int:
-    # QK^T: 2 * D per pair; PV: 2 * Dv per pair
-    return 2 * shape.hq * _pairs(shape) * (shape.d + shape.dv)
+    # QK^T: 2 * D per pair; PV: 2 * Dv per pair. Backward: S = QK^T again (2 D), dP = dO V^T (2 Dv),
+    # dV = P^T dO (2 Dv), dQ = dS K (2 D), dK = dS^T Q (2 D): 2.5x the forward for D = Dv
+    fwd = 2 * shape.hq * _pairs(shape) * (shape.d + shape.dv)
+    return fwd * 7 // 2 if mode == "fwdbwd" else fwd
 
 
 def _tokens(shape: AttnShape) -> tuple[int, int]:
@@ -112,16 +116,20 @@ def _tokens(shape: AttnShape) -> tuple[int, int]:
 
 
 def _bytes(shape: AttnShape, mode: str, elt: int) -> int:
-    # q, k, v read once, out written once (informational: the op is compute-bound)
+    # q, k, v read once, out written once (informational: the op is compute-bound); fwdbwd adds the
+    # backward's q, k, v, out, dout reads and dq, dk, dv writes (lse and the float32 dq accumulator aside)
     tq, tk = _tokens(shape)
-    return (tq * shape.hq * (shape.d + shape.dv) + tk * shape.hk * (shape.d + shape.dv)) * elt
+    fwd = (tq * shape.hq * (shape.d + shape.dv) + tk * shape.hk * (shape.d + shape.dv)) * elt
+    bwd = (2 * tq * shape.hq * (shape.d + 2 * shape.dv) + 2 * tk * shape.hk * (shape.d + shape.dv)) * elt
+    return fwd + bwd if mode == "fwdbwd" else fwd
 
 
 # ---- bench ----------------------------------------------------------------------------------------
 
 
 def _inputs(shape: AttnShape, dtype, device, gen):
-    """q, k, v in FlashAttention's layout: [B, S, H, D] (varlen: packed [T, H, D] with cu_seqlens)."""
+    """q, k, v in FlashAttention's layout: [B, S, H, D] (varlen: packed [T, H, D] with cu_seqlens), and
+    dout (out's shape) for fwdbwd."""
     if shape.varlen:
         lens = varlen_lengths(shape.b, shape.sq)
         t = sum(lens)
@@ -129,10 +137,12 @@ def _inputs(shape: AttnShape, dtype, device, gen):
         return {"q": randn(gen, device, dtype, t, shape.hq, shape.d),
                 "k": randn(gen, device, dtype, t, shape.hk, shape.d),
                 "v": randn(gen, device, dtype, t, shape.hk, shape.dv),
+                "dout": randn(gen, device, dtype, t, shape.hq, shape.dv),
                 "cu_seqlens": cu, "max_seqlen": max(lens), "causal": shape.causal, "varlen": True}
     return {"q": randn(gen, device, dtype, shape.b, shape.sq, shape.hq, shape.d),
             "k": randn(gen, device, dtype, shape.b, shape.sk, shape.hk, shape.d),
             "v": randn(gen, device, dtype, shape.b, shape.sk, shape.hk, shape.dv),
+            "dout": randn(gen, device, dtype, shape.b, shape.sq, shape.hq, shape.dv),
             "causal": shape.causal, "varlen": False}
 
 
@@ -298,7 +308,14 @@ def _options(v) -> dict:
 
 
 def _check_inputs(shape, v, dtype, device):
-    return make_inputs(shape, v, dtype, device)
+    """make_inputs plus dout, the incoming gradient (out's shape)."""
+    t = make_inputs(shape, v, dtype, device)
+    t["dout"] = randn(None, device, dtype, *t["q"].shape[:-1], t["v"].shape[-1])
+    return t
+
+
+def _leaves(t) -> list[str]:
+    return ["q", "k", "v"] + (["sinks"] if t["sinks"] is not None else [])
 
 
 def _tensor_args(t) -> dict:
@@ -306,13 +323,21 @@ def _tensor_args(t) -> dict:
 
 
 def _check_run(kfm, t, v):
+    """Forward and backward through kernelforge.attention's autograd; deterministic=True: check runs
+    every case twice and needs bit-identical gradients."""
     q = t["q"]
-    poison([q.shape[:-1] + (t["v"].shape[-1],)], q.dtype, q.device)
-    out, lse = kfm.attention(t["q"], t["k"], t["v"], **_options(v), **_tensor_args(t), return_lse=True)
+    poison([q.shape[:-1] + (t["v"].shape[-1],), q.shape, t["k"].shape, t["v"].shape], q.dtype, q.device)
+    x = {n: t[n].detach().clone().requires_grad_() for n in _leaves(t)}
+    args = {**_tensor_args(t), **({"sinks": x["sinks"]} if "sinks" in x else {})}
+    out, lse = kfm.attention(x["q"], x["k"], x["v"], **_options(v), **args, return_lse=True, deterministic=True)
     check_out("out", out, q.shape[:-1] + (t["v"].shape[-1],), q.dtype)
-    res = {"out": out}
+    out.backward(t["dout"])
+    res = {"out": out.detach()}
     if v.get("lse"):
         res["lse"] = lse
+    for n in x:
+        check_out(f"d{n}", x[n].grad, t[n].shape, t[n].dtype)
+        res[f"d{n}"] = x[n].grad
     return res
 
 
@@ -323,12 +348,15 @@ def _finite_lse(lse):
 
 def _cpp_reference(a, v):
     o = _options(v)
-    out, lse = torch.ops.kernelforge.attention(
-        a["q"], a["k"], a["v"], causal=o["causal"], scale=None, window_left=o["window"][0],
-        window_right=o["window"][1], softcap=o["softcap"], sinks=a["sinks"], cu_seqlens_q=a["cu_seqlens_q"],
-        cu_seqlens_k=a["cu_seqlens_k"], max_seqlen_q=a["max_seqlen_q"] or 0, max_seqlen_k=a["max_seqlen_k"] or 0,
-        layout=o["layout"], return_lse=True)
-    res = {"out": out}
+    kw = dict(causal=o["causal"], scale=None, window_left=o["window"][0], window_right=o["window"][1],
+              softcap=o["softcap"], sinks=a["sinks"], cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
+              max_seqlen_q=a["max_seqlen_q"] or 0, max_seqlen_k=a["max_seqlen_k"] or 0, layout=o["layout"])
+    out, lse = torch.ops.kernelforge.attention(a["q"], a["k"], a["v"], **kw, return_lse=True)
+    dq, dk, dv, dsinks = torch.ops.kernelforge.attention_backward(a["dout"], a["q"], a["k"], a["v"], out, lse, **kw,
+                                                                  deterministic=False)
+    res = {"out": out, "dq": dq, "dk": dk, "dv": dv}
+    if a["sinks"] is not None:
+        res["dsinks"] = dsinks
     if v.get("lse"):
         res["lse"] = _finite_lse(lse)
     return res
@@ -336,10 +364,13 @@ def _cpp_reference(a, v):
 
 def _reference(a, v):
     o = _options(v)
-    out, lse = attention_ref(a["q"], a["k"], a["v"], causal=o["causal"], window=o["window"], softcap=o["softcap"],
-                             sinks=a["sinks"], cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
+    x = {n: a[n].detach().clone().requires_grad_() for n in _leaves(a)}
+    out, lse = attention_ref(x["q"], x["k"], x["v"], causal=o["causal"], window=o["window"], softcap=o["softcap"],
+                             sinks=x.get("sinks"), cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
                              layout=o["layout"])
-    res = {"out": out}
+    grads = torch.autograd.grad(out, list(x.values()), a["dout"])
+    res = {"out": out.detach(), **{f"d{n}": g for n, g in zip(x, grads)}}
+    lse = lse.detach()
     if v.get("lse"):
         res["lse"] = _finite_lse(lse)
     return res
@@ -354,12 +385,12 @@ def _check_run_finite(kfm, t, v):
 
 ATTENTION = OpSpec(
     name="attention", family="attention", shape_kind="attn",
-    inputs=_inputs, run=_kf_run, grad_inputs=(), grad_outputs=(), outputs=("out",),
+    inputs=_inputs, run=_kf_run, grad_inputs=("q", "k", "v"), grad_outputs=("dout",), outputs=("out",),
     row_bytes=_bytes, flops=_flops, shapes=SHAPES,
     providers=("kernelforge", "flash2", "cudnn", "mem_eff", "flex"),
     extra_peers={"flash2": lambda: _sdpa_peer("FLASH_ATTENTION"), "cudnn": lambda: _sdpa_peer("CUDNN_ATTENTION"),
                  "mem_eff": lambda: _sdpa_peer("EFFICIENT_ATTENTION"), "flex": _flex_peer},
-    peer_applies=_peer_applies, modes=("fwd",), dtypes=(torch.bfloat16, torch.float16), bound="compute",
+    peer_applies=_peer_applies, modes=("fwd", "fwdbwd"), dtypes=(torch.bfloat16, torch.float16), bound="compute",
     check_shapes=CHECK_SHAPES, variants=VARIANTS, check_inputs=_check_inputs, check_run=_check_run_finite,
     cpp_reference=_cpp_reference, reference=_reference, check_label=check_label,
 )
