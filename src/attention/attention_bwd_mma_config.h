@@ -42,11 +42,12 @@ constexpr AttnBwdTile kAttnBwdTiles[] = {
     {64, 64, 64, 64, 4, 2},
     // d96: 64 x 64, 4 warps (97 KB, fits every sm_8x / sm_9x device).
     {96, 96, 64, 64, 4, 2},
-    // d128: 64 x 128 keys, 8 warps (173 KB, sm_90); 64 x 64, 4 warps (121 KB, A100); 32 x 64,
-    // 4 warps (79 KB, 99 KB devices). 128 accumulators + 64 (S^T, dP^T; 32 at block_m 32).
+    // d128: 64 x 128 keys, 8 warps (173 KB, sm_90); 64 x 64, 4 warps (121 KB, A100): 128
+    // accumulators + 64 (S^T, dP^T); 32 x 64, 8 warps (79 KB, 99 KB devices; two warps per key row
+    // tile split the head dims: 64 accumulators + 16).
     {128, 128, 64, 128, 8, 2},
     {128, 128, 64, 64, 4, 2},
-    {128, 128, 32, 64, 4, 2},
+    {128, 128, 32, 64, 8, 2},
     // d192/128 (MLA): 32 x 64, 8 warps (95 KB): 80 accumulators per thread (two warps per key row
     // tile split the head dims).
     {192, 128, 32, 64, 8, 2},

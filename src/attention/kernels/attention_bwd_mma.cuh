@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
         const uint32_t do_b = smem_addr(sdO + b_elem_do);
         const uint32_t q_b = smem_addr(sQ + b_elem_q);
-#pragma unroll
+#pragma unroll 1
         for (int kk = 0; kk < kDv / 16; ++kk) {
           uint32_t a[4];
           ldmatrix_x4(v_a + kk * 32, a);
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             mma_16816<T>(dp[2 * np + 1], a, bb[2], bb[3]);
           }
         }
-#pragma unroll
+#pragma unroll 1
         for (int kk = 0; kk < kDqk / 16; ++kk) {
           uint32_t a[4];
           ldmatrix_x4(k_a + kk * 32, a);
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       {
         const uint32_t do_t = smem_addr(sdO + t_elem_do);
         const uint32_t q_t = smem_addr(sQ + t_elem_q);
-#pragma unroll
+#pragma unroll 1
         for (int kk = 0; kk < kBlockM / 16; ++kk) {
           uint32_t a[4];
           ldmatrix_x4(p_a + kk * 32, a);
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           float acc[kDqChunk / 8][4];
 #pragma unroll
           for (int j = 0; j < kDqChunk / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
+#pragma unroll 1
           for (int kk = 0; kk < kBlockN / 16; ++kk) {
             uint32_t a[4];
             ldmatrix_x4_trans(ds_t + kk * 16 * kPS * 2, a);
