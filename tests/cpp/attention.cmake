@@ -5,3 +5,4 @@ add_test(NAME attention_validation COMMAND kf_tests --gtest_filter=*AttentionVal
 # every AttentionGpu case runs the public entry (the default plan) and then every candidate plan
 add_test(NAME attention_gpu COMMAND kf_tests --gtest_filter=*AttentionGpu* --kf_no_gpu_exit_code=77)
 set_tests_properties(attention_gpu PROPERTIES TIMEOUT 1800 SKIP_RETURN_CODE 77)
+add_test(NAME attention_bwd_plan COMMAND kf_tests --gtest_filter=*AttentionBwdPlan*)
