@@ -5,6 +5,6 @@
 #include "attention/attention_bwd_launch.cuh"
 
 namespace kernelforge {
-template Status launch_attention_bwd<__nv_bfloat16>(const AttentionPlan&, const AttentionGradParams&, const DeviceInfo&, void*,
-                                         cudaStream_t);
+template Status launch_attention_bwd<__nv_bfloat16>(const AttentionPlan&, const AttentionGradParams&, const DeviceInfo&,
+                                                    void*, cudaStream_t);
 }  // namespace kernelforge

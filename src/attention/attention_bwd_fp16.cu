@@ -6,5 +6,5 @@
 
 namespace kernelforge {
 template Status launch_attention_bwd<__half>(const AttentionPlan&, const AttentionGradParams&, const DeviceInfo&, void*,
-                                         cudaStream_t);
+                                             cudaStream_t);
 }  // namespace kernelforge

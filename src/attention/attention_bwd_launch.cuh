@@ -1,8 +1,13 @@
-// SCAFFOLD (owner: the backward kernel): the backward launcher, one switch over plan.kind.
+// The attention backward launcher: one switch over plan.kind. Each kernel's own launcher lives
+// beside it (attention_bwd_mma_<dtype>.cu) so the kernels compile in parallel. check_bwd_plan has
+// accepted the plan before a launch. Included by attention_bwd_<dtype>.cu.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <string>
+
+#include "attention/attention_bwd_mma_launch.h"
 #include "attention/attention_plan.h"
 #include "common/plan_record.h"
 
@@ -11,12 +16,14 @@ namespace kernelforge {
 template <typename T>
 Status launch_attention_bwd(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                             void* workspace, cudaStream_t stream) {
-  (void)p;
-  (void)dev;
-  (void)workspace;
-  (void)stream;
   record_plan(plan);
-  return Status::NotSupported("attention_backward: no backward kernel is built yet");
+  switch (plan.kind) {
+    case AttentionKernel::kBwdMma:
+      return launch_attention_bwd_mma<T>(plan, p, dev, workspace, stream);
+    default:
+      break;
+  }
+  return Status::Invalid("attention_backward: no backward kernel for plan " + to_string(plan));
 }
 
 }  // namespace kernelforge

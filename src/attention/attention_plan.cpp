@@ -99,6 +99,8 @@ bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
 
 }  // namespace
 
+int64_t attention_smem_limit(int capability) { return smem_limit(capability); }
+
 std::string to_string(const AttentionPlan& plan) {
   std::string s;
   switch (plan.kind) {

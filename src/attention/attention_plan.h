@@ -59,6 +59,9 @@ Status check_wgmma_plan(const AttentionPlan& plan, const AttentionProblem& probl
 // Bytes of workspace a plan needs (0 unless split over keys).
 size_t workspace_bytes(const AttentionPlan& plan, const AttentionProblem& problem);
 
+// Opt-in dynamic shared memory per block of a compute capability (attention_plan.cpp's table).
+int64_t attention_smem_limit(int capability);
+
 // ---- backward (attention_plan_bwd.cpp) -----------------------------------------------------------
 AttentionPlan plan_attention_bwd(const AttentionProblem& problem, const DeviceInfo& dev);
 std::vector<AttentionPlan> candidate_bwd_plans(const AttentionProblem& problem, const DeviceInfo& dev);

@@ -11,3 +11,4 @@ add_test(NAME attention_bwd_reference COMMAND kf_tests --gtest_filter=*Attention
 add_test(NAME attention_bwd_validation COMMAND kf_tests --gtest_filter=*AttentionBwdValidation*)
 add_test(NAME attention_bwd_gpu COMMAND kf_tests --gtest_filter=*AttentionBwdGpu* --kf_no_gpu_exit_code=77)
 set_tests_properties(attention_bwd_gpu PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77)
+add_test(NAME attention_bwd_plan COMMAND kf_tests --gtest_filter=*AttentionBwdPlan*)

@@ -1,0 +1,216 @@
+// The backward planner (src/attention/attention_plan_bwd.cpp) and its workspace layout
+// (attention_bwd_workspace.h) on the device facts of an H100, an A100, an sm_89 device (99 KB of
+// shared memory per block) and a T4, without a GPU: problem -> the expected tile; every candidate
+// passes check_bwd_plan; impossible plans are rejected with the reason; the workspace regions.
+#include <string>
+#include <vector>
+
+#include "attention/attention_bwd_mma_config.h"
+#include "attention/attention_bwd_workspace.h"
+#include "attention/attention_plan.h"
+#include "test_util.h"
+
+namespace {
+
+namespace kf = kernelforge;
+using kf::AttentionKernel;
+using kf::AttentionOrder;
+using kf::AttentionPlan;
+using kf::AttentionProblem;
+using kf::DeviceInfo;
+
+const DeviceInfo kH100 = {132, 90, 2048, 50 * 1024 * 1024};
+const DeviceInfo kA100 = {108, 80, 2048, 40 * 1024 * 1024};
+const DeviceInfo kAda = {128, 89, 1536, 72 * 1024 * 1024};
+const DeviceInfo kT4 = {40, 75, 1024, 4 * 1024 * 1024};
+
+AttentionProblem problem(int64_t batch, int heads_q, int heads_kv, int64_t sq, int64_t sk, int dqk, int dv) {
+  AttentionProblem p;
+  p.elem_bytes = 2;
+  p.bf16 = true;
+  p.batch = batch;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.total_q = batch * sq;
+  p.total_k = batch * sk;
+  p.head_dim_qk = dqk;
+  p.head_dim_v = dv;
+  p.lse = true;
+  p.tma_ok = true;
+  return p;
+}
+
+struct Expect {
+  const char* what;
+  AttentionProblem problem;
+  const DeviceInfo* dev;
+  const char* plan;  // to_string of the expected plan
+};
+
+// The first kAttnBwdTiles row of the head dims that fits the device's shared memory (H100 227 KB,
+// A100 163 KB, sm_89 99 KB); the smallest block_n when the call has fewer key-tile blocks than SMs.
+std::vector<Expect> expectations() {
+  return {
+      {"h100 d64", problem(2, 16, 16, 2048, 2048, 64, 64), &kH100,
+       "attn_bwd_mma d=64/64 tile=64x128 warps=8 stages=2 order=row"},
+      {"h100 d96", problem(2, 16, 16, 2048, 2048, 96, 96), &kH100,
+       "attn_bwd_mma d=96/96 tile=64x64 warps=4 stages=2 order=row"},
+      {"h100 d128", problem(2, 16, 16, 2048, 2048, 128, 128), &kH100,
+       "attn_bwd_mma d=128/128 tile=64x128 warps=8 stages=2 order=row"},
+      {"h100 d128 gqa", problem(2, 32, 8, 2048, 2048, 128, 128), &kH100,
+       "attn_bwd_mma d=128/128 tile=64x128 warps=8 stages=2 order=row"},
+      {"h100 d192/128", problem(2, 16, 16, 2048, 2048, 192, 128), &kH100,
+       "attn_bwd_mma d=192/128 tile=32x64 warps=8 stages=2 order=row"},
+      {"h100 d256", problem(2, 16, 16, 2048, 2048, 256, 256), &kH100,
+       "attn_bwd_mma d=256/256 tile=32x64 warps=8 stages=2 order=row"},
+      {"h100 d64 few blocks", problem(1, 4, 1, 512, 512, 64, 64), &kH100,
+       "attn_bwd_mma d=64/64 tile=64x64 warps=4 stages=2 order=row"},
+      {"h100 d128 few blocks", problem(1, 4, 1, 512, 512, 128, 128), &kH100,
+       "attn_bwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
+      {"a100 d128", problem(2, 16, 16, 2048, 2048, 128, 128), &kA100,
+       "attn_bwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
+      {"a100 d256", problem(2, 16, 16, 2048, 2048, 256, 256), &kA100,
+       "attn_bwd_mma d=256/256 tile=32x64 warps=8 stages=2 order=row"},
+      {"ada d64", problem(2, 16, 16, 2048, 2048, 64, 64), &kAda,
+       "attn_bwd_mma d=64/64 tile=64x64 warps=4 stages=2 order=row"},
+      {"ada d96", problem(2, 16, 16, 2048, 2048, 96, 96), &kAda,
+       "attn_bwd_mma d=96/96 tile=64x64 warps=4 stages=2 order=row"},
+      {"ada d128", problem(2, 16, 16, 2048, 2048, 128, 128), &kAda,
+       "attn_bwd_mma d=128/128 tile=32x64 warps=8 stages=2 order=row"},
+      {"ada d192/128", problem(2, 16, 16, 2048, 2048, 192, 128), &kAda,
+       "attn_bwd_mma d=192/128 tile=32x64 warps=8 stages=2 order=row"},
+      {"ada d256", problem(2, 16, 16, 2048, 2048, 256, 256), &kAda,
+       "attn_bwd_mma d=256/256 tile=32x32 warps=4 stages=1 order=row"},
+  };
+}
+
+TEST(AttentionBwdPlan, ExpectedPlans) {
+  for (const Expect& e : expectations()) {
+    SCOPED_TRACE(e.what);
+    const AttentionPlan p = kf::plan_attention_bwd(e.problem, *e.dev);
+    EXPECT_EQ(kf::to_string(p), e.plan);
+    const kf::Status s = kf::check_bwd_plan(p, e.problem, *e.dev);
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+}
+
+TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
+  for (const Expect& e : expectations()) {
+    SCOPED_TRACE(e.what);
+    const std::vector<AttentionPlan> plans = kf::candidate_bwd_plans(e.problem, *e.dev);
+    ASSERT_FALSE(plans.empty());
+    EXPECT_EQ(kf::to_string(plans.front()), e.plan);  // the default comes first
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const AttentionPlan& p = plans[i];
+      EXPECT_EQ(p.kind, AttentionKernel::kBwdMma);
+      const kf::Status s = kf::check_bwd_plan(p, e.problem, *e.dev);
+      EXPECT_TRUE(s.ok()) << s.message();
+      for (size_t j = 0; j < i; ++j) EXPECT_NE(kf::to_string(p), kf::to_string(plans[j]));
+    }
+  }
+}
+
+TEST(AttentionBwdPlan, CandidateTilesPerDevice) {
+  // Every built tile of the head dims that fits: H100 all; 99 KB devices only the small ones.
+  const int dims[][3] = {{64, 64, 2}, {96, 96, 1}, {128, 128, 3}, {192, 128, 1}, {256, 256, 2}};
+  for (const auto& d : dims) {
+    SCOPED_TRACE(d[0]);
+    const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
+    EXPECT_EQ(kf::candidate_bwd_plans(pr, kH100).size(), size_t(d[2]));
+    const std::vector<AttentionPlan> ada = kf::candidate_bwd_plans(pr, kAda);
+    ASSERT_FALSE(ada.empty());
+    for (const AttentionPlan& p : ada)
+      EXPECT_LE(kf::attention_bwd_mma_smem_bytes(p.head_dim_qk, p.head_dim_v, p.block_m, p.block_n, p.stages),
+                99 * 1024)
+          << kf::to_string(p);
+  }
+}
+
+TEST(AttentionBwdPlan, SharedMemoryFootprint) {
+  // K, V [block_n][D + 8], stages x (Q, dO [block_m][D + 8] and two float rows), P^T, dS^T
+  // [block_n][block_m + 8]; 2-byte elements.
+  EXPECT_EQ(kf::attention_bwd_mma_smem_bytes(128, 128, 64, 128, 2),
+            128 * 272 * 2 + 2 * (64 * 272 * 2 + 2 * 64 * 4) + 2 * 128 * 72 * 2);
+  EXPECT_EQ(kf::attention_bwd_mma_smem_bytes(128, 128, 64, 128, 2), 177152);
+  EXPECT_EQ(kf::attention_bwd_mma_smem_bytes(256, 256, 32, 32, 1), 72960);
+  for (const kf::AttnBwdTile& t : kf::kAttnBwdTiles) {
+    EXPECT_LE(kf::attention_bwd_mma_smem_bytes(t.head_dim_qk, t.head_dim_v, t.block_m, t.block_n, t.stages),
+              227 * 1024);
+    EXPECT_GE(32 * t.warps, 2 * t.block_m);  // one thread per lse2 / D element of a query tile
+  }
+}
+
+TEST(AttentionBwdPlan, BelowSm80NotSupported) {
+  const AttentionProblem pr = problem(2, 16, 16, 1024, 1024, 128, 128);
+  const kf::Status s = kf::check_bwd_plan(kf::plan_attention_bwd(pr, kA100), pr, kT4);
+  EXPECT_EQ(s.code(), kf::StatusCode::kNotSupported) << s.message();
+  EXPECT_NE(s.message().find("compute capability 8.0"), std::string::npos) << s.message();
+  EXPECT_TRUE(kf::candidate_bwd_plans(pr, kT4).empty());
+}
+
+TEST(AttentionBwdPlan, ImpossiblePlansRejected) {
+  const AttentionProblem pr = problem(2, 16, 16, 1024, 1024, 128, 128);
+  const AttentionPlan good = kf::plan_attention_bwd(pr, kH100);
+  ASSERT_TRUE(kf::check_bwd_plan(good, pr, kH100).ok());
+  auto rejects = [&](AttentionPlan p, const AttentionProblem& prob, const DeviceInfo& dev, kf::StatusCode code,
+                     const char* needle) {
+    const kf::Status s = kf::check_bwd_plan(p, prob, dev);
+    EXPECT_EQ(s.code(), code) << s.message();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("attention_backward"), std::string::npos) << s.message();
+  };
+  AttentionPlan p = good;
+  p.kind = AttentionKernel::kMma;
+  rejects(p, pr, kH100, kf::StatusCode::kNotSupported, "kBwdMma");
+  p = good;
+  p.block_n = 96;
+  rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "no such tile");
+  p = good;
+  p.stages = 1;
+  rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "no such tile");
+  p = good;
+  p.splits = 2;
+  rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "splits");
+  p = good;
+  p.order = AttentionOrder::kLongestFirst;
+  rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "order");
+  // 173 KB of shared memory: not on an A100 (163 KB).
+  rejects(good, pr, kA100, kf::StatusCode::kInvalidArgument, "bytes of shared memory");
+  // Head dims without a kernel, and a plan for other head dims.
+  rejects(good, problem(2, 16, 16, 1024, 1024, 80, 80), kH100, kf::StatusCode::kNotSupported, "head dims 80/80");
+  rejects(good, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kInvalidArgument, "head dims 64/64");
+  // Grid limits: query heads (and kv heads) ride on gridDim.y.
+  rejects(good, problem(1, 70000, 70000, 128, 128, 128, 128), kH100, kf::StatusCode::kNotSupported, "65535");
+}
+
+TEST(AttentionBwdPlan, WorkspaceLayout) {
+  // B = 2, Hq = 4, Sq = 100 (total 200), Dqk = 128, block_m 64: 2 query tiles and 2 preprocessing
+  // blocks per sequence. Regions in order, each 256-byte aligned.
+  AttentionProblem pr = problem(2, 4, 2, 100, 300, 128, 128);
+  AttentionPlan plan = kf::plan_attention_bwd(pr, kH100);
+  ASSERT_EQ(plan.block_m, 64);
+  kf::AttnBwdWorkspace w = kf::attn_bwd_workspace(64, 2, 4, 100, 200, 128, false, false);
+  EXPECT_EQ(w.q_tiles, 2);
+  EXPECT_EQ(w.pre_tiles, 2);
+  EXPECT_EQ(w.dq_acc, 0u);
+  EXPECT_EQ(w.lse2, 4u * 200 * 128 * 4);  // 409600
+  EXPECT_EQ(w.dsum, w.lse2 + 3328);       // 4 * 200 floats, rounded up to 256
+  EXPECT_EQ(w.sem, w.dsum + 3328);        // empty without deterministic
+  EXPECT_EQ(w.sinks, w.sem);              // empty without sinks
+  EXPECT_EQ(w.bytes, w.sem);
+  EXPECT_EQ(kf::bwd_workspace_bytes(plan, pr), w.bytes);
+  pr.deterministic = true;
+  pr.sinks = true;
+  w = kf::attn_bwd_workspace(64, 2, 4, 100, 200, 128, true, true);
+  EXPECT_EQ(w.sinks, w.sem + 256);    // 2 x 4 x 2 semaphores
+  EXPECT_EQ(w.bytes, w.sinks + 256);  // 4 x 2 x 2 partials
+  EXPECT_EQ(kf::bwd_workspace_bytes(plan, pr), w.bytes);
+  for (size_t off : {w.dq_acc, w.lse2, w.dsum, w.sem, w.sinks, w.bytes}) EXPECT_EQ(off % 256, 0u);
+  // No query rows: only the (empty) regions, no semaphores.
+  w = kf::attn_bwd_workspace(64, 2, 4, 0, 0, 128, true, true);
+  EXPECT_EQ(w.bytes, 0u);
+}
+
+}  // namespace
