@@ -18,6 +18,7 @@ struct KernelDeviceFacts {
   int device = -1;
   size_t smem_limit = 48 * 1024;  // every kernel may take 48 KB without the attribute
   int binary_version = -1;        // -1: not queried yet; 0: no image for this device
+  size_t static_smem = 0;         // the kernel's static shared memory, bytes
 };
 
 inline KernelDeviceFacts& kernel_device_facts(const void* kernel, int device) {
@@ -33,9 +34,23 @@ inline std::mutex& kernel_device_facts_mutex() {
   return mu;
 }
 
+// Fills f.binary_version and f.static_smem on the first query (cudaFuncGetAttributes).
+inline void query_kernel_attributes(KernelDeviceFacts& f) {
+  if (f.binary_version >= 0) return;
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, f.kernel) == cudaSuccess) {
+    f.binary_version = attr.binaryVersion;
+    f.static_smem = attr.sharedSizeBytes;
+  } else {
+    cudaGetLastError();
+    f.binary_version = 0;
+  }
+}
+
 // Makes `kernel` launchable with `smem` bytes of dynamic shared memory on the current device. The
-// first launch over 48 KB raises the limit to the device's opt-in maximum (227 KB on the H100), once
-// per (kernel, device); the limit never goes down, so no launcher can shrink another's.
+// first launch over 48 KB raises the limit to the most the device allows beside the kernel's static
+// shared memory (227 KB in all on the H100), once per (kernel, device); the limit never goes down,
+// so no launcher can shrink another's.
 inline cudaError_t ensure_smem_limit(const void* kernel, size_t smem) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -46,9 +61,11 @@ inline cudaError_t ensure_smem_limit(const void* kernel, size_t smem) {
   int optin = 0;
   err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  if (smem > size_t(optin)) return cudaErrorInvalidValue;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-  if (err == cudaSuccess) f.smem_limit = size_t(optin);
+  query_kernel_attributes(f);
+  const size_t most = size_t(optin) > f.static_smem ? size_t(optin) - f.static_smem : 0;
+  if (smem > most) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
+  if (err == cudaSuccess) f.smem_limit = most;
   return err;
 }
 
@@ -62,11 +79,7 @@ inline int kernel_binary_version(const void* kernel) {
   }
   std::lock_guard<std::mutex> lock(kernel_device_facts_mutex());
   KernelDeviceFacts& f = kernel_device_facts(kernel, device);
-  if (f.binary_version < 0) {
-    cudaFuncAttributes attr{};
-    f.binary_version = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
-    cudaGetLastError();
-  }
+  query_kernel_attributes(f);
   return f.binary_version;
 }
 
