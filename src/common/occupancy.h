@@ -16,9 +16,9 @@ namespace kernelforge {
 struct KernelDeviceFacts {
   const void* kernel = nullptr;
   int device = -1;
-  size_t smem_limit = 48 * 1024;  // every kernel may take 48 KB without the attribute
-  int binary_version = -1;        // -1: not queried yet; 0: no image for this device
-  size_t static_smem = 0;         // the kernel's static shared memory, bytes
+  size_t smem_limit = 0;    // dynamic bytes allowed after a raise; 0: not raised
+  int binary_version = -1;  // -1: not queried yet; 0: no image for this device
+  size_t static_smem = 0;   // the kernel's static shared memory, bytes
 };
 
 inline KernelDeviceFacts& kernel_device_facts(const void* kernel, int device) {
@@ -48,8 +48,8 @@ inline void query_kernel_attributes(KernelDeviceFacts& f) {
 }
 
 // Makes `kernel` launchable with `smem` bytes of dynamic shared memory on the current device. The
-// first launch over 48 KB raises the limit to the most the device allows beside the kernel's static
-// shared memory (227 KB in all on the H100), once per (kernel, device); the limit never goes down,
+// first launch whose static + dynamic shared memory exceeds 48 KB raises the limit to the most the device allows beside
+// the kernel's static shared memory (227 KB in all on the H100), once per (kernel, device); the limit never goes down,
 // so no launcher can shrink another's.
 inline cudaError_t ensure_smem_limit(const void* kernel, size_t smem) {
   int device = 0;
@@ -58,10 +58,12 @@ inline cudaError_t ensure_smem_limit(const void* kernel, size_t smem) {
   std::lock_guard<std::mutex> lock(kernel_device_facts_mutex());
   KernelDeviceFacts& f = kernel_device_facts(kernel, device);
   if (smem <= f.smem_limit) return cudaSuccess;
+  query_kernel_attributes(f);
+  // without the attribute, static + dynamic shared memory may reach 48 KB
+  if (f.smem_limit == 0 && smem + f.static_smem <= 48 * 1024) return cudaSuccess;
   int optin = 0;
   err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  query_kernel_attributes(f);
   const size_t most = size_t(optin) > f.static_smem ? size_t(optin) - f.static_smem : 0;
   if (smem > most) return cudaErrorInvalidValue;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
