@@ -106,10 +106,12 @@ struct AttentionGradTensors {
 
 // Which kernel runs a plan.
 enum class AttentionKernel : int {
-  kMma = 0,     // attention_fwd_mma: mma.sync tensor cores with cp.async loads (sm_80 and later)
-  kWgmma = 1,   // attention_fwd_wgmma: wgmma with TMA loads, warp-specialized (sm_90a)
-  kBwdMma = 2,  // attention_bwd_mma: the backward on mma.sync (sm_80 and later), with its
-                // preprocessing (D = rowsum(dout * out)) and dq conversion passes
+  kMma = 0,       // attention_fwd_mma: mma.sync tensor cores with cp.async loads (sm_80 and later)
+  kWgmma = 1,     // attention_fwd_wgmma: wgmma with TMA loads, warp-specialized (sm_90a)
+  kBwdMma = 2,    // attention_bwd_mma: the backward on mma.sync (sm_80 and later), with its
+                  // preprocessing (D = rowsum(dout * out)) and dq conversion passes
+  kBwdWgmma = 3,  // attention_bwd_wgmma: the backward on wgmma with TMA loads, warp-specialized
+                  // (sm_90a), with the same preprocessing and dq conversion passes
 };
 
 // Tile order of the grid.

@@ -1,9 +1,7 @@
-// The mma attention backward's launcher: the workspace regions (attention_bwd_workspace.h), pass 1
-// (kernels/attention_bwd_preprocess.cuh), the main kernel of the kAttnBwdTiles row that the plan
-// names (kernels/attention_bwd_mma.cuh; its shared-memory limit set once per device) and pass 3
-// (kernels/attention_bwd_dq_convert.cuh), all on `stream` with programmatic dependent launch on
-// sm_90 (every kernel waits for its predecessor before touching memory). Included by
-// attention_bwd_mma_<dtype>.cu.
+// The mma attention backward's launcher: pass 1, the main kernel of the kAttnBwdTiles row that the
+// plan names (kernels/attention_bwd_mma.cuh; its shared-memory limit set once per device) and pass 3
+// (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch on sm_90 (every
+// kernel waits for its predecessor before touching memory). Included by attention_bwd_mma_<dtype>.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,17 +10,13 @@
 
 #include "attention/attention_bwd_mma_config.h"
 #include "attention/attention_bwd_mma_launch.h"
-#include "attention/attention_bwd_workspace.h"
-#include "attention/kernels/attention_bwd_dq_convert.cuh"
+#include "attention/attention_bwd_passes.cuh"
 #include "attention/kernels/attention_bwd_mma.cuh"
-#include "attention/kernels/attention_bwd_preprocess.cuh"
 #include "common/launch.cuh"
 #include "common/occupancy.h"
 
 namespace kernelforge {
 namespace attn_bwd {
-
-constexpr const char* kName = "attention_backward";
 
 // q, k, v, dout bases 16-byte aligned and all their strides multiples of 8 elements: 16-byte cp.async.
 inline bool loads_vec16(const AttentionGradParams& p) {
@@ -32,11 +26,6 @@ inline bool loads_vec16(const AttentionGradParams& p) {
   const int64_t strides =
       f.q_sb | f.q_ss | f.q_sh | f.k_sb | f.k_ss | f.k_sh | f.v_sb | f.v_ss | f.v_sh | p.do_sb | p.do_ss | p.do_sh;
   return bases % 16 == 0 && strides % 8 == 0;
-}
-
-// A gradient's base 4-byte aligned and its strides even: 2-element stores.
-inline bool stores_pairs(const void* base, int64_t sb, int64_t ss, int64_t sh) {
-  return reinterpret_cast<uintptr_t>(base) % 4 == 0 && (sb | ss | sh) % 2 == 0;
 }
 
 template <typename T, int kTile>
@@ -81,37 +70,12 @@ template <typename T>
 Status launch_attention_bwd_mma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                                 void* workspace, cudaStream_t stream) {
   using namespace attn_bwd;
-  const AttentionParams& f = p.f;
-  const AttnBwdWorkspace layout = attn_bwd_workspace(plan.block_m, f.batch, f.heads_q, f.seqlen_q, f.total_q,
-                                                     f.head_dim_qk, p.deterministic, f.sinks != nullptr);
-  unsigned char* base = static_cast<unsigned char*>(workspace);
-  AttnBwdWs ws;
-  ws.dq_acc = reinterpret_cast<float*>(base + layout.dq_acc);
-  ws.lse2 = reinterpret_cast<float*>(base + layout.lse2);
-  ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
-  ws.sem = p.deterministic ? reinterpret_cast<int32_t*>(base + layout.sem) : nullptr;
-  ws.sinks = f.sinks != nullptr ? reinterpret_cast<float*>(base + layout.sinks) : nullptr;
-  ws.q_tiles = layout.q_tiles;
-  ws.pre_tiles = layout.pre_tiles;
-  const bool pdl = use_pdl(dev);
-  const dim3 block(kAttnBwdPreThreads);
-
-  // Pass 1: D, lse2, dQ accumulator zeroed, semaphores zeroed, dsinks partials.
-  if (layout.pre_tiles > 0 && f.heads_q > 0 && f.batch > 0) {
-    Launch l(dim3(unsigned(layout.pre_tiles), unsigned(f.heads_q), unsigned(f.batch)), block, 0, stream, pdl);
-    const Status st = launched(l(attention_bwd_preprocess<T>, p, ws, plan.block_m), kName);
-    if (!st.ok()) return st;
-  }
-  // Pass 2: the main kernel (dk, dv written; dQ accumulated).
-  const Status st = launch_matching<T>(plan, p, ws, dev, stream);
+  const AttnBwdWs ws = workspace_regions(plan, p, workspace);
+  Status st = launch_preprocess<T>(p, ws, plan.block_m, dev, stream);
   if (!st.ok()) return st;
-  // Pass 3: dq and dsinks. With sinks it runs even without query rows (dsinks = 0 then).
-  const bool sinks = f.sinks != nullptr;
-  const int64_t gx = sinks && layout.pre_tiles == 0 ? 1 : layout.pre_tiles;
-  const int64_t gz = sinks && f.batch == 0 ? 1 : f.batch;
-  if (gx == 0 || gz == 0 || f.heads_q == 0) return Status::Ok();
-  Launch l(dim3(unsigned(gx), unsigned(f.heads_q), unsigned(gz)), block, 0, stream, pdl);
-  return launched(l(attention_bwd_dq_convert<T>, p, ws, stores_pairs(p.dq, p.dq_sb, p.dq_ss, p.dq_sh)), kName);
+  st = launch_matching<T>(plan, p, ws, dev, stream);  // dk, dv written; dQ accumulated
+  if (!st.ok()) return st;
+  return launch_dq_convert<T>(p, ws, dev, stream);
 }
 
 }  // namespace kernelforge

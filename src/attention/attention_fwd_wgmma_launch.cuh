@@ -1,11 +1,9 @@
-// The wgmma attention kernel's launcher: TMA descriptors built on the host (cuTensorMapEncodeTiled
-// through the runtime's driver entry point, no libcuda link), the compiled head-dim configurations,
-// grid and shared memory. Included by attention_fwd_wgmma_<dtype>.cu (one instantiation per dtype)
+// The wgmma attention kernel's launcher: TMA descriptors (attention_tma_map.h), the compiled head-dim
+// configurations, grid and shared memory. Included by attention_fwd_wgmma_<dtype>.cu (one instantiation per dtype)
 // and by dev/attention_wgmma_probe.cu.
 #pragma once
 
 #include <cuda.h>
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,6 +13,7 @@
 #include <type_traits>
 
 #include "attention/attention_plan.h"
+#include "attention/attention_tma_map.h"
 #include "attention/kernels/attention_fwd_wgmma.cuh"
 #include "common/launch.cuh"
 #include "common/math.h"
@@ -44,49 +43,7 @@ struct WgmmaTile<256, 256> {
   static constexpr int kBlockN = 80;
 };
 
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      ptr = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
-
-// A 4-D map (column, row, head, batch) of 16-bit elements: boxes of 64 columns x box_rows rows, 128-byte
-// swizzle, zero fill outside. Strides in elements; a stride of an extent-1 dimension is never used.
-template <typename T>
-Status encode_attention_map(CUtensorMap* map, const void* base, int cols, int64_t rows, int64_t heads, int64_t batch,
-                            int64_t s_row, int64_t s_head, int64_t s_batch, int box_rows, const char* what) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr)
-    return Status::NotSupported("attention_forward: the driver has no cuTensorMapEncodeTiled (CUDA 12 or newer)");
-  auto bytes = [](int64_t stride, int64_t extent) -> cuuint64_t {
-    return extent == 1 ? cuuint64_t(16) : cuuint64_t(stride) * sizeof(T);
-  };
-  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {bytes(s_row, rows), bytes(s_head, heads), bytes(s_batch, batch)};
-  for (cuuint64_t s : strides)
-    if (s % 16 != 0 || s >= (cuuint64_t(1) << 40) || s == 0)
-      return Status::NotSupported(std::string("attention_forward: the wgmma kernel needs 16-byte multiples as the ") +
-                                  what + " strides");
-  if (reinterpret_cast<uintptr_t>(base) % 16 != 0)
-    return Status::NotSupported(std::string("attention_forward: the wgmma kernel needs ") + what + " 16-byte aligned");
-  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r =
-      encode(map, type, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return Status::Cuda(std::string("attention_forward: cuTensorMapEncodeTiled(") + what + ") failed with CUresult " +
-                        std::to_string(int(r)));
-  return Status::Ok();
-}
+constexpr const char* kWgmmaFwdName = "attention_forward";
 
 template <typename T, int kDqk, int kDv>
 Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in, cudaStream_t stream) {
@@ -109,17 +66,19 @@ Status launch_wgmma_tile(const AttentionPlan& plan, const AttentionParams& p_in,
   const int64_t batch = p.varlen ? 1 : p.batch;
   const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
   CUtensorMap tq, tk, tv;
-  Status st =
-      encode_attention_map<T>(&tq, p.q, kDqk, rows_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM, "q");
+  Status st = encode_attention_map<T>(&tq, p.q, kDqk, rows_q, p.heads_q, batch, p.q_ss, p.q_sh, p.q_sb, kWgmmaBlockM,
+                                      "q", kWgmmaFwdName);
   if (!st.ok()) return st;
   if (rows_k == 0) {
     // No key: no K/V load is issued (every tile's key range is empty); the maps only need to be valid.
     tk = tq;
     tv = tq;
   } else {
-    st = encode_attention_map<T>(&tk, p.k, kDqk, rows_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k");
+    st = encode_attention_map<T>(&tk, p.k, kDqk, rows_k, p.heads_kv, batch, p.k_ss, p.k_sh, p.k_sb, kBlockN, "k",
+                                 kWgmmaFwdName);
     if (!st.ok()) return st;
-    st = encode_attention_map<T>(&tv, p.v, kDv, rows_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v");
+    st = encode_attention_map<T>(&tv, p.v, kDv, rows_k, p.heads_kv, batch, p.v_ss, p.v_sh, p.v_sb, kBlockN, "v",
+                                 kWgmmaFwdName);
     if (!st.ok()) return st;
   }
   auto unaligned = [](int64_t stride, int64_t extent) { return extent > 1 && (stride * int64_t(sizeof(T))) % 16 != 0; };

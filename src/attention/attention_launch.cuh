@@ -25,6 +25,7 @@ Status launch_attention_fwd(const AttentionPlan& plan, const AttentionParams& p,
     case AttentionKernel::kWgmma:
       return launch_attention_fwd_wgmma<T>(plan, p, stream);
     case AttentionKernel::kBwdMma:
+    case AttentionKernel::kBwdWgmma:
       break;  // a backward plan (launch_attention_bwd)
   }
   return Status::Invalid("attention_forward: unknown kernel in plan " + to_string(plan));

@@ -113,6 +113,9 @@ std::string to_string(const AttentionPlan& plan) {
     case AttentionKernel::kBwdMma:
       s = "attn_bwd_mma";
       break;
+    case AttentionKernel::kBwdWgmma:
+      s = "attn_bwd_wgmma";
+      break;
     default:
       s = "attn_unknown(" + std::to_string(int(plan.kind)) + ")";
   }

@@ -1,6 +1,7 @@
-// The backward planner (see attention_plan.h): the mma backward kernel's tile from its compiled
-// tiles (kAttnBwdTiles, attention_bwd_mma_config.h) by head dims, the device's shared memory and how
-// many blocks the call has; the workspace from attention_bwd_workspace.h.
+// The backward planner (see attention_plan.h): the wgmma kernel where it runs (sm_90, head dims
+// 128/128, TMA-compatible tensors), otherwise the mma kernel's tile from its compiled tiles
+// (kAttnBwdTiles, attention_bwd_mma_config.h) by head dims, the device's shared memory and how many
+// blocks the call has; the workspace from attention_bwd_workspace.h.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -64,6 +65,40 @@ AttentionPlan bwd_plan(const AttnBwdTile& t) {
   return p;
 }
 
+// The wgmma kernel (kernels/attention_bwd_wgmma.cuh): 64 query rows x 128 keys, 3 warpgroups, 2
+// Q / dO stages; head dims 128/128 only (each consumer warpgroup's dQ share is one 64-column tile).
+constexpr int kWgmmaHeadDim = 128;
+constexpr int kWgmmaBlockM = 64;
+constexpr int kWgmmaBlockN = 128;
+constexpr int kWgmmaWarps = 12;
+constexpr int kWgmmaStages = 2;
+
+// Why the wgmma kernel cannot run the problem on the device, or an empty string.
+std::string wgmma_unsupported(const AttentionProblem& pr, const DeviceInfo& dev) {
+  if (dev.capability != 90) return "needs an sm_90 device";
+  if (pr.elem_bytes != 2) return "needs float16 or bfloat16";
+  if (!pr.tma_ok) return "needs 16-byte aligned tensors and strides (TMA)";
+  if (pr.head_dim_qk != kWgmmaHeadDim || pr.head_dim_v != kWgmmaHeadDim) return "has head dims 128/128 only";
+  if (pr.seqlen_q > (int64_t(1) << 30) || pr.seqlen_k > (int64_t(1) << 30) || pr.total_q > (int64_t(1) << 30) ||
+      pr.total_k > (int64_t(1) << 30))
+    return "needs fewer than 2^30 rows";
+  return "";
+}
+
+AttentionPlan bwd_wgmma_plan() {
+  AttentionPlan p;
+  p.kind = AttentionKernel::kBwdWgmma;
+  p.head_dim_qk = kWgmmaHeadDim;
+  p.head_dim_v = kWgmmaHeadDim;
+  p.block_m = kWgmmaBlockM;
+  p.block_n = kWgmmaBlockN;
+  p.warps = kWgmmaWarps;
+  p.stages = kWgmmaStages;
+  p.splits = 1;
+  p.order = AttentionOrder::kRowMajor;  // key tiles in increasing order, as the mma kernel
+  return p;
+}
+
 bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
   return a.kind == b.kind && a.head_dim_qk == b.head_dim_qk && a.head_dim_v == b.head_dim_v && a.block_m == b.block_m &&
          a.block_n == b.block_n && a.warps == b.warps && a.stages == b.stages && a.splits == b.splits &&
@@ -73,6 +108,7 @@ bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
 }  // namespace
 
 AttentionPlan plan_attention_bwd(const AttentionProblem& pr, const DeviceInfo& dev) {
+  if (wgmma_unsupported(pr, dev).empty()) return bwd_wgmma_plan();
   const AttnBwdTile* preferred = nullptr;
   const AttnBwdTile* smallest = nullptr;
   for (const AttnBwdTile& t : kAttnBwdTiles) {
@@ -105,13 +141,24 @@ std::vector<AttentionPlan> candidate_bwd_plans(const AttentionProblem& pr, const
     plans.push_back(p);
   };
   add(plan_attention_bwd(pr, dev));
+  add(bwd_wgmma_plan());
   for (const AttnBwdTile& t : kAttnBwdTiles) add(bwd_plan(t));
   return plans;
 }
 
 Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& pr, const DeviceInfo& dev) {
   const std::string what = "attention_backward: plan " + to_string(plan) + ": ";
-  if (plan.kind != AttentionKernel::kBwdMma) return Status::NotSupported(what + "not a backward kernel (kBwdMma)");
+  if (plan.kind == AttentionKernel::kBwdWgmma) {
+    const std::string why = wgmma_unsupported(pr, dev);
+    if (!why.empty()) return Status::NotSupported(what + "the wgmma backward kernel " + why);
+    if (!same_plan(plan, bwd_wgmma_plan()))
+      return Status::Invalid(what + "not the wgmma backward configuration (" + to_string(bwd_wgmma_plan()) + ")");
+    if (pr.heads_q > kMaxGridYZ || pr.batch > kMaxGridYZ)
+      return Status::NotSupported(what + "at most 65535 query heads and 65535 sequences per call");
+    return Status::Ok();
+  }
+  if (plan.kind != AttentionKernel::kBwdMma)
+    return Status::NotSupported(what + "not a backward kernel (kBwdMma or kBwdWgmma)");
   if (pr.elem_bytes != 2) return Status::NotSupported(what + "needs float16 or bfloat16 tensors");
   if (!has_bwd_kernel(pr.head_dim_qk, pr.head_dim_v))
     return Status::NotSupported(what + "no backward kernel for head dims " + std::to_string(pr.head_dim_qk) + "/" +

@@ -118,7 +118,7 @@ BwdCase varlen(const char* n, std::vector<int64_t> sq, std::vector<int64_t> sk, 
 }
 
 // The case table. Reference cost: about 3 * visible pairs * (Dqk + Dv) multiply-adds per query head;
-// the whole table is below 2e8 per dtype.
+// the whole table is below 8e8 per dtype.
 const std::vector<BwdCase>& cases() {
   static const std::vector<BwdCase> kCases = {
       bshd("q1_k1", 1, 1, 1, 1, 1, 64),
@@ -138,7 +138,14 @@ const std::vector<BwdCase>& cases() {
       varlen("fused_qkv_varlen", {33, 100, 1}, {33, 100, 1}, 4, 2, 64).with_causal().memory(Mem::kFused),
       bshd("odd_stride_bshd", 1, 127, 127, 4, 2, 128).with_causal().memory(Mem::kOddStride),
       varlen("odd_stride_varlen", {5, 64}, {70, 64}, 2, 1, 64).memory(Mem::kOddStride).sink(),
+      // d128 over several 128-key and 64-query tiles (the wgmma kernel's tiles on sm_90): every feature.
+      bshd("d128_causal_window_softcap_q200_k300", 1, 200, 300, 8, 2, 128).with_causal().window(70, -1).cap(5.0f),
+      bhsd("d128_softcap_bhsd_q300", 1, 300, 300, 2, 1, 128).cap(2.0f),
+      bshd("d128_window_left_right_q333", 2, 333, 333, 2, 2, 128).window(100, 40),
+      bshd("d128_causal_q300_k200_sinks", 1, 300, 200, 4, 1, 128).with_causal().sink(),  // the top 100 rows see none
+      varlen("d128_varlen_ragged", {1, 300, 0, 129}, {260, 129, 5, 129}, 8, 2, 128).with_causal(),
       bshd("sk0_sinks", 2, 5, 0, 4, 2, 128).sink(),  // dq = 0, dsinks = 0
+      bshd("sq0_d128", 1, 0, 130, 2, 1, 128),        // no query: dk = dv = 0
       bshd("sq0_sinks", 1, 0, 7, 2, 1, 64).sink(),   // no query: dk = dv = 0, dsinks = 0
       bshd("empty_batch", 0, 16, 16, 2, 1, 64).sink(),
   };

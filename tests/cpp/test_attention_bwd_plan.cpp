@@ -1,7 +1,8 @@
 // The backward planner (src/attention/attention_plan_bwd.cpp) and its workspace layout
 // (attention_bwd_workspace.h) on the device facts of an H100, an A100, an sm_89 device (99 KB of
-// shared memory per block) and a T4, without a GPU: problem -> the expected tile; every candidate
-// passes check_bwd_plan; impossible plans are rejected with the reason; the workspace regions.
+// shared memory per block) and a T4, without a GPU: problem -> the expected kernel and tile; every
+// candidate passes check_bwd_plan; impossible plans are rejected with the reason; the workspace
+// regions.
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ const DeviceInfo kA100 = {108, 80, 2048, 40 * 1024 * 1024};
 const DeviceInfo kAda = {128, 89, 1536, 72 * 1024 * 1024};
 const DeviceInfo kT4 = {40, 75, 1024, 4 * 1024 * 1024};
 
-AttentionProblem problem(int64_t batch, int heads_q, int heads_kv, int64_t sq, int64_t sk, int dqk, int dv) {
+AttentionProblem problem(int64_t batch, int heads_q, int heads_kv, int64_t sq, int64_t sk, int dqk, int dv,
+                         bool tma_ok = true) {
   AttentionProblem p;
   p.elem_bytes = 2;
   p.bf16 = true;
@@ -38,7 +40,7 @@ AttentionProblem problem(int64_t batch, int heads_q, int heads_kv, int64_t sq, i
   p.head_dim_qk = dqk;
   p.head_dim_v = dv;
   p.lse = true;
-  p.tma_ok = true;
+  p.tma_ok = tma_ok;
   return p;
 }
 
@@ -49,8 +51,9 @@ struct Expect {
   const char* plan;  // to_string of the expected plan
 };
 
-// The first kAttnBwdTiles row of the head dims that fits the device's shared memory (H100 227 KB,
-// A100 163 KB, sm_89 99 KB); the smallest block_n when the call has fewer key-tile blocks than SMs.
+// sm_90 with head dims 128/128 and TMA-compatible tensors: the wgmma kernel. Otherwise the first
+// kAttnBwdTiles row of the head dims that fits the device's shared memory (H100 227 KB, A100 163 KB,
+// sm_89 99 KB); the smallest block_n when the call has fewer key-tile blocks than SMs.
 std::vector<Expect> expectations() {
   return {
       {"h100 d64", problem(2, 16, 16, 2048, 2048, 64, 64), &kH100,
@@ -58,8 +61,10 @@ std::vector<Expect> expectations() {
       {"h100 d96", problem(2, 16, 16, 2048, 2048, 96, 96), &kH100,
        "attn_bwd_mma d=96/96 tile=64x64 warps=4 stages=2 order=row"},
       {"h100 d128", problem(2, 16, 16, 2048, 2048, 128, 128), &kH100,
-       "attn_bwd_mma d=128/128 tile=64x128 warps=8 stages=2 order=row"},
+       "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=row"},
       {"h100 d128 gqa", problem(2, 32, 8, 2048, 2048, 128, 128), &kH100,
+       "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=row"},
+      {"h100 d128 unaligned", problem(2, 16, 16, 2048, 2048, 128, 128, false), &kH100,
        "attn_bwd_mma d=128/128 tile=64x128 warps=8 stages=2 order=row"},
       {"h100 d192/128", problem(2, 16, 16, 2048, 2048, 192, 128), &kH100,
        "attn_bwd_mma d=192/128 tile=32x64 warps=8 stages=2 order=row"},
@@ -68,6 +73,8 @@ std::vector<Expect> expectations() {
       {"h100 d64 few blocks", problem(1, 4, 1, 512, 512, 64, 64), &kH100,
        "attn_bwd_mma d=64/64 tile=64x64 warps=4 stages=2 order=row"},
       {"h100 d128 few blocks", problem(1, 4, 1, 512, 512, 128, 128), &kH100,
+       "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=row"},
+      {"h100 d128 few blocks unaligned", problem(1, 4, 1, 512, 512, 128, 128, false), &kH100,
        "attn_bwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
       {"a100 d128", problem(2, 16, 16, 2048, 2048, 128, 128), &kA100,
        "attn_bwd_mma d=128/128 tile=64x64 warps=4 stages=2 order=row"},
@@ -104,7 +111,7 @@ TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
     EXPECT_EQ(kf::to_string(plans.front()), e.plan);  // the default comes first
     for (size_t i = 0; i < plans.size(); ++i) {
       const AttentionPlan& p = plans[i];
-      EXPECT_EQ(p.kind, AttentionKernel::kBwdMma);
+      EXPECT_TRUE(p.kind == AttentionKernel::kBwdMma || p.kind == AttentionKernel::kBwdWgmma) << kf::to_string(p);
       const kf::Status s = kf::check_bwd_plan(p, e.problem, *e.dev);
       EXPECT_TRUE(s.ok()) << s.message();
       for (size_t j = 0; j < i; ++j) EXPECT_NE(kf::to_string(p), kf::to_string(plans[j]));
@@ -113,18 +120,21 @@ TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
 }
 
 TEST(AttentionBwdPlan, CandidateTilesPerDevice) {
-  // Every built tile of the head dims that fits: H100 all; 99 KB devices only the small ones.
-  const int dims[][3] = {{64, 64, 2}, {96, 96, 1}, {128, 128, 3}, {192, 128, 1}, {256, 256, 2}};
+  // Every built tile of the head dims that fits: H100 all (and the wgmma kernel at d128); 99 KB
+  // devices only the small ones.
+  const int dims[][3] = {{64, 64, 2}, {96, 96, 1}, {128, 128, 4}, {192, 128, 1}, {256, 256, 2}};
   for (const auto& d : dims) {
     SCOPED_TRACE(d[0]);
     const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
     EXPECT_EQ(kf::candidate_bwd_plans(pr, kH100).size(), size_t(d[2]));
     const std::vector<AttentionPlan> ada = kf::candidate_bwd_plans(pr, kAda);
     ASSERT_FALSE(ada.empty());
-    for (const AttentionPlan& p : ada)
+    for (const AttentionPlan& p : ada) {
+      EXPECT_EQ(p.kind, AttentionKernel::kBwdMma);
       EXPECT_LE(kf::attention_bwd_mma_smem_bytes(p.head_dim_qk, p.head_dim_v, p.block_m, p.block_n, p.stages),
                 99 * 1024)
           << kf::to_string(p);
+    }
   }
 }
 
@@ -151,8 +161,10 @@ TEST(AttentionBwdPlan, BelowSm80NotSupported) {
 }
 
 TEST(AttentionBwdPlan, ImpossiblePlansRejected) {
-  const AttentionProblem pr = problem(2, 16, 16, 1024, 1024, 128, 128);
+  // The mma kernel's plan for d128 (unaligned tensors: no wgmma plan).
+  const AttentionProblem pr = problem(2, 16, 16, 1024, 1024, 128, 128, false);
   const AttentionPlan good = kf::plan_attention_bwd(pr, kH100);
+  ASSERT_EQ(good.kind, AttentionKernel::kBwdMma);
   ASSERT_TRUE(kf::check_bwd_plan(good, pr, kH100).ok());
   auto rejects = [&](AttentionPlan p, const AttentionProblem& prob, const DeviceInfo& dev, kf::StatusCode code,
                      const char* needle) {
@@ -179,10 +191,37 @@ TEST(AttentionBwdPlan, ImpossiblePlansRejected) {
   // 173 KB of shared memory: not on an A100 (163 KB).
   rejects(good, pr, kA100, kf::StatusCode::kInvalidArgument, "bytes of shared memory");
   // Head dims without a kernel, and a plan for other head dims.
-  rejects(good, problem(2, 16, 16, 1024, 1024, 80, 80), kH100, kf::StatusCode::kNotSupported, "head dims 80/80");
-  rejects(good, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kInvalidArgument, "head dims 64/64");
+  rejects(good, problem(2, 16, 16, 1024, 1024, 80, 80, false), kH100, kf::StatusCode::kNotSupported, "head dims 80/80");
+  rejects(good, problem(2, 16, 16, 1024, 1024, 64, 64, false), kH100, kf::StatusCode::kInvalidArgument,
+          "head dims 64/64");
   // Grid limits: query heads (and kv heads) ride on gridDim.y.
-  rejects(good, problem(1, 70000, 70000, 128, 128, 128, 128), kH100, kf::StatusCode::kNotSupported, "65535");
+  rejects(good, problem(1, 70000, 70000, 128, 128, 128, 128, false), kH100, kf::StatusCode::kNotSupported, "65535");
+}
+
+TEST(AttentionBwdPlan, WgmmaPlansRejected) {
+  const AttentionProblem pr = problem(2, 16, 16, 1024, 1024, 128, 128);
+  const AttentionPlan w = kf::plan_attention_bwd(pr, kH100);
+  ASSERT_EQ(w.kind, AttentionKernel::kBwdWgmma);
+  ASSERT_TRUE(kf::check_bwd_plan(w, pr, kH100).ok());
+  auto rejects = [&](const AttentionPlan& p, const AttentionProblem& prob, const DeviceInfo& dev, kf::StatusCode code,
+                     const char* needle) {
+    const kf::Status s = kf::check_bwd_plan(p, prob, dev);
+    EXPECT_EQ(s.code(), code) << s.message();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  rejects(w, pr, kA100, kf::StatusCode::kNotSupported, "sm_90");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 128, 128, false), kH100, kf::StatusCode::kNotSupported, "16-byte");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kNotSupported, "128/128");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 256, 256), kH100, kf::StatusCode::kNotSupported, "128/128");
+  AttentionPlan p = w;
+  p.block_m = 128;
+  rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
+  p = w;
+  p.stages = 3;
+  rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
+  rejects(w, problem(1, 70000, 70000, 128, 128, 128, 128), kH100, kf::StatusCode::kNotSupported, "65535");
+  // Elsewhere the mma kernel runs d128: no wgmma candidate on an A100.
+  for (const AttentionPlan& c : kf::candidate_bwd_plans(pr, kA100)) EXPECT_EQ(c.kind, AttentionKernel::kBwdMma);
 }
 
 TEST(AttentionBwdPlan, WorkspaceLayout) {

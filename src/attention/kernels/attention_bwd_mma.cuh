@@ -55,17 +55,12 @@
 #include "attention/attention_bwd_mma_config.h"
 #include "attention/attention_bwd_workspace.h"
 #include "attention/attention_problem.h"
+#include "attention/kernels/attention_bwd_common.cuh"
 #include "attention/kernels/mma_common.cuh"
 #include "common/launch.cuh"
 
 namespace kernelforge {
 namespace attn_mma {
-
-__device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // Stores a packed pair of T at row[col], row[col + 1]: one 32-bit store when `pair`.
 __device__ __forceinline__ void store_pair(uint16_t* row, int col, uint32_t w, bool pair) {
@@ -142,45 +137,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (key0 >= Sk) return;  // the whole block: varlen sequences shorter than the grid's bound
   const int64_t qbase = f.varlen ? q_start : int64_t(b) * f.seqlen_q;  // workspace row numbering
 
-  // Visible keys of row i: [row_lo(i), row_hi(i)), both non-decreasing in i, clamped to [0, Sk].
-  const int64_t diag = int64_t(Sk) - Sq;
-  auto row_lo = [&](int64_t i) -> int {
-    if (f.window_left < 0) return 0;
-    const int64_t lo = i + diag - f.window_left;
-    return int(lo < 0 ? 0 : (lo > Sk ? Sk : lo));
-  };
-  auto row_hi = [&](int64_t i) -> int {
-    if (f.window_right < 0) return Sk;
-    const int64_t hi = i + diag + f.window_right + 1;
-    return int(hi < 0 ? 0 : (hi > Sk ? Sk : hi));
-  };
-  // Query tile m's key range [keys_lo(m), keys_hi(m)); both non-decreasing in m, and keys_hi(m) = 0
-  // when empty. Tile m is visited by key tile n when keys_hi(m) > key0 and keys_lo(m) < key0 +
-  // kBlockN: the first condition holds from m_begin on, the second up to m_end (binary searches).
-  const int num_m = (Sq + kBlockM - 1) / kBlockM;
-  auto keys_lo = [&](int m) -> int { return row_lo(int64_t(m) * kBlockM); };
-  auto keys_hi = [&](int m) -> int {
-    const int last = (m * kBlockM + kBlockM < Sq ? m * kBlockM + kBlockM : Sq) - 1;
-    return row_hi(last);
-  };
-  int lo = 0, hi = num_m;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (keys_hi(mid) > key0)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  const int m_begin = lo;
-  hi = num_m;
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (keys_lo(mid) >= key0 + kBlockN)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  const int m_end = lo;
+  // The query tiles that see this key tile: [m_begin, m_end) (attention_bwd_common.cuh).
+  const BwdVisibility vis(f, Sq, Sk);
+  int m_begin = 0, m_end = 0;
+  vis.query_tiles(key0, kBlockN, kBlockM, &m_begin, &m_end);
   const int nm = m_end - m_begin;
   const int n_iters = nm * f.group;  // (query head, query tile) pairs, head-major
 
@@ -255,7 +215,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const float* sLse2 = reinterpret_cast<const float*>(sdO + kBlockM * kVS);
       const float* sD = sLse2 + kBlockM;
       // Every (query, key) of the tile visible (rows past Sq aside): no element mask.
-      const bool masked = !(row_lo(int64_t(m0) + kBlockM - 1) <= key0 && row_hi(m0) >= key0 + kBlockN);
+      const bool masked = !vis.tile_full(m0, kBlockM, key0, kBlockN);
 
       // ---- dP^T = V dO^T, S^T = K Q^T; P^T and dS^T to shared memory ----
       {
@@ -309,7 +269,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             if (masked) {
               const int key = key0 + r + (e >> 1) * 8;
               const int64_t i = int64_t(m0) + qi;
-              if (key < row_lo(i) || key >= row_hi(i)) pe = 0.0f;
+              if (key < vis.row_lo(i) || key >= vis.row_hi(i)) pe = 0.0f;
             }
             float d = pe * (dp[j][e] - sD[qi]);
             if (softcap) d *= 1.0f - th * th;
@@ -356,7 +316,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (p.deterministic) {
           sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
           if (tid == 0) {
-            const int target = n_tile - keys_lo(m) / kBlockN;  // lower key tiles that visit m
+            const int target = n_tile - vis.keys_lo(m, kBlockM) / kBlockN;  // lower key tiles that visit m
             while (ld_acquire_gpu(sem) < target) __nanosleep(64);
           }
           __syncthreads();

@@ -75,34 +75,6 @@ __device__ __forceinline__ KeyTiles wgmma_key_tiles(int m0, int sq, int sk, int 
   return {first, int(hi / block_n) + 1 - first};
 }
 
-// tanh on the MUFU unit: one op (an exact 1 - 2 / (exp(2x) + 1) takes two, ex2 and rcp, and the
-// MUFU unit is what bounds this kernel: 39 % slower with softcap). Relative error below 2^-10.9: a
-// softcap-c logit moves by at most c * 2^-10.9 (FlashAttention's softcap uses the same instruction).
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
-}
-
 // Grid (query tiles, Hq, B); 384 threads; WgmmaSmem<...>::kBytes of dynamic shared memory.
 // tm_q / tm_k / tm_v: 4-D maps (column, row, head, batch) with 64 x {128, kBlockN} x 1 x 1 boxes and
 // the 128-byte swizzle (kVarlen: batch extent 1, rows = all tokens, row offset cu_seqlens[b]).

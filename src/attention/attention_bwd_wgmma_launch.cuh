@@ -1,0 +1,78 @@
+// The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh:
+// TMA maps of q, dout (64-row boxes), k and v (128-row boxes), one CTA per key tile and kv head) and
+// pass 3 (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
+// attention_bwd_wgmma_<dtype>.cu.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attention/attention_bwd_passes.cuh"
+#include "attention/attention_bwd_wgmma_launch.h"
+#include "attention/attention_tma_map.h"
+#include "attention/kernels/attention_bwd_wgmma.cuh"
+#include "common/launch.cuh"
+#include "common/math.h"
+#include "common/occupancy.h"
+
+namespace kernelforge {
+
+template <typename T>
+Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
+                                  void* workspace, cudaStream_t stream) {
+  using namespace attn_bwd;
+  constexpr int kD = 128;
+  using L = BwdWgmmaSmem<kD>;
+  const AttentionParams& f = p.f;
+  if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
+      plan.block_m != kBwdWgmmaBlockM || plan.block_n != kBwdWgmmaBlockN || plan.warps != kBwdWgmmaThreads / 32 ||
+      plan.stages != kBwdWgmmaStages || plan.splits != 1)
+    return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan));
+  auto kernel = attention_bwd_wgmma<T, kD>;
+  if (kernel_binary_version(kernel) != 90)
+    return Status::NotSupported(std::string(kName) +
+                                ": the wgmma backward kernel needs an sm_90 device and a build with 90a-real");
+
+  const AttnBwdWs ws = workspace_regions(plan, p, workspace);
+  Status st = launch_preprocess<T>(p, ws, plan.block_m, dev, stream);
+  if (!st.ok()) return st;
+
+  const int64_t k_tiles = ceil_div(f.seqlen_k, int64_t(kBwdWgmmaBlockN));
+  if (k_tiles > 0 && f.heads_kv > 0 && f.batch > 0) {
+    // varlen: one batch of all tokens; a tile's rows start at cu_seqlens[b] (rows past the end are masked).
+    const int64_t batch = f.varlen ? 1 : f.batch;
+    const int64_t rows_q = f.varlen ? f.total_q : f.seqlen_q, rows_k = f.varlen ? f.total_k : f.seqlen_k;
+    CUtensorMap tq, tdo, tk, tv;
+    st = encode_attention_map<T>(&tk, f.k, kD, rows_k, f.heads_kv, batch, f.k_ss, f.k_sh, f.k_sb, kBwdWgmmaBlockN, "k",
+                                 kName);
+    if (!st.ok()) return st;
+    st = encode_attention_map<T>(&tv, f.v, kD, rows_k, f.heads_kv, batch, f.v_ss, f.v_sh, f.v_sb, kBwdWgmmaBlockN, "v",
+                                 kName);
+    if (!st.ok()) return st;
+    if (rows_q == 0) {
+      // No query row: no Q / dO load is issued (every key tile writes zeros); the maps only need to be valid.
+      tq = tk;
+      tdo = tk;
+    } else {
+      st = encode_attention_map<T>(&tq, f.q, kD, rows_q, f.heads_q, batch, f.q_ss, f.q_sh, f.q_sb, kBwdWgmmaBlockM, "q",
+                                   kName);
+      if (!st.ok()) return st;
+      st = encode_attention_map<T>(&tdo, p.dout, kD, rows_q, f.heads_q, batch, p.do_ss, p.do_sh, p.do_sb,
+                                   kBwdWgmmaBlockM, "dout", kName);
+      if (!st.ok()) return st;
+    }
+    st = cuda_status(ensure_smem_limit(kernel, size_t(L::kBytes)), kName,
+                     "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (!st.ok()) return st;
+    Launch l(dim3(unsigned(k_tiles), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads),
+             size_t(L::kBytes), stream, use_pdl(dev));
+    st = launched(l(kernel, tq, tk, tv, tdo, p, ws), kName);
+    if (!st.ok()) return st;
+  }
+  return launch_dq_convert<T>(p, ws, dev, stream);
+}
+
+}  // namespace kernelforge

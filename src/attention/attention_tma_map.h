@@ -1,0 +1,66 @@
+// TMA tensor maps of the wgmma attention kernels (forward and backward): built on the host with
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link). Every map is 4-D
+// (column, row, head, batch) over 16-bit elements, boxes of 64 columns (128 bytes, the swizzle span),
+// 128-byte swizzle, zero fill outside the tensor.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "kernelforge/status.h"
+
+namespace kernelforge {
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      ptr = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// A 4-D map (column, row, head, batch) of 16-bit elements: boxes of 64 columns x box_rows rows, 128-byte
+// swizzle, zero fill outside. Strides in elements; a stride of an extent-1 dimension is never used.
+template <typename T>
+Status encode_attention_map(CUtensorMap* map, const void* base, int cols, int64_t rows, int64_t heads, int64_t batch,
+                            int64_t s_row, int64_t s_head, int64_t s_batch, int box_rows, const char* what,
+                            const char* who) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr)
+    return Status::NotSupported(std::string(who) + ": the driver has no cuTensorMapEncodeTiled (CUDA 12 or newer)");
+  auto bytes = [](int64_t stride, int64_t extent) -> cuuint64_t {
+    return extent == 1 ? cuuint64_t(16) : cuuint64_t(stride) * sizeof(T);
+  };
+  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {bytes(s_row, rows), bytes(s_head, heads), bytes(s_batch, batch)};
+  for (cuuint64_t s : strides)
+    if (s % 16 != 0 || s >= (cuuint64_t(1) << 40) || s == 0)
+      return Status::NotSupported(std::string(who) + ": the wgmma kernel needs 16-byte multiples as the " + what +
+                                  " strides");
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0)
+    return Status::NotSupported(std::string(who) + ": the wgmma kernel needs " + what + " 16-byte aligned");
+  const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r =
+      encode(map, type, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Cuda(std::string(who) + ": cuTensorMapEncodeTiled(" + what + ") failed with CUresult " +
+                        std::to_string(int(r)));
+  return Status::Ok();
+}
+
+}  // namespace kernelforge

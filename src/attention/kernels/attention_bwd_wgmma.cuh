@@ -1,0 +1,374 @@
+// Attention backward, pass 2 of 3 on Hopper (sm_90a): wgmma tensor cores, TMA loads, warp
+// specialization. Formula: include/kernelforge/attention.h. Pass 1 (attention_bwd_preprocess.cuh) has
+// stored D = rowsum(dout * out) and lse2 = lse * log2(e) and zeroed the float32 dQ accumulator; pass 3
+// (attention_bwd_dq_convert.cuh) rounds it into dq. Same work split as the mma kernel
+// (attention_bwd_mma.cuh): one CTA per (key tile of 128 keys, kv head, batch) keeps K, V in shared
+// memory and dK, dV in registers, and walks the query heads of its group and the 64-row query tiles
+// that see its keys ([m_begin, m_end), attention_bwd_common.cuh).
+//
+// 384 threads in three warpgroups:
+//   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step the Q and
+//     dO tiles (TMA) and the 64 lse2 and D values (plain loads, +inf / 0 past the sequence end) into a
+//     2-stage ring; the other three warps leave.
+//   warpgroups 1 and 2, the consumers (240 registers): keys 64 c .. 64 c + 63 of the tile each. Per
+//     query tile:
+//       S^T = K_c Q^T, dP^T = V_c dO^T          (wgmma m64n64, A and B K-major from shared memory)
+//       P^T = 2^(S^T scale log2 e - lse2)        (softcap: s = c tanh(u / c), recomputed as the forward)
+//       dS^T = P^T (dP^T - D)                    (softcap: times 1 - tanh^2)
+//       dV += P^T dO, dK += dS^T Q               (wgmma m64n128, A = P^T / dS^T from registers, the
+//                                                 accumulator layout converted in place; B MN-major)
+//       dS^T -> shared memory (both halves of the 128 keys, double-buffered), then
+//       dQ[:, 64 c .. 64 c + 63] = dS K          (wgmma m64n64, A = dS and B = K both MN-major),
+//       added to the float32 accumulator (red.global.add.v2.f32; in the deterministic mode after the
+//       lower key tiles, as in the mma kernel: semaphores per (b, h, query tile), see there).
+// FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
+// Registers per consumer thread: dV, dK 64 + 64, S^T and dP^T 32 + 32, then P and dS as 16-bit A
+// fragments 16 + 16 and dQ 32.
+// Shared memory (d128): K, V 32 + 32 KB, 2 stages x (Q 16 KB + dO 16 KB), 2 x dS^T 16 KB, lse2 / D
+// 2 x 512 B: 161 KB. Every tile is 64 columns wide (128-byte rows, the TMA 128-byte swizzle) and
+// 1024-byte aligned; see sm90_wgmma.cuh for the operand layouts and descriptors.
+// dK (times scale) and dV are written once at the end, in T; key rows past Sk are skipped; a key tile
+// that no query sees writes zeros.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/attention_bwd_workspace.h"
+#include "attention/attention_problem.h"
+#include "attention/kernels/attention_bwd_common.cuh"
+#include "attention/kernels/sm90_tma.cuh"
+#include "attention/kernels/sm90_wgmma.cuh"
+#include "common/launch.cuh"
+
+namespace kernelforge {
+
+constexpr int kBwdWgmmaBlockM = 64;   // query rows per step
+constexpr int kBwdWgmmaBlockN = 128;  // keys per CTA: two consumer warpgroups x 64
+constexpr int kBwdWgmmaStages = 2;    // Q / dO ring depth
+constexpr int kBwdWgmmaThreads = 384;
+constexpr int kBwdWgmmaProducerRegs = 24;
+constexpr int kBwdWgmmaConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536 registers
+
+// Shared-memory map (byte offsets from a 1024-aligned base); Dqk = Dv = kD.
+template <int kD>
+struct BwdWgmmaSmem {
+  static constexpr int kBM = kBwdWgmmaBlockM, kBN = kBwdWgmmaBlockN;
+  static constexpr int kKBytes = kBN * kD * 2;    // K tile; V the same
+  static constexpr int kQBytes = kBM * kD * 2;    // one stage of Q; dO the same
+  static constexpr int kDsBytes = kBN * kBM * 2;  // dS^T: 128 key rows x 64 queries
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKBytes;
+  static constexpr int kQ = kV + kKBytes;                      // stage s at kQ + s * kQBytes
+  static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;   // stage s at kDo + s * kQBytes
+  static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;  // buffer u at kDs + u * kDsBytes
+  static constexpr int kRows = kDs + 2 * kDsBytes;             // stage s: float lse2[kBM], D[kBM]
+  static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
+  static constexpr int kNumBars = 1 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s]
+  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
+  static_assert(kD % 64 == 0, "64-column tiles");
+  static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+};
+
+// Adds a pair of floats to global memory (one 8-byte reduction, sm_90).
+__device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
+#if KF_SM90A
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  (void)dst, (void)a, (void)b;
+#endif
+}
+
+// Grid (ceil(Sk / 128), Hkv, B); 384 threads; BwdWgmmaSmem<kD>::kBytes of dynamic shared memory.
+// tm_q / tm_do: 4-D maps (column, row, head, batch) with 64 x 64 boxes; tm_k / tm_v: 64 x 128 boxes;
+// 128-byte swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
+    attention_bwd_wgmma(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                        const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                        const AttentionGradParams p, const AttnBwdWs ws) {
+#if KF_SM90A
+  using L = BwdWgmmaSmem<kD>;
+  constexpr int kBM = kBwdWgmmaBlockM, kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
+  constexpr int kDqN = kD / 2;  // dQ columns per consumer warpgroup
+  static_assert(kD == 128, "the dQ split gives each consumer warpgroup one 64-column tile");
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* q_full = kv_full + 1;
+  uint64_t* q_empty = q_full + kStages;
+  float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
+
+  pdl_wait();  // every global access follows the previous kernel (pass 1)
+
+  const AttentionParams& f = p.f;
+  const int n_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
+  if (f.varlen) {
+    q_row0 = f.cu_seqlens_q[b];
+    k_row0 = f.cu_seqlens_k[b];
+    sq = f.cu_seqlens_q[b + 1] - q_row0;
+    sk = f.cu_seqlens_k[b + 1] - k_row0;
+    batch_coord = 0;
+  }
+  const int key0 = n_tile * kBN;
+  if (key0 >= sk) return;  // varlen: a key tile past this sequence's end (the whole CTA leaves)
+  const int64_t qbase = f.varlen ? int64_t(q_row0) : int64_t(b) * f.seqlen_q;  // workspace row numbering
+  const BwdVisibility vis(f, sq, sk);
+  int m_begin = 0, m_end = 0;
+  vis.query_tiles(key0, kBN, kBM, &m_begin, &m_end);
+  const int nm = m_end - m_begin;
+  const int n_iters = nm * f.group;  // (query head, query tile) steps, head-major
+
+  if (threadIdx.x == 0) {
+    mbar_init_count(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init_count(&q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
+      mbar_init_count(&q_empty[s], 8);      // lane 0 of each of the 8 consumer warps
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kBwdWgmmaProducerRegs>();
+    if (threadIdx.x < 32 && n_iters > 0) {
+      const int lane = threadIdx.x;
+      if (lane == 0) {
+        tma_prefetch_desc(&tm_q);
+        tma_prefetch_desc(&tm_do);
+        mbar_expect(kv_full, 2 * L::kKBytes);
+#pragma unroll
+        for (int c = 0; c < kD / 64; ++c) {
+          tma_load_4d(smem + L::kK + c * kBN * 128, &tm_k, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
+          tma_load_4d(smem + L::kV + c * kBN * 128, &tm_v, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
+        }
+      }
+      for (int it = 0; it < n_iters; ++it) {
+        const int s = it % kStages;
+        const uint32_t phase = (it / kStages) & 1;
+        const int h = kvh * f.group + it / nm;
+        const int m0 = (m_begin + it % nm) * kBM;
+        mbar_wait(&q_empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
+        if (lane == 0) {
+          mbar_expect(&q_full[s], 2 * L::kQBytes);
+#pragma unroll
+          for (int c = 0; c < kD / 64; ++c) {
+            tma_load_4d(smem + L::kQ + s * L::kQBytes + c * kBM * 128, &tm_q, &q_full[s], c * 64, q_row0 + m0, h,
+                        batch_coord);
+            tma_load_4d(smem + L::kDo + s * L::kQBytes + c * kBM * 128, &tm_do, &q_full[s], c * 64, q_row0 + m0, h,
+                        batch_coord);
+          }
+        }
+        float* rows = rows_lse2 + s * 2 * kBM;
+        const int64_t src = int64_t(h) * f.total_q + qbase + m0;
+#pragma unroll
+        for (int r = lane; r < kBM; r += 32) {
+          const bool ok = m0 + r < sq;
+          rows[r] = ok ? ws.lse2[src + r] : INFINITY;  // P = 0 on rows past the sequence end
+          rows[kBM + r] = ok ? ws.dsum[src + r] : 0.0f;
+        }
+        mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kBwdWgmmaConsumerRegs>();
+  const int cw = wg - 1;  // consumer warpgroup: keys 64 cw .. 64 cw + 63 of the tile
+  const int tid = threadIdx.x - 128 * wg;
+  const int warp = tid / 32, lane = tid % 32;
+  const bool softcap = f.softcap > 0.0f;
+  // s2 = u * pre (no softcap: the logit in log2 units); with softcap th = tanh(u * pre), s2 = th * post.
+  const float pre = softcap ? f.scale / f.softcap : f.scale * kLog2e;
+  const float post = softcap ? f.softcap * kLog2e : 1.0f;
+
+  float dv[kD / 2], dk[kD / 2];
+#pragma unroll
+  for (int e = 0; e < kD / 2; ++e) dv[e] = dk[e] = 0.0f;
+
+  const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
+  // This thread's key rows (tile-local): key_r + 8 i.
+  const int key_r = 64 * cw + 16 * warp + lane / 4;
+
+  if (n_iters > 0) mbar_wait(kv_full, 0);
+  for (int it = 0; it < n_iters; ++it) {
+    const int s = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const int h = kvh * f.group + it / nm;
+    const int m = m_begin + it % nm;
+    const int m0 = m * kBM;
+    const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
+    const uint32_t do_addr = smem_u32(smem + L::kDo + s * L::kQBytes);
+    uint8_t* ds_tile = smem + L::kDs + (it & 1) * L::kDsBytes;
+    mbar_wait(&q_full[s], phase);
+
+    // ---- S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries each) ----
+    float st[kBM / 2], dpt[kBM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t da = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + cw * 64 * 128 + (kk % 4) * 32);
+      const uint64_t db = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+      wgmma_ss<T, kBM>(st, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t da = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + cw * 64 * 128 + (kk % 4) * 32);
+      const uint64_t db = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+      wgmma_ss<T, kBM>(dpt, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dpt);
+
+    // ---- P^T and dS^T in place: element 4 j + 2 i + c is key key_r + 8 i, query 8 j + 2 (lane % 4) + c ----
+    const float* rows = rows_lse2 + s * 2 * kBM;
+    const bool masked = !vis.tile_full(m0, kBM, key0, kBN);
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+      const int q = 8 * j + 2 * (lane % 4);
+      const float2 l2 = *reinterpret_cast<const float2*>(rows + q);
+      const float2 dd = *reinterpret_cast<const float2*>(rows + kBM + q);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int e = 4 * j + 2 * i + c;
+          float x = st[e] * pre;
+          float th = 0.0f;
+          if (softcap) {
+            th = tanh_approx(x);
+            x = th * post;
+          }
+          float pe = ex2_approx(x - (c ? l2.y : l2.x));  // lse2 = +inf (nothing seen, or past Sq): 0
+          if (masked) {
+            const int key = key0 + key_r + 8 * i;
+            const int64_t row = int64_t(m0) + q + c;
+            if (key < vis.row_lo(row) || key >= vis.row_hi(row)) pe = 0.0f;
+          }
+          float ds = pe * (dpt[e] - (c ? dd.y : dd.x));
+          if (softcap) ds *= 1.0f - th * th;
+          st[e] = pe;
+          dpt[e] = ds;
+        }
+    }
+    // 16-bit A fragments: k-slice kk (queries 16 kk ..), register r = elements 8 kk + 2 r, + 1.
+    uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+        dsa[kk][r] = pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      }
+
+    // ---- dV += P^T dO, dK += dS^T Q (B: 16 query rows x kD, MN-major, 64-column tiles kBM rows long) ----
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs<T, kD>(dv, pa[kk], gmma_desc_mn(do_addr + kk * 16 * 128, kBM * 128), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs<T, kD>(dk, dsa[kk], gmma_desc_mn(q_addr + kk * 16 * 128, kBM * 128), 1);
+    wgmma_commit();
+
+    // ---- dS^T into shared memory: key row key_r + 8 (r % 2), queries 8 (2 kk + r / 2) + 2 (lane % 4) ----
+    // (the swizzled layout TMA would write: 16-byte chunk ch of row r at ch ^ (r % 8); r % 8 = lane / 4)
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = key_r + 8 * (r % 2);
+        const int chunk = 2 * kk + r / 2;
+        *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 4) * 4) = dsa[kk][r];
+      }
+    fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
+    named_sync(1, 256);   // both halves of the 128 keys are in ds_tile
+
+    // ---- dQ[:, 64 cw ..] = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x 64 columns) ----
+    float dq[kDqN / 2];
+    const uint32_t ds_addr = smem_u32(ds_tile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t da = gmma_desc_mn(ds_addr + kk * 16 * 128, kBN * 128);
+      const uint64_t db = gmma_desc_mn(k_addr + cw * (kBN * 128) + kk * 16 * 128, kBN * 128);
+      wgmma_ss<T, kDqN, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();  // dV, dK, dQ done: Q, dO of stage s and ds_tile are no longer read by this warpgroup
+    reg_fence(dq);
+    reg_fence(dv);
+    reg_fence(dk);
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      reg_fence(pa[kk]);
+      reg_fence(dsa[kk]);
+    }
+    if (lane == 0) mbar_arrive(&q_empty[s]);
+
+    // ---- dQ into the float32 accumulator: element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i,
+    // column 64 cw + 8 j + 2 (lane % 4) + c ----
+    int32_t* sem = nullptr;
+    if (p.deterministic) {
+      sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
+      if (tid == 0 && cw == 0) {
+        const int target = n_tile - vis.keys_lo(m, kBM) / kBN;  // lower key tiles that visit m
+        while (ld_acquire_gpu(sem) < target) __nanosleep(64);
+      }
+      named_sync(2, 256);
+    }
+    float* acc = ws.dq_acc + (int64_t(h) * f.total_q + qbase + m0) * kD + cw * kDqN + 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = 16 * warp + lane / 4 + 8 * i;
+      if (m0 + row < sq) {
+#pragma unroll
+        for (int j = 0; j < kDqN / 8; ++j)
+          red_add_v2(acc + int64_t(row) * kD + 8 * j, dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+      }
+    }
+    if (p.deterministic) {
+      __threadfence();  // this thread's additions visible before the count
+      named_sync(2, 256);
+      if (tid == 0 && cw == 0) atomicAdd(sem, 1);
+    }
+  }
+
+  // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key key_r + 8 i, column 8 j + 2 (lane % 4) + c ----
+  T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + key0) * p.dk_ss + kvh * p.dk_sh;
+  T* dvp = static_cast<T*>(p.dv) + b * p.dv_sb + (int64_t(k_row0) + key0) * p.dv_ss + kvh * p.dv_sh;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = key_r + 8 * i;
+    if (key0 + row >= sk) continue;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int col = 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dkp + row * p.dk_ss + col) =
+          pack2<T>(dk[4 * j + 2 * i] * f.scale, dk[4 * j + 2 * i + 1] * f.scale);
+      *reinterpret_cast<uint32_t*>(dvp + row * p.dv_ss + col) = pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+    }
+  }
+#else
+  (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)p, (void)ws;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __trap();  // built for sm_90 without the "a" features: no wgmma; the launcher refuses this build
+#endif
+#endif
+}
+
+}  // namespace kernelforge
