@@ -20,11 +20,11 @@
 
 namespace kernelforge {
 
-template <typename T>
-Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
-                                  void* workspace, cudaStream_t stream) {
-  using namespace attn_bwd;
-  constexpr int kD = 128;
+namespace attn_bwd {
+
+template <typename T, int kD>
+Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
+                         void* workspace, cudaStream_t stream) {
   using L = BwdWgmmaSmem<kD>;
   const AttentionParams& f = p.f;
   if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
@@ -73,6 +73,17 @@ Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGrad
     if (!st.ok()) return st;
   }
   return launch_dq_convert<T>(p, ws, dev, stream);
+}
+
+}  // namespace attn_bwd
+
+template <typename T>
+Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
+                                  void* workspace, cudaStream_t stream) {
+  if (plan.head_dim_qk == 64) return attn_bwd::launch_wgmma_dims<T, 64>(plan, p, dev, workspace, stream);
+  if (plan.head_dim_qk == 128) return attn_bwd::launch_wgmma_dims<T, 128>(plan, p, dev, workspace, stream);
+  return Status::Invalid(std::string(attn_bwd::kName) + ": the wgmma backward kernel has no head dims " +
+                         std::to_string(plan.head_dim_qk) + "/" + std::to_string(plan.head_dim_v));
 }
 
 }  // namespace kernelforge

@@ -1,5 +1,5 @@
 // The backward planner (see attention_plan.h): the wgmma kernel where it runs (sm_90, head dims
-// 128/128, TMA-compatible tensors), otherwise the mma kernel's tile from its compiled tiles
+// 64/64 or 128/128, TMA-compatible tensors), otherwise the mma kernel's tile from its compiled tiles
 // (kAttnBwdTiles, attention_bwd_mma_config.h) by head dims, the device's shared memory and how many
 // blocks the call has; the workspace from attention_bwd_workspace.h.
 #include <cstdint>
@@ -66,8 +66,8 @@ AttentionPlan bwd_plan(const AttnBwdTile& t) {
 }
 
 // The wgmma kernel (kernels/attention_bwd_wgmma.cuh): 64 query rows x 128 keys, 3 warpgroups, 2
-// Q / dO stages; head dims 128/128 only (each consumer warpgroup's dQ share is one 64-column tile).
-constexpr int kWgmmaHeadDim = 128;
+// Q / dO stages; head dims 64/64 and 128/128 (the split of dQ between the consumer warpgroups: by
+// 64-column tiles at d128, by keys at d64).
 constexpr int kWgmmaBlockM = 64;
 constexpr int kWgmmaBlockN = 128;
 constexpr int kWgmmaWarps = 12;
@@ -78,18 +78,19 @@ std::string wgmma_unsupported(const AttentionProblem& pr, const DeviceInfo& dev)
   if (dev.capability != 90) return "needs an sm_90 device";
   if (pr.elem_bytes != 2) return "needs float16 or bfloat16";
   if (!pr.tma_ok) return "needs 16-byte aligned tensors and strides (TMA)";
-  if (pr.head_dim_qk != kWgmmaHeadDim || pr.head_dim_v != kWgmmaHeadDim) return "has head dims 128/128 only";
+  if (pr.head_dim_qk != pr.head_dim_v || (pr.head_dim_qk != 64 && pr.head_dim_qk != 128))
+    return "has head dims 64/64 and 128/128 only";
   if (pr.seqlen_q > (int64_t(1) << 30) || pr.seqlen_k > (int64_t(1) << 30) || pr.total_q > (int64_t(1) << 30) ||
       pr.total_k > (int64_t(1) << 30))
     return "needs fewer than 2^30 rows";
   return "";
 }
 
-AttentionPlan bwd_wgmma_plan() {
+AttentionPlan bwd_wgmma_plan(int head_dim) {
   AttentionPlan p;
   p.kind = AttentionKernel::kBwdWgmma;
-  p.head_dim_qk = kWgmmaHeadDim;
-  p.head_dim_v = kWgmmaHeadDim;
+  p.head_dim_qk = head_dim;
+  p.head_dim_v = head_dim;
   p.block_m = kWgmmaBlockM;
   p.block_n = kWgmmaBlockN;
   p.warps = kWgmmaWarps;
@@ -108,7 +109,7 @@ bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
 }  // namespace
 
 AttentionPlan plan_attention_bwd(const AttentionProblem& pr, const DeviceInfo& dev) {
-  if (wgmma_unsupported(pr, dev).empty()) return bwd_wgmma_plan();
+  if (wgmma_unsupported(pr, dev).empty()) return bwd_wgmma_plan(pr.head_dim_qk);
   const AttnBwdTile* preferred = nullptr;
   const AttnBwdTile* smallest = nullptr;
   for (const AttnBwdTile& t : kAttnBwdTiles) {
@@ -141,7 +142,7 @@ std::vector<AttentionPlan> candidate_bwd_plans(const AttentionProblem& pr, const
     plans.push_back(p);
   };
   add(plan_attention_bwd(pr, dev));
-  add(bwd_wgmma_plan());
+  add(bwd_wgmma_plan(pr.head_dim_qk));
   for (const AttnBwdTile& t : kAttnBwdTiles) add(bwd_plan(t));
   return plans;
 }
@@ -151,8 +152,9 @@ Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& pr, con
   if (plan.kind == AttentionKernel::kBwdWgmma) {
     const std::string why = wgmma_unsupported(pr, dev);
     if (!why.empty()) return Status::NotSupported(what + "the wgmma backward kernel " + why);
-    if (!same_plan(plan, bwd_wgmma_plan()))
-      return Status::Invalid(what + "not the wgmma backward configuration (" + to_string(bwd_wgmma_plan()) + ")");
+    if (!same_plan(plan, bwd_wgmma_plan(pr.head_dim_qk)))
+      return Status::Invalid(what + "not the wgmma backward configuration (" +
+                             to_string(bwd_wgmma_plan(pr.head_dim_qk)) + ")");
     if (pr.heads_q > kMaxGridYZ || pr.batch > kMaxGridYZ)
       return Status::NotSupported(what + "at most 65535 query heads and 65535 sequences per call");
     return Status::Ok();

@@ -144,6 +144,7 @@ const std::vector<BwdCase>& cases() {
       bshd("d128_window_left_right_q333", 2, 333, 333, 2, 2, 128).window(100, 40),
       bshd("d128_causal_q300_k200_sinks", 1, 300, 200, 4, 1, 128).with_causal().sink(),  // the top 100 rows see none
       varlen("d128_varlen_ragged", {1, 300, 0, 129}, {260, 129, 5, 129}, 8, 2, 128).with_causal(),
+      bshd("d64_gqa4_causal_q300_sinks", 1, 300, 300, 8, 2, 64).with_causal().sink(),
       bshd("sk0_sinks", 2, 5, 0, 4, 2, 128).sink(),  // dq = 0, dsinks = 0
       bshd("sq0_d128", 1, 0, 130, 2, 1, 128),        // no query: dk = dv = 0
       bshd("sq0_sinks", 1, 0, 7, 2, 1, 64).sink(),   // no query: dk = dv = 0, dsinks = 0

@@ -57,6 +57,8 @@ struct Expect {
 std::vector<Expect> expectations() {
   return {
       {"h100 d64", problem(2, 16, 16, 2048, 2048, 64, 64), &kH100,
+       "attn_bwd_wgmma d=64/64 tile=64x128 warps=12 stages=2 order=row"},
+      {"h100 d64 unaligned", problem(2, 16, 16, 2048, 2048, 64, 64, false), &kH100,
        "attn_bwd_mma d=64/64 tile=64x128 warps=8 stages=2 order=row"},
       {"h100 d96", problem(2, 16, 16, 2048, 2048, 96, 96), &kH100,
        "attn_bwd_mma d=96/96 tile=64x64 warps=4 stages=2 order=row"},
@@ -70,7 +72,7 @@ std::vector<Expect> expectations() {
        "attn_bwd_mma d=192/128 tile=32x64 warps=8 stages=2 order=row"},
       {"h100 d256", problem(2, 16, 16, 2048, 2048, 256, 256), &kH100,
        "attn_bwd_mma d=256/256 tile=32x64 warps=8 stages=2 order=row"},
-      {"h100 d64 few blocks", problem(1, 4, 1, 512, 512, 64, 64), &kH100,
+      {"h100 d64 few blocks", problem(1, 4, 1, 512, 512, 64, 64, false), &kH100,
        "attn_bwd_mma d=64/64 tile=64x64 warps=4 stages=2 order=row"},
       {"h100 d128 few blocks", problem(1, 4, 1, 512, 512, 128, 128), &kH100,
        "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=row"},
@@ -120,9 +122,9 @@ TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
 }
 
 TEST(AttentionBwdPlan, CandidateTilesPerDevice) {
-  // Every built tile of the head dims that fits: H100 all (and the wgmma kernel at d128); 99 KB
+  // Every built tile of the head dims that fits: H100 all (and the wgmma kernel at d64, d128); 99 KB
   // devices only the small ones.
-  const int dims[][3] = {{64, 64, 2}, {96, 96, 1}, {128, 128, 4}, {192, 128, 1}, {256, 256, 2}};
+  const int dims[][3] = {{64, 64, 3}, {96, 96, 1}, {128, 128, 4}, {192, 128, 1}, {256, 256, 2}};
   for (const auto& d : dims) {
     SCOPED_TRACE(d[0]);
     const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
@@ -211,8 +213,10 @@ TEST(AttentionBwdPlan, WgmmaPlansRejected) {
   };
   rejects(w, pr, kA100, kf::StatusCode::kNotSupported, "sm_90");
   rejects(w, problem(2, 16, 16, 1024, 1024, 128, 128, false), kH100, kf::StatusCode::kNotSupported, "16-byte");
-  rejects(w, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kNotSupported, "128/128");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 192, 128), kH100, kf::StatusCode::kNotSupported, "128/128");
   rejects(w, problem(2, 16, 16, 1024, 1024, 256, 256), kH100, kf::StatusCode::kNotSupported, "128/128");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kInvalidArgument,
+          "wgmma backward configuration");  // a d128 plan for a d64 call
   AttentionPlan p = w;
   p.block_m = 128;
   rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");

@@ -17,8 +17,9 @@
 //       dS^T = P^T (dP^T - D)                    (softcap: times 1 - tanh^2)
 //       dV += P^T dO, dK += dS^T Q               (wgmma m64n128, A = P^T / dS^T from registers, the
 //                                                 accumulator layout converted in place; B MN-major)
-//       dS^T -> shared memory (both halves of the 128 keys, double-buffered), then
-//       dQ[:, 64 c .. 64 c + 63] = dS K          (wgmma m64n64, A = dS and B = K both MN-major),
+//       dS^T -> shared memory (double-buffered), then dQ = dS K (wgmma m64n64, A = dS and B = K both
+//       MN-major): d128, dQ[:, 64 c .. 64 c + 63] over all 128 keys (both warpgroups' dS^T); d64,
+//       dQ over the warpgroup's own 64 keys (the two add to the same elements),
 //       added to the float32 accumulator (red.global.add.v2.f32; in the deterministic mode after the
 //       lower key tiles, as in the mma kernel: semaphores per (b, h, query tile), see there).
 // FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
@@ -94,8 +95,13 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
 #if KF_SM90A
   using L = BwdWgmmaSmem<kD>;
   constexpr int kBM = kBwdWgmmaBlockM, kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
-  constexpr int kDqN = kD / 2;  // dQ columns per consumer warpgroup
-  static_assert(kD == 128, "the dQ split gives each consumer warpgroup one 64-column tile");
+  // dQ = dS K, split between the consumer warpgroups. d128: by columns (64 each, one tile) over all
+  // 128 keys (dS^T exchanged through shared memory); d64: by keys (each its own 64, all 64 columns),
+  // both adding to the same accumulator elements.
+  constexpr bool kSplitCols = kD == 128;
+  constexpr int kDqN = kSplitCols ? kD / 2 : kD;    // dQ columns per consumer warpgroup
+  constexpr int kDqK = kSplitCols ? kBN : kBN / 2;  // keys per consumer warpgroup's dQ
+  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
   constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ uint8_t smem_raw[];
@@ -296,16 +302,21 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 4) * 4) = dsa[kk][r];
       }
     fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
-    named_sync(1, 256);   // both halves of the 128 keys are in ds_tile
+    if (kSplitCols)
+      named_sync(1, 256);  // both halves of the 128 keys are in ds_tile
+    else
+      named_sync(3 + cw, 128);  // this warpgroup's 64 keys
 
-    // ---- dQ[:, 64 cw ..] = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x 64 columns) ----
+    // ---- dQ = dS K: A = dS (64 queries x kDqK keys), B = K (kDqK keys x kDqN columns), both MN-major.
+    // d128: keys 0..127, columns 64 cw ..; d64: keys 64 cw .., columns 0..63 ----
     float dq[kDqN / 2];
-    const uint32_t ds_addr = smem_u32(ds_tile);
+    const uint32_t ds_addr = smem_u32(ds_tile) + (kSplitCols ? 0 : cw * 64 * 128);
+    const uint32_t kq_addr = k_addr + (kSplitCols ? cw * (kBN * 128) : cw * 64 * 128);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
+    for (int kk = 0; kk < kDqK / 16; ++kk) {
       const uint64_t da = gmma_desc_mn(ds_addr + kk * 16 * 128, kBN * 128);
-      const uint64_t db = gmma_desc_mn(k_addr + cw * (kBN * 128) + kk * 16 * 128, kBN * 128);
+      const uint64_t db = gmma_desc_mn(kq_addr + kk * 16 * 128, kBN * 128);
       wgmma_ss<T, kDqN, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
@@ -321,7 +332,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     if (lane == 0) mbar_arrive(&q_empty[s]);
 
     // ---- dQ into the float32 accumulator: element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i,
-    // column 64 cw + 8 j + 2 (lane % 4) + c ----
+    // column (d128: 64 cw +) 8 j + 2 (lane % 4) + c. Deterministic: after the lower key tiles, and
+    // with d64 consumer 0's additions before consumer 1's ----
     int32_t* sem = nullptr;
     if (p.deterministic) {
       sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
@@ -331,15 +343,25 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
       }
       named_sync(2, 256);
     }
-    float* acc = ws.dq_acc + (int64_t(h) * f.total_q + qbase + m0) * kD + cw * kDqN + 2 * (lane % 4);
+    float* acc = ws.dq_acc + (int64_t(h) * f.total_q + qbase + m0) * kD + (kSplitCols ? cw * kDqN : 0) + 2 * (lane % 4);
+    auto add = [&]() {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = 16 * warp + lane / 4 + 8 * i;
-      if (m0 + row < sq) {
+      for (int i = 0; i < 2; ++i) {
+        const int row = 16 * warp + lane / 4 + 8 * i;
+        if (m0 + row < sq) {
 #pragma unroll
-        for (int j = 0; j < kDqN / 8; ++j)
-          red_add_v2(acc + int64_t(row) * kD + 8 * j, dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+          for (int j = 0; j < kDqN / 8; ++j)
+            red_add_v2(acc + int64_t(row) * kD + 8 * j, dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+        }
       }
+    };
+    if (kSplitCols || !p.deterministic) {
+      add();
+    } else {
+      if (cw == 0) add();
+      __threadfence();
+      named_sync(2, 256);
+      if (cw == 1) add();
     }
     if (p.deterministic) {
       __threadfence();  // this thread's additions visible before the count
