@@ -1,5 +1,6 @@
 // The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh:
-// TMA maps of q, dout (64-row boxes), k and v (128-row boxes), one CTA per key tile and kv head) and
+// TMA maps of q, dout (64-row boxes), k and v (128-row boxes) and the float32 dQ accumulator (32 x 64
+// boxes, for reduce-adds), one CTA per key tile and kv head) and
 // pass 3 (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
 // attention_bwd_wgmma_<dtype>.cu.
 #pragma once
@@ -45,7 +46,7 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
     // varlen: one batch of all tokens; a tile's rows start at cu_seqlens[b] (rows past the end are masked).
     const int64_t batch = f.varlen ? 1 : f.batch;
     const int64_t rows_q = f.varlen ? f.total_q : f.seqlen_q, rows_k = f.varlen ? f.total_k : f.seqlen_k;
-    CUtensorMap tq, tdo, tk, tv;
+    CUtensorMap tq, tdo, tk, tv, tdq;
     st = encode_attention_map<T>(&tk, f.k, kD, rows_k, f.heads_kv, batch, f.k_ss, f.k_sh, f.k_sb, kBwdWgmmaBlockN, "k",
                                  kName);
     if (!st.ok()) return st;
@@ -53,10 +54,15 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
                                  kName);
     if (!st.ok()) return st;
     if (rows_q == 0) {
-      // No query row: no Q / dO load is issued (every key tile writes zeros); the maps only need to be valid.
+      // No query row: no Q / dO load or dQ reduce-add is issued (every key tile writes zeros); the maps
+      // only need to be valid.
       tq = tk;
       tdo = tk;
+      tdq = tk;
     } else {
+      // The dQ accumulator's rows are numbered over the batch (attention_bwd_workspace.h).
+      st = encode_dq_acc_map(&tdq, ws.dq_acc, kD, f.total_q, f.heads_q, kBwdWgmmaBlockM, kName);
+      if (!st.ok()) return st;
       st = encode_attention_map<T>(&tq, f.q, kD, rows_q, f.heads_q, batch, f.q_ss, f.q_sh, f.q_sb, kBwdWgmmaBlockM, "q",
                                    kName);
       if (!st.ok()) return st;
@@ -69,7 +75,7 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
     if (!st.ok()) return st;
     Launch l(dim3(unsigned(k_tiles), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads),
              size_t(L::kBytes), stream, use_pdl(dev));
-    st = launched(l(kernel, tq, tk, tv, tdo, p, ws), kName);
+    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws), kName);
     if (!st.ok()) return st;
   }
   return launch_dq_convert<T>(p, ws, dev, stream);

@@ -63,4 +63,24 @@ Status encode_attention_map(CUtensorMap* map, const void* base, int cols, int64_
   return Status::Ok();
 }
 
+// The backward's float32 dQ accumulator [heads][rows][cols] as a 3-D map (column, row, head): boxes of
+// 32 columns (128 bytes) x box_rows rows, 128-byte swizzle; the target of TMA reduce-adds.
+inline Status encode_dq_acc_map(CUtensorMap* map, const float* base, int cols, int64_t rows, int64_t heads,
+                                int box_rows, const char* who) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr)
+    return Status::NotSupported(std::string(who) + ": the driver has no cuTensorMapEncodeTiled (CUDA 12 or newer)");
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(heads)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * 4, heads == 1 ? cuuint64_t(16) : cuuint64_t(rows) * cols * 4};
+  const cuuint32_t box[3] = {32, cuuint32_t(box_rows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Cuda(std::string(who) + ": cuTensorMapEncodeTiled(dq accumulator) failed with CUresult " +
+                        std::to_string(int(r)));
+  return Status::Ok();
+}
+
 }  // namespace kernelforge

@@ -64,10 +64,12 @@ struct BwdWgmmaSmem {
   static constexpr int kDsBytes = kBN * kBM * 2;  // dS^T: 128 key rows x 64 queries
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKBytes;
-  static constexpr int kQ = kV + kKBytes;                      // stage s at kQ + s * kQBytes
-  static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;   // stage s at kDo + s * kQBytes
-  static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;  // buffer u at kDs + u * kDsBytes
-  static constexpr int kRows = kDs + 2 * kDsBytes;             // stage s: float lse2[kBM], D[kBM]
+  static constexpr int kQ = kV + kKBytes;                               // stage s at kQ + s * kQBytes
+  static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;            // stage s at kDo + s * kQBytes
+  static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;           // buffer u at kDs + u * kDsBytes
+  static constexpr int kDqBytes = kBM * (kD == 128 ? kD / 2 : kD) * 4;  // one consumer's float dQ tile
+  static constexpr int kDq = kDs + 2 * kDsBytes;                        // consumer c at kDq + c * kDqBytes
+  static constexpr int kRows = kDq + 2 * kDqBytes;                      // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
   static constexpr int kNumBars = 1 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s]
   static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
@@ -75,23 +77,15 @@ struct BwdWgmmaSmem {
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
-// Adds a pair of floats to global memory (one 8-byte reduction, sm_90).
-__device__ __forceinline__ void red_add_v2(float* dst, float a, float b) {
-#if KF_SM90A
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(a), "f"(b) : "memory");
-#else
-  (void)dst, (void)a, (void)b;
-#endif
-}
-
 // Grid (ceil(Sk / 128), Hkv, B); 384 threads; BwdWgmmaSmem<kD>::kBytes of dynamic shared memory.
 // tm_q / tm_do: 4-D maps (column, row, head, batch) with 64 x 64 boxes; tm_k / tm_v: 64 x 128 boxes;
 // 128-byte swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens).
+// tm_dq: the float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     attention_bwd_wgmma(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                        const AttentionGradParams p, const AttnBwdWs ws) {
+                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws) {
 #if KF_SM90A
   using L = BwdWgmmaSmem<kD>;
   constexpr int kBM = kBwdWgmmaBlockM, kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
@@ -331,44 +325,55 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     }
     if (lane == 0) mbar_arrive(&q_empty[s]);
 
-    // ---- dQ into the float32 accumulator: element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i,
-    // column (d128: 64 cw +) 8 j + 2 (lane % 4) + c. Deterministic: after the lower key tiles, and
-    // with d64 consumer 0's additions before consumer 1's ----
-    int32_t* sem = nullptr;
-    if (p.deterministic) {
-      sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
+    // ---- dQ into the float32 accumulator: into this consumer's staging tile (boxes of 32 columns x 64
+    // rows, 128-byte swizzle: 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores),
+    // then one TMA reduce-add per box, asynchronous (scalar reductions from every thread cost a third
+    // of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column 8 j +
+    // 2 (lane % 4) + c of the tile (d128: column 64 cw + that of dQ). Rows past the sequence end hold
+    // zeros (P = 0 there), so a tile that reaches into the next sequence adds nothing to it.
+    uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
+    if (tid == 0) bulk_wait_read<0>();  // the previous step's reduce-add has read the tile
+    named_sync(3 + cw, 128);
+#pragma unroll
+    for (int j = 0; j < kDqN / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = 16 * warp + lane / 4 + 8 * i;
+        const int chunk = (8 * j % 32) / 4 + (lane % 4) / 2;
+        const int byte = (8 * j / 32) * (kBM * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 2) * 8;
+        *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+      }
+    fence_proxy_async();  // the staging stores before the TMA unit reads them
+    named_sync(3 + cw, 128);
+    auto reduce_dq = [&]() {
+#pragma unroll
+      for (int box = 0; box < kDqN / 32; ++box)
+        tma_reduce_add_3d(&tm_dq, stage_dq + box * kBM * 128, (kSplitCols ? cw * kDqN : 0) + 32 * box, int(qbase + m0),
+                          h);
+      bulk_commit();
+    };
+    if (!p.deterministic) {
+      if (tid == 0) reduce_dq();
+    } else {
+      // After the lower key tiles (see the mma kernel), and with d64 consumer 0's additions first.
+      int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
       if (tid == 0 && cw == 0) {
         const int target = n_tile - vis.keys_lo(m, kBM) / kBN;  // lower key tiles that visit m
         while (ld_acquire_gpu(sem) < target) __nanosleep(64);
       }
       named_sync(2, 256);
-    }
-    float* acc = ws.dq_acc + (int64_t(h) * f.total_q + qbase + m0) * kD + (kSplitCols ? cw * kDqN : 0) + 2 * (lane % 4);
-    auto add = [&]() {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = 16 * warp + lane / 4 + 8 * i;
-        if (m0 + row < sq) {
-#pragma unroll
-          for (int j = 0; j < kDqN / 8; ++j)
-            red_add_v2(acc + int64_t(row) * kD + 8 * j, dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
-        }
+      if (kSplitCols) {
+        if (tid == 0) reduce_dq(), bulk_wait<0>(), __threadfence();
+      } else {
+        if (tid == 0 && cw == 0) reduce_dq(), bulk_wait<0>(), __threadfence();
+        named_sync(2, 256);
+        if (tid == 0 && cw == 1) reduce_dq(), bulk_wait<0>(), __threadfence();
       }
-    };
-    if (kSplitCols || !p.deterministic) {
-      add();
-    } else {
-      if (cw == 0) add();
-      __threadfence();
-      named_sync(2, 256);
-      if (cw == 1) add();
-    }
-    if (p.deterministic) {
-      __threadfence();  // this thread's additions visible before the count
       named_sync(2, 256);
       if (tid == 0 && cw == 0) atomicAdd(sem, 1);
     }
   }
+  if (tid == 0) bulk_wait<0>();  // the staging tiles stay until the last reduce-add has read them
 
   // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key key_r + 8 i, column 8 j + 2 (lane % 4) + c ----
   T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + key0) * p.dk_ss + kvh * p.dk_sh;
@@ -386,7 +391,7 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     }
   }
 #else
-  (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)p, (void)ws;
+  (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)tm_dq, (void)p, (void)ws;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __trap();  // built for sm_90 without the "a" features: no wgmma; the launcher refuses this build
 #endif

@@ -1,5 +1,6 @@
-// Hopper (sm_90a) helpers of the warp-specialized attention kernel beyond common/bulk_copy.cuh: TMA
-// tile loads (cp.async.bulk.tensor, 4-D, completing on an mbarrier with a transaction byte count),
+// Hopper (sm_90a) helpers of the warp-specialized attention kernels beyond common/bulk_copy.cuh: TMA
+// tile loads (cp.async.bulk.tensor, 4-D, completing on an mbarrier with a transaction byte count) and
+// reduce-adds (3-D, completing in bulk groups),
 // mbarriers with several arrivals, named barriers between warpgroups, and the register reallocation
 // between the producer and the consumer warpgroups. Compiled to nothing outside sm_90a.
 #pragma once
@@ -51,6 +52,41 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       : "memory");
 #else
   (void)dst, (void)map, (void)bar, (void)c0, (void)c1, (void)c2, (void)c3;
+#endif
+}
+
+// Adds the box at `src` (shared memory, laid out and swizzled as the map says) into the tensor of `map`
+// at element coordinates (c0, c1, c2), in the map's element type; elements outside the tensor are
+// skipped. Completes in this thread's bulk group (bulk_commit, then bulk_wait / bulk_wait_read).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+#if KF_SM90A
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+#else
+  (void)map, (void)src, (void)c0, (void)c1, (void)c2;
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if KF_SM90A
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+// Until at most kPending of this thread's bulk groups have not finished reading shared memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+#if KF_SM90A
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+#endif
+}
+// Until at most kPending of this thread's bulk groups are incomplete (their writes performed), then
+// orders them before this thread's later generic-proxy global accesses.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+#if KF_SM90A
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 #endif
 }
 
