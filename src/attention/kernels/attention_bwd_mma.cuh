@@ -262,10 +262,10 @@ __global__ void __launch_bounds__(kWarps * 32)
             float x = s[j][e] * pre;
             float th = 0.0f;
             if (softcap) {
-              th = tanh_softcap(x);
+              th = tanh_approx(x);
               x = th * post;
             }
-            float pe = ex2(x - sLse2[qi]);  // lse2 = +inf (a row that saw nothing): 0
+            float pe = ex2_approx(x - sLse2[qi]);  // lse2 = +inf (a row that saw nothing): 0
             if (masked) {
               const int key = key0 + r + (e >> 1) * 8;
               const int64_t i = int64_t(m0) + qi;

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = s[j][e] * pre;
-          if (softcap) x = tanh_softcap(x) * post;
+          if (softcap) x = tanh_approx(x) * post;
           if (masked) {
             const int key = key0 + 8 * j + 2 * t + (e & 1);
             const bool vis = e < 2 ? (key >= lo_a && key < hi_a) : (key >= lo_b && key < hi_b);
@@ -241,16 +241,16 @@ __global__ void __launch_bounds__(kWarps * 32)
       // A row with nothing visible yet keeps max -inf: subtract 0 instead (every term is then 0).
       const float mu_a = mx_a == -INFINITY ? 0.0f : mx_a;
       const float mu_b = mx_b == -INFINITY ? 0.0f : mx_b;
-      const float alpha_a = ex2(m_a - mu_a), alpha_b = ex2(m_b - mu_b);  // m = -inf -> 0
+      const float alpha_a = ex2_approx(m_a - mu_a), alpha_b = ex2_approx(m_b - mu_b);  // m = -inf -> 0
       m_a = mx_a;
       m_b = mx_b;
       float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
-        s[j][0] = ex2(s[j][0] - mu_a);
-        s[j][1] = ex2(s[j][1] - mu_a);
-        s[j][2] = ex2(s[j][2] - mu_b);
-        s[j][3] = ex2(s[j][3] - mu_b);
+        s[j][0] = ex2_approx(s[j][0] - mu_a);
+        s[j][1] = ex2_approx(s[j][1] - mu_a);
+        s[j][2] = ex2_approx(s[j][2] - mu_b);
+        s[j][3] = ex2_approx(s[j][3] - mu_b);
         sum_a += s[j][0] + s[j][1];
         sum_b += s[j][2] + s[j][3];
       }
@@ -288,8 +288,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
   }
-  if (m_a != -INFINITY) l_a += ex2(sink2 - m_a);  // 0 without sinks
-  if (m_b != -INFINITY) l_b += ex2(sink2 - m_b);
+  if (m_a != -INFINITY) l_a += ex2_approx(sink2 - m_a);  // 0 without sinks
+  if (m_b != -INFINITY) l_b += ex2_approx(sink2 - m_b);
   const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
   const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
 

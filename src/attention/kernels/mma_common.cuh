@@ -1,6 +1,6 @@
 // Device helpers shared by the mma.sync attention kernels (attention_fwd_mma.cuh, attention_bwd_mma.cuh):
-// cp.async copies, ldmatrix, mma.sync m16n8k16, packing, ex2, the softcap tanh and the shared-memory
-// tile loader. sm_80 instructions: callers guard their bodies with __CUDA_ARCH__ >= 800.
+// cp.async copies, ldmatrix, mma.sync m16n8k16 and the shared-memory tile loader (packing, exp2 and
+// tanh: elementwise.cuh). sm_80 instructions: callers guard their bodies with __CUDA_ARCH__ >= 800.
 //
 // Fragment layouts of mma.m16n8k16 (g = lane / 4, t = lane % 4; pairs of T packed in a 32-bit
 // register, the lower column in the low half):
@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "attention/attention_fwd_mma_config.h"
+#include "attention/kernels/elementwise.cuh"
 
 namespace kernelforge {
 namespace attn_mma {
@@ -76,44 +77,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-// Two floats rounded to T and packed, `lo` in the low half (the lower column of a fragment pair).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    return __bfloat162float(x);
-  } else {
-    return __half2float(x);
-  }
-}
-
-// 2^x with the MUFU unit; 2^-inf = +0.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// tanh on the MUFU unit, one op (an exact sign(x) (1 - e) / (1 + e) takes two, ex2 and rcp, and the
-// MUFU unit already carries every exp2 of the softmax). Relative error below 2^-10.9: a softcap-c
-// logit moves by at most c * 2^-10.9. The forward kernels and the backward use the same instruction,
-// so the backward's recomputed p matches the forward's lse.
-__device__ __forceinline__ float tanh_softcap(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Copies rows [0, kRows) x columns [0, kDim) of a global tile (row stride src_stride elements) into

@@ -120,10 +120,4 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #endif
 }
 
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 }  // namespace kernelforge

@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/kernels/elementwise.cuh"
+
 namespace kernelforge {
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -221,34 +223,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #else
   (void)d, (void)a, (void)desc_b, (void)scale_d;
 #endif
-}
-
-// tanh on the MUFU unit: one op (an exact 1 - 2 / (exp(2x) + 1) takes two, ex2 and rcp, and the
-// MUFU unit bounds the attention forward: 39 % slower with softcap). Relative error below 2^-10.9: a
-// softcap-c logit moves by at most c * 2^-10.9 (FlashAttention's softcap uses the same instruction).
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
 }
 
 #undef KF_WGMMA_SS_N64
