@@ -14,6 +14,7 @@ about as accurate as the original.
 from __future__ import annotations
 
 import copy
+import importlib
 import warnings
 
 import pytest
@@ -358,18 +359,31 @@ def test_diffusers_training_matches(kf, build):
     kf.unpatch(model)
 
 
-def test_ltx_rope_patch_keeps_its_modules(kf):
-    """LTX attention modules whose forward the rope entry replaced keep it (the attention processor is
-    not wrapped around them: the two rebindings do not compose), and the patched model still matches."""
+def test_ltx_rope_and_attention_compose(kf, monkeypatch):
+    """LTX attention modules get both entries: the RoPE entry's forward runs the processor's code with
+    apply_rotary_emb -> apply_rope_bsc and dispatch_attention_fn -> kernelforge.attention (no fallback);
+    the patched model matches, and unpatch restores both."""
     model, inputs, forward, n_attn = _ltx("cpu", torch.float32)
     model.eval()
+    patch_attn = importlib.import_module("kernelforge.patch.attention")
+    real, calls = patch_attn._attn.attention, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patch_attn._attn, "attention", counted)
     with torch.no_grad():
         want = forward(model, inputs)
         report = kf.patch(model, norms=False, activations=False, loss=False)
         rope = [p for p in report.patched if p.op == "kernelforge.apply_rope_bsc"]
         attn = [p for p in report.patched if p.op == "kernelforge.attention"]
-        skipped = [s for s in report.skipped if "RoPE" in s.reason]
-        assert len(rope) == n_attn and not attn and len(skipped) == n_attn, str(report)
-        got = forward(model, inputs)
+        assert len(rope) == n_attn and len(attn) == n_attn, str(report)
+        assert not [s for s in report.skipped if "attention" in s.cls.lower()], str(report)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = forward(model, inputs)
+        assert len(calls) == n_attn
         assert rel_err(got, want) < 1e-4
-        kf.unpatch(model)
+        assert kf.unpatch(model) == 2 * n_attn
+        assert torch.equal(forward(model, inputs), want)

@@ -57,7 +57,6 @@ import types
 
 import torch
 
-from ._registry import STATE_ATTR as _REGISTRY_STATE  # a module whose forward a family entry replaced
 from ._runtime import announce_fallback
 
 # the module kernelforge.attention (the package binds the name `attention` to the function)
@@ -354,9 +353,9 @@ def kf_dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, i
 _REBOUND_CALLS: dict = {}
 
 
-def _rebound_call(cls):
-    """cls.__call__'s code with the global dispatch_attention_fn bound to kf_dispatch_attention_fn."""
-    fn = cls.__call__
+def with_kf_dispatch(fn):
+    """``fn``'s code with the global dispatch_attention_fn bound to kf_dispatch_attention_fn (cached per
+    function; the RoPE entry of LTX-Video composes it with its own rebinding of apply_rotary_emb)."""
     if fn not in _REBOUND_CALLS:
         g = dict(fn.__globals__)
         g["dispatch_attention_fn"] = kf_dispatch_attention_fn
@@ -372,7 +371,7 @@ class KernelforgeProcessor:
 
     def __init__(self, original):
         self.original = original
-        self._call = _rebound_call(type(original))
+        self._call = with_kf_dispatch(type(original).__call__)
 
     def __getattr__(self, name):  # _attention_backend, _parallel_config, ... of the original
         return getattr(self.__dict__["original"], name)
@@ -389,11 +388,8 @@ def diffusers_processor_reason(module) -> str | None:
         return ""
     if isinstance(proc, KernelforgeProcessor):
         return "already patched by kernelforge"
-    if _REGISTRY_STATE in module.__dict__:
-        # LTX-Video: the rope entry runs the processor's code with apply_rotary_emb -> apply_rope_bsc;
-        # the two rebindings do not compose yet, and the rope one is worth more (its SDPA call already
-        # runs cuDNN, within a few % of the kernel at LTX's 2688 tokens x 64 head dims)
-        return "its forward is already patched by kernelforge (RoPE); attention stays on SDPA"
+    # (an LTX-Video module whose forward the RoPE entry replaced runs the processor's code itself: with
+    # a KernelforgeProcessor there it binds both apply_rotary_emb and dispatch_attention_fn)
     cls = type(proc)
     if cls.__name__ not in _PROCESSORS or not cls.__module__.startswith("diffusers."):
         return f"processor {cls.__name__} is not one kernelforge routes ({', '.join(_PROCESSORS)})"

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from .. import rope as _rope
+from . import attention as _attention_patch
 from ._match import diffusers_class, global_names, loads_global, same_as
 from ._registry import STATE_ATTR, Replacement, register_replacement
 from ._runtime import announce_fallback, unit_last, warn_fallback
@@ -362,7 +363,10 @@ def _ltx_attention_forward(self, hidden_states, encoder_hidden_states=None, atte
                            image_rotary_emb=None, **kwargs):
     state = self.__dict__[STATE_ATTR]
     rebound: _Rebound = state.extra
-    proc = self.processor
+    proc, fn = self.processor, rebound.fn
+    if isinstance(proc, _attention_patch.KernelforgeProcessor):
+        # the attention family wrapped the processor: its code with both rebindings
+        proc, fn = proc.original, _attention_patch.with_kf_dispatch(rebound.fn)
     changed = rebound.changed()
     if changed is None and type(proc).__call__ is not rebound.original:
         changed = f"a processor replaced after patching ({type(proc).__name__})"
@@ -378,7 +382,7 @@ def _ltx_attention_forward(self, hidden_states, encoder_hidden_states=None, atte
             f"attention_kwargs {unused_kwargs} are not expected by {proc.__class__.__name__} and will be ignored."
         )
     kwargs = {k: w for k, w in kwargs.items() if k in attn_parameters}
-    return rebound.fn(proc, self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
+    return fn(proc, self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
 
 
 for _entry in (
