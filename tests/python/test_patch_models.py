@@ -77,14 +77,14 @@ def _run(model, inputs, forward):
 NORMS_ONLY = {"activations": False, "rope": False, "loss": False}
 
 
-def check_model(kf, model, inputs, forward, expected_patched, dtype, patch_kwargs=NORMS_ONLY):
+def check_model(kf, model, inputs, forward, expected_patched, dtype, patch_kwargs=NORMS_ONLY, attention=False):
     truth, truth_grads = None, {}
     if dtype != torch.float32:  # the same weights in float32, unpatched: the accuracy yardstick
         ref_model = copy.deepcopy(model).float()
         truth, truth_grads = _run(ref_model, _cast(inputs, torch.float32), forward)
         del ref_model
     out0, grads0 = _run(model, inputs, forward)
-    report = kf.patch(model, **patch_kwargs, attention=False)
+    report = kf.patch(model, **patch_kwargs, attention=attention)
     print(report)
     assert sorted(report.patched_paths) == sorted(expected_patched), str(report)
     with warnings.catch_warnings():

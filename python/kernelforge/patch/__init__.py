@@ -125,7 +125,8 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
     ``norms`` / ``activations`` / ``rope`` / ``loss`` choose the families (all by default). Norms:
     torch.nn.RMSNorm / LayerNorm, diffusers RMSNorm, transformers Llama-style RMSNorm. Activations:
     transformers gated MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or
-    F.gelu-based GELU) and the diffusers GELU / GEGLU / SwiGLU / LinearActivation(GELU) projections.
+    F.gelu-based GELU), transformers fc1 / GELU / fc2 MLPs (ViT, Dinov2, CLIP, SigLIP, ...) and the
+    diffusers GELU / GEGLU / SwiGLU / LinearActivation(GELU) projections.
     RoPE: attention modules whose forward calls transformers' Llama-style ``apply_rotary_pos_emb``
     (Llama, Mistral, Qwen2/3, ...) or diffusers' LTX-Video ``apply_rotary_emb``; the module-level
     functions themselves are left alone (only that instance's forward calls kernelforge instead).

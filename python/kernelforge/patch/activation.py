@@ -10,6 +10,9 @@ its name:
   * act_fn F.gelu-based GELU ("gelu", "gelu_pytorch_tanh"):
     ``down_proj(geglu(up_proj(x), gate_proj(x), approximate))`` (geglu(hidden, gate) is
     ``hidden * gelu(gate)``, so up is the first argument)
+- transformers fc1 / act / fc2 MLPs (ViTMLP, Dinov2MLP, CLIPMLP, SiglipMLP and the ~75 classes written
+  the same way, the activation ``activation_fn`` or ``activation``) with a GELU activation:
+  ``fc2(gelu(fc1(x), approximate))``
 - diffusers ``GELU``: ``gelu(proj(x), approximate)``
 - diffusers ``GEGLU``: ``hidden, gate = proj(x).chunk(2, -1); hidden * gelu(gate)`` (exact GELU)
   -> ``gelu_and_mul(proj(x), "none", gate_first=False)``
@@ -191,6 +194,77 @@ def _hf_mlp_forward(kind: str):
         return self.down_proj(_act.geglu(up, gate, approximate))  # act_fn(gate) * up = up * gelu(gate)
 
     return forward
+
+
+# ---- transformers fc1 / act / fc2 MLPs (vision transformers, CLIP-style encoders) ------------------
+
+
+_REF_HF_FC_MLP_A = r'''
+def forward(self, hidden_states):
+    hidden_states = self.fc1(hidden_states)
+    hidden_states = self.activation_fn(hidden_states)
+    hidden_states = self.fc2(hidden_states)
+    return hidden_states
+'''
+
+_REF_HF_FC_MLP_B = r'''
+def forward(self, hidden_state):
+    hidden_state = self.fc1(hidden_state)
+    hidden_state = self.activation(hidden_state)
+    hidden_state = self.fc2(hidden_state)
+    return hidden_state
+'''
+
+
+def _fc_mlp_act_attr(m: nn.Module) -> str | None:
+    """The attribute that holds the activation of an fc1 / act / fc2 MLP, by its forward's code."""
+    if not all(isinstance(getattr(m, a, None), nn.Module) for a in ("fc1", "fc2")):
+        return None
+    if same_as(type(m).forward, _REF_HF_FC_MLP_A):
+        return "activation_fn"
+    if same_as(type(m).forward, _REF_HF_FC_MLP_B):
+        return "activation"
+    return None
+
+
+def _match_hf_fc_mlp(m: nn.Module):
+    if type(m).__module__.split(".")[0] != "transformers":
+        return None
+    attr = _fc_mlp_act_attr(m)
+    if attr is None:
+        return None
+    act = _act_kind(getattr(m, attr, None))
+    if isinstance(act, str):
+        return act
+    if act[0] != "gelu":
+        return f"activation is {type(getattr(m, attr)).__name__}: kernelforge has no ungated {act[0]} op"
+    return True
+
+
+_FC_MLP_ACT: dict[type, str] = {}  # class -> the attribute holding its activation
+
+
+def _fc_mlp_setup(m: nn.Module):
+    attr = _fc_mlp_act_attr(m)
+    _FC_MLP_ACT[type(m)] = attr
+    return _act_setup(attr)(m)
+
+
+def _hf_fc_mlp_forward(self, *args, **kwargs):
+    x = _one_input(self, args, kwargs)
+    if x is None:
+        return original(self)(*args, **kwargs)
+    act = getattr(self, _FC_MLP_ACT[type(self)])
+    changed = _act_changed(self, act)
+    if changed is not None:
+        warn_fallback(self, changed, _REPLACED_HINT, 3)
+        return original(self)(x)
+    h = self.fc1(x)
+    why = _kernel_unsupported(h)
+    if why is not None:
+        warn_fallback(self, why, stacklevel=3)
+        return self.fc2(act(h))
+    return self.fc2(_act.gelu(h, self.__dict__[STATE_ATTR].extra[1]))
 
 
 # ---- diffusers (diffusers.models.activations, 0.42) ----------------------------------------------
@@ -388,6 +462,8 @@ for _entry in (
                 "activation", _act_setup("act_fn")),
     Replacement("transformers gated MLP (GELU)", "kernelforge.geglu", _match_hf_mlp("gelu"), _hf_mlp_forward("gelu"),
                 "activation", _act_setup("act_fn")),
+    Replacement("transformers fc1/act/fc2 MLP (GELU)", "kernelforge.gelu", _match_hf_fc_mlp, _hf_fc_mlp_forward,
+                "activation", _fc_mlp_setup),
     Replacement("diffusers GELU", "kernelforge.gelu", _match_diffusers_gelu, _diffusers_gelu_forward, "activation"),
     Replacement("diffusers GEGLU", "kernelforge.gelu_and_mul", _match_diffusers_geglu, _diffusers_geglu_forward,
                 "activation"),
