@@ -4,9 +4,12 @@
                  [--modes fwd,fwdbwd,fwd_graph,fwd_call] [--rows 4096,...] [--sweep] [--plan]
                  [--save [--out-dir benchmarks]] [--out bench_out] [--quick] [--max-seconds S]
     kforge check [ops...] [--dtype bf16,fp16,fp32] [--seed N]
+    kforge profile [--model llama|llama_train|vit|vit_train|ltx] [--size full|small] [--device cuda|cpu]
+                   [--steps N] [--top K] [--trace DIR]
 
-Both read the op specs of kernelforge.specs.
-Both need a CUDA GPU and the built extension; without one they say so and exit with status 2.
+bench and check read the op specs of kernelforge.specs; they need a CUDA GPU and the built
+extension, and without one they say so and exit with status 2. profile runs a model step before and
+after kf.patch (on the CPU too: operator times instead of kernel times).
 Also runnable as `python -m kernelforge.cli`.
 """
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from kernelforge import bench, check  # noqa: PLC0415
+    from kernelforge import profile as prof  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="kforge", description="kernelforge: benchmark and check the kernels")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -29,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(check.__doc__ or "").split("\n\n")[0])
     check.add_arguments(c)
     c.set_defaults(func=check.main)
+    r = sub.add_parser("profile", help="where a model step's time goes, by op family, before and after kf.patch",
+                       description=(prof.__doc__ or "").split("\n\n")[0])
+    prof.add_arguments(r)
+    r.set_defaults(func=prof.main)
     return p
 
 
