@@ -6,10 +6,12 @@
     kforge check [ops...] [--dtype bf16,fp16,fp32] [--seed N]
     kforge profile [--model llama|llama_train|vit|vit_train|ltx] [--size full|small] [--device cuda|cpu]
                    [--steps N] [--top K] [--trace DIR]
+    kforge levels [--models lm,llama,vit,gnn] [--levels eager,torchscript,compile,triton,kernelforge,...]
+                  [--modes fwd,train] [--size full|small] [--device cuda|cpu] [--iters N] [--out DIR]
 
 bench and check read the op specs of kernelforge.specs; they need a CUDA GPU and the built
 extension, and without one they say so and exit with status 2. profile runs a model step before and
-after kf.patch (on the CPU too: operator times instead of kernel times).
+after kf.patch, levels one model at each optimization level (both on the CPU too).
 Also runnable as `python -m kernelforge.cli`.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from kernelforge import bench, check  # noqa: PLC0415
+    from kernelforge import levels as lev  # noqa: PLC0415
     from kernelforge import profile as prof  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="kforge", description="kernelforge: benchmark and check the kernels")
@@ -37,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(prof.__doc__ or "").split("\n\n")[0])
     prof.add_arguments(r)
     r.set_defaults(func=prof.main)
+    v = sub.add_parser("levels", help="one model at each optimization level (eager ... kernelforge + compile)",
+                       description=(lev.__doc__ or "").split("\n\n")[0])
+    lev.add_arguments(v)
+    v.set_defaults(func=lev.main)
     return p
 
 

@@ -1,0 +1,422 @@
+"""`kforge levels`: one model at each optimization level, side by side, on this machine.
+
+Levels, each on a fresh copy of the same weights, one after another in this process:
+  eager                the model as written
+  torchscript          torch.jit.trace of the step's forward (unavailable where tracing fails)
+  compile              torch.compile of the model
+  triton               Liger-Kernel's Triton kernels (apply_liger_kernel_to_llama) where Liger has the model
+  kernelforge          kf.patch(model)
+  kernelforge_compile  torch.compile of the patched model
+
+Models (``--size small``: 2-layer versions, for smoke tests):
+  lm      a small Llama (4 layers, hidden 512, 8 / 4 heads x 64, vocab 32000), 4 x 512 tokens
+  llama   Llama-3.2-1B-shaped (16 layers, hidden 2048, 32 / 8 heads x 64, vocab 128256), 2 x 2048 tokens
+  vit     ViT-B/16-shaped encoder (12 layers, hidden 768, 12 heads), 32 images of 224 x 224
+  gnn     3-layer GraphSAGE (mean aggregation with index_add_) on a synthetic power-law graph (100k nodes,
+          2M edges, 128 features); kernelforge has no graph aggregation yet, so its levels are unavailable
+
+Modes: ``fwd`` (forward without autograd) and ``train`` (forward and backward of a scalar loss).
+Per (model, mode, level): milliseconds per step (median; CUDA events on the GPU), the speed-up over
+eager, the peak memory (CUDA), and the error of the output against a float32 eager run of the same
+weights (||y - y_fp32|| / ||y_fp32||). Writes OUT/levels.csv and OUT/levels_<model>.png and prints
+the table.
+
+    kforge levels [--models lm,llama,vit,gnn] [--levels ...] [--modes fwd,train] [--size full|small]
+                  [--device cuda|cpu] [--warmup N] [--iters N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import dataclasses
+import os
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+LEVELS = ("eager", "torchscript", "compile", "triton", "kernelforge", "kernelforge_compile")
+MODES = ("fwd", "train")
+
+
+class Unavailable(Exception):
+    """A level that does not apply to a model (the reason is reported, the run goes on)."""
+
+
+@dataclass
+class Model:
+    module: nn.Module
+    inputs: tuple  # tensors, passed positionally to `forward`
+    forward: Callable  # (module, *inputs) -> output tensor
+    what: str
+    kind: str  # "llama", "vit", "gnn": which levels apply
+
+
+# ---- models ----------------------------------------------------------------------------------------------
+
+
+def _llama(size: str, device, dtype, small_lm: bool) -> Model:
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+
+    if size == "small":
+        cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=64, vocab_size=512)
+        batch, seq = 2, 64
+    elif small_lm:
+        cfg = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                   num_key_value_heads=4, head_dim=64, vocab_size=32000)
+        batch, seq = 4, 512
+    else:
+        cfg = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
+                   tie_word_embeddings=True)
+        batch, seq = 2, 2048
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=max(seq, 256), **cfg)).to(device, dtype)
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
+
+    def forward(m, ids):  # the last position's logits (the prefill output a generation step needs)
+        return m(input_ids=ids, logits_to_keep=1).logits
+
+    return Model(model, (ids,), forward, f"Llama ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), "
+                 f"{batch} x {seq} tokens", "llama")
+
+
+def _vit(size: str, device, dtype) -> Model:
+    from transformers import ViTConfig, ViTModel  # noqa: PLC0415
+
+    if size == "small":
+        cfg = ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                        image_size=32, patch_size=8)
+        batch = 2
+    else:
+        cfg = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                        image_size=224, patch_size=16)
+        batch = 32
+    torch.manual_seed(0)
+    model = ViTModel(cfg, add_pooling_layer=False).to(device, dtype)
+    x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
+
+    def forward(m, x):
+        return m(pixel_values=x).last_hidden_state
+
+    return Model(model, (x,), forward, f"ViT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), {batch} "
+                 f"images of {cfg.image_size}", "vit")
+
+
+class _Sage(nn.Module):
+    """GraphSAGE layer, mean aggregation: relu(W_self x + W_neigh mean_{j -> i} x_j)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.lin_self = nn.Linear(d_in, d_out)
+        self.lin_neigh = nn.Linear(d_in, d_out, bias=False)
+
+    def forward(self, x, src, dst, inv_deg):
+        agg = torch.zeros_like(x).index_add_(0, dst, x.index_select(0, src)) * inv_deg
+        return torch.relu(self.lin_self(x) + self.lin_neigh(agg))
+
+
+class _Gnn(nn.Module):
+    def __init__(self, d: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_Sage(d, d) for _ in range(layers))
+
+    def forward(self, x, src, dst, inv_deg):
+        for layer in self.layers:
+            x = layer(x, src, dst, inv_deg)
+        return x
+
+
+def _gnn(size: str, device, dtype) -> Model:
+    nodes, edges, d = (1000, 20000, 32) if size == "small" else (100_000, 2_000_000, 128)
+    g = torch.Generator().manual_seed(0)
+    # power law: destination i drawn with probability ~ 1 / (i + 1) (a few hubs receive most edges)
+    weights = 1.0 / torch.arange(1, nodes + 1, dtype=torch.float64)
+    dst = torch.multinomial(weights, edges, replacement=True, generator=g)
+    src = torch.randint(0, nodes, (edges,), generator=g)
+    order = torch.argsort(dst)  # sorted destinations, as a CSR graph holds them
+    src, dst = src[order].to(device), dst[order].to(device)
+    deg = torch.bincount(dst, minlength=nodes).clamp_min(1).to(dtype)
+    torch.manual_seed(0)
+    model = _Gnn(d, 3).to(device, dtype)
+    x = torch.randn(nodes, d, device=device, dtype=dtype)
+    return Model(model, (x, src, dst, (1.0 / deg).unsqueeze(1)), lambda m, *a: m(*a),
+                 f"GraphSAGE (3 layers, {d} features), {nodes} nodes, {edges} power-law edges", "gnn")
+
+
+MODELS = {
+    "lm": lambda s, d, t: _llama(s, d, t, True),
+    "llama": lambda s, d, t: _llama(s, d, t, False),
+    "vit": _vit,
+    "gnn": _gnn,
+}
+
+
+# ---- levels ----------------------------------------------------------------------------------------------
+
+
+class _Traced(nn.Module):
+    """The model's forward on positional tensors, for torch.jit.trace."""
+
+    def __init__(self, model: Model):
+        super().__init__()
+        self.inner = model.module
+        self.fn = model.forward
+
+    def forward(self, *inputs):
+        return self.fn(self.inner, *inputs)
+
+
+def apply_level(level: str, model: Model) -> Callable:
+    """(*inputs) -> output of ``model`` at ``level`` (the module copy is modified in place)."""
+    import kernelforge as kf  # noqa: PLC0415
+
+    m = model.module
+    if level in ("kernelforge", "kernelforge_compile"):
+        report = kf.patch(m)
+        if not report.patched:
+            raise Unavailable("kf.patch finds nothing to patch"
+                              + (" (no kernelforge graph aggregation yet)" if model.kind == "gnn" else ""))
+    if level == "triton":
+        if model.kind != "llama":
+            raise Unavailable("Liger-Kernel has no kernels for this model")
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama  # noqa: PLC0415
+        except ImportError:
+            raise Unavailable("liger_kernel is not installed") from None
+        apply_liger_kernel_to_llama(model=m)
+    if level == "torchscript":
+        try:
+            with warnings.catch_warnings():  # TorchScript's deprecation and tracer warnings: the level is measured as is
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(_Traced(model), model.inputs, strict=False, check_trace=False)
+        except Exception as e:  # noqa: BLE001  (any tracing failure makes the level unavailable)
+            raise Unavailable(f"torch.jit.trace failed: {str(e).splitlines()[0][:120]}") from None
+        return lambda *inputs: traced(*inputs)
+    if level in ("compile", "kernelforge_compile"):
+        compiled = torch.compile(m)
+        return lambda *inputs: model.forward(compiled, *inputs)
+    return lambda *inputs: model.forward(m, *inputs)
+
+
+def _timer(device: str) -> Callable[[Callable], float]:
+    def once(fn):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b)
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    return once
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    y, ref = y.detach().double(), ref.detach().double()
+    if not torch.isfinite(y).all():
+        return float("inf")
+    return ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@dataclass
+class Row:
+    model: str
+    mode: str
+    level: str
+    ms: float = float("nan")
+    speedup: float = float("nan")
+    peak_mib: float = float("nan")
+    err: float = float("nan")
+    status: str = "ok"
+
+
+def run_level(model: Model, level: str, mode: str, ref: torch.Tensor, device: str, warmup: int, iters: int) -> Row:
+    row = Row("", mode, level)
+    m = dataclasses.replace(model, module=copy.deepcopy(model.module).train(mode == "train"))
+    try:
+        fn = apply_level(level, m)
+    except Unavailable as e:
+        row.status = f"unavailable: {e}"
+        return row
+    params = [p for p in m.module.parameters() if p.requires_grad]
+
+    def step():
+        if mode == "fwd":
+            with torch.no_grad():
+                return fn(*m.inputs)
+        y = fn(*m.inputs)
+        y.float().square().mean().backward()
+        for p in params:
+            p.grad = None
+        return y
+
+    timer = _timer(device)
+    try:
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        y = step()
+        for _ in range(max(0, warmup - 1)):
+            step()
+        row.ms = statistics.median(timer(step) for _ in range(iters))
+        if device == "cuda":
+            row.peak_mib = torch.cuda.max_memory_allocated() / 2**20
+        row.err = rel_err(y, ref)
+    except Exception as e:  # noqa: BLE001  (a level that fails at run time is reported, not fatal)
+        row.status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return row
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+
+
+def table_lines(rows: list[Row]) -> list[str]:
+    def num(v: float, fmt: str, width: int) -> str:
+        return f"{v:{fmt}}".rjust(width) if v == v else "-".rjust(width)  # NaN: not measured
+
+    lines = [f"{'model':<6} {'mode':<5} {'level':<20} {'ms':>9} {'speedup':>8} {'peak MiB':>9} {'err fp32':>9}  status"]
+    for r in rows:
+        speedup = num(r.speedup, ".2f", 7) + ("x" if r.speedup == r.speedup else " ")
+        lines.append(f"{r.model:<6} {r.mode:<5} {r.level:<20} {num(r.ms, '.2f', 9)} {speedup} "
+                     f"{num(r.peak_mib, '.0f', 9)} {num(r.err, '.1e', 9)}  {'' if r.status == 'ok' else r.status}")
+    return lines
+
+
+def write_csv(path: str, rows: list[Row], device_name: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "mode", "level", "ms", "speedup_vs_eager", "peak_mib", "rel_err_vs_fp32", "status",
+                    "device", "torch_version"])
+        for r in rows:
+            w.writerow([r.model, r.mode, r.level, f"{r.ms:.4f}", f"{r.speedup:.3f}", f"{r.peak_mib:.1f}",
+                        f"{r.err:.3e}", r.status, device_name, torch.__version__])
+
+
+def plot(path: str, model_name: str, what: str, rows: list[Row]) -> bool:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return False
+    modes = [m for m in MODES if any(r.mode == m for r in rows)]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        rs = [r for r in rows if r.mode == mode]
+        vals = [r.speedup if r.status == "ok" else 0.0 for r in rs]
+        bars = ax.bar([r.level for r in rs], vals, color=["#c0392b" if "kernelforge" in r.level else "#7f8c8d"
+                                                           for r in rs])
+        for bar, r in zip(bars, rs):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
+                    f"{r.speedup:.2f}x" if r.status == "ok" else "n/a", ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{mode}: speed-up over eager")
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"{model_name}: {what}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---- command ---------------------------------------------------------------------------------------------
+
+
+def _csv_list(valid: tuple):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in valid]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{','.join(bad) or text!r}: choose from {', '.join(valid)}")
+        return items
+
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", type=_csv_list(tuple(MODELS)), default=["lm", "vit", "gnn"],
+                   help=f"comma-separated, from {', '.join(MODELS)} (default lm,vit,gnn)")
+    p.add_argument("--levels", type=_csv_list(LEVELS), default=list(LEVELS), help="comma-separated levels")
+    p.add_argument("--modes", type=_csv_list(MODES), default=list(MODES), help="fwd, train or both")
+    p.add_argument("--size", choices=("full", "small"), default="full")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda when available (bfloat16), else cpu (float32)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per level (the first also compiles)")
+    p.add_argument("--iters", type=int, default=10, help="timed steps per level (median)")
+    p.add_argument("--out", default="levels_out", help="folder of levels.csv and levels_<model>.png")
+
+
+def main(args: argparse.Namespace) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("kforge levels: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return 2
+    if args.iters < 1 or args.warmup < 1:
+        print("kforge levels: --iters and --warmup must be at least 1", file=sys.stderr)
+        return 2
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    os.makedirs(args.out, exist_ok=True)
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+    except ImportError:
+        tqdm = None
+    total = len(args.models) * len(args.modes) * len(args.levels)
+    bar = tqdm(total=total, desc="kforge levels", file=sys.stderr) if tqdm else None
+    rows: list[Row] = []
+    done = 0
+    for name in args.models:
+        try:
+            model = MODELS[name](args.size, device, dtype)
+        except ImportError as e:
+            print(f"kforge levels: model {name} needs {e.name or e}; skipped", file=sys.stderr)
+            continue
+        ref_module = copy.deepcopy(model.module).float().eval()
+        ref_inputs = tuple(t.float() if t.is_floating_point() else t for t in model.inputs)
+        with torch.no_grad():
+            ref = model.forward(ref_module, *ref_inputs).detach()
+        del ref_module
+        model_rows = []
+        for mode in args.modes:
+            eager_ms = None
+            for level in args.levels:
+                if bar:
+                    bar.set_postfix_str(f"{name} {mode} {level}")
+                row = run_level(model, level, mode, ref, device, args.warmup, args.iters)
+                row.model = name
+                if level == "eager" and row.status == "ok":
+                    eager_ms = row.ms
+                if eager_ms and row.status == "ok":
+                    row.speedup = eager_ms / row.ms
+                model_rows.append(row)
+                torch._dynamo.reset()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                done += 1
+                if bar:
+                    bar.update(1)
+                else:
+                    print(f"[{done}/{total}] {name} {mode} {level}: {row.status}", file=sys.stderr)
+        rows += model_rows
+        if plot(os.path.join(args.out, f"levels_{name}.png"), name, model.what, model_rows):
+            print(f"png: {os.path.join(args.out, f'levels_{name}.png')}")
+        print(f"{name}: {model.what}")
+    if bar:
+        bar.close()
+    write_csv(os.path.join(args.out, "levels.csv"), rows, device_name)
+    print(f"kforge levels on {device_name} ({str(dtype).replace('torch.', '')}, torch {torch.__version__})")
+    print("\n".join(table_lines(rows)))
+    print(f"csv: {os.path.join(args.out, 'levels.csv')}")
+    return 0
