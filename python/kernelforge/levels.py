@@ -8,14 +8,12 @@ Levels, each on a fresh copy of the same weights, one after another in this proc
   kernelforge          kf.patch(model)
   kernelforge_compile  torch.compile of the patched model
 
-Models (``--size small``: 2-layer versions, for smoke tests):
-  lm      a small Llama (4 layers, hidden 512, 8 / 4 heads x 64, vocab 32000), 4 x 512 tokens
-  llama   Llama-3.2-1B-shaped (16 layers, hidden 2048, 32 / 8 heads x 64, vocab 128256), 2 x 2048 tokens
-  vit     ViT-B/16-shaped encoder (12 layers, hidden 768, 12 heads), 32 images of 224 x 224
-  gnn     3-layer GraphSAGE (mean aggregation with index_add_) on a synthetic power-law graph (100k nodes,
-          2M edges, 128 features); kernelforge has no graph aggregation yet, so its levels are unavailable
+Models: lm, llama, vit, gnn, ltx (kernelforge/models.py; ``--size small``: 2-layer versions, for
+smoke tests). kernelforge has no graph aggregation yet, so the GNN's kernelforge levels are
+unavailable.
 
-Modes: ``fwd`` (forward without autograd) and ``train`` (forward and backward of a scalar loss).
+Modes: ``fwd`` (forward without autograd) and ``train`` (forward and the backward of the mean square
+of the output, the same loss at every level, TorchScript included).
 Per (model, mode, level): milliseconds per step (median; CUDA events on the GPU), the speed-up over
 eager, the peak memory (CUDA), and the error of the output against a float32 eager run of the same
 weights (||y - y_fp32|| / ||y_fp32||). Writes OUT/levels.csv and OUT/levels_<model>.png and prints
@@ -42,122 +40,14 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .models import MODELS, Model
+
 LEVELS = ("eager", "torchscript", "compile", "triton", "kernelforge", "kernelforge_compile")
 MODES = ("fwd", "train")
 
 
 class Unavailable(Exception):
     """A level that does not apply to a model (the reason is reported, the run goes on)."""
-
-
-@dataclass
-class Model:
-    module: nn.Module
-    inputs: tuple  # tensors, passed positionally to `forward`
-    forward: Callable  # (module, *inputs) -> output tensor
-    what: str
-    kind: str  # "llama", "vit", "gnn": which levels apply
-
-
-# ---- models ----------------------------------------------------------------------------------------------
-
-
-def _llama(size: str, device, dtype, small_lm: bool) -> Model:
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
-
-    if size == "small":
-        cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                   num_key_value_heads=1, head_dim=64, vocab_size=512)
-        batch, seq = 2, 64
-    elif small_lm:
-        cfg = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
-                   num_key_value_heads=4, head_dim=64, vocab_size=32000)
-        batch, seq = 4, 512
-    else:
-        cfg = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                   num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
-                   tie_word_embeddings=True)
-        batch, seq = 2, 2048
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=max(seq, 256), **cfg)).to(device, dtype)
-    ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
-
-    def forward(m, ids):  # the last position's logits (the prefill output a generation step needs)
-        return m(input_ids=ids, logits_to_keep=1).logits
-
-    return Model(model, (ids,), forward, f"Llama ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), "
-                 f"{batch} x {seq} tokens", "llama")
-
-
-def _vit(size: str, device, dtype) -> Model:
-    from transformers import ViTConfig, ViTModel  # noqa: PLC0415
-
-    if size == "small":
-        cfg = ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
-                        image_size=32, patch_size=8)
-        batch = 2
-    else:
-        cfg = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                        image_size=224, patch_size=16)
-        batch = 32
-    torch.manual_seed(0)
-    model = ViTModel(cfg, add_pooling_layer=False).to(device, dtype)
-    x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
-
-    def forward(m, x):
-        return m(pixel_values=x).last_hidden_state
-
-    return Model(model, (x,), forward, f"ViT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), {batch} "
-                 f"images of {cfg.image_size}", "vit")
-
-
-class _Sage(nn.Module):
-    """GraphSAGE layer, mean aggregation: relu(W_self x + W_neigh mean_{j -> i} x_j)."""
-
-    def __init__(self, d_in: int, d_out: int):
-        super().__init__()
-        self.lin_self = nn.Linear(d_in, d_out)
-        self.lin_neigh = nn.Linear(d_in, d_out, bias=False)
-
-    def forward(self, x, src, dst, inv_deg):
-        agg = torch.zeros_like(x).index_add_(0, dst, x.index_select(0, src)) * inv_deg
-        return torch.relu(self.lin_self(x) + self.lin_neigh(agg))
-
-
-class _Gnn(nn.Module):
-    def __init__(self, d: int, layers: int):
-        super().__init__()
-        self.layers = nn.ModuleList(_Sage(d, d) for _ in range(layers))
-
-    def forward(self, x, src, dst, inv_deg):
-        for layer in self.layers:
-            x = layer(x, src, dst, inv_deg)
-        return x
-
-
-def _gnn(size: str, device, dtype) -> Model:
-    nodes, edges, d = (1000, 20000, 32) if size == "small" else (100_000, 2_000_000, 128)
-    g = torch.Generator().manual_seed(0)
-    # power law: destination i drawn with probability ~ 1 / (i + 1) (a few hubs receive most edges)
-    weights = 1.0 / torch.arange(1, nodes + 1, dtype=torch.float64)
-    dst = torch.multinomial(weights, edges, replacement=True, generator=g)
-    src = torch.randint(0, nodes, (edges,), generator=g)
-    order = torch.argsort(dst)  # sorted destinations, as a CSR graph holds them
-    src, dst = src[order].to(device), dst[order].to(device)
-    deg = torch.bincount(dst, minlength=nodes).clamp_min(1).to(dtype)
-    torch.manual_seed(0)
-    model = _Gnn(d, 3).to(device, dtype)
-    x = torch.randn(nodes, d, device=device, dtype=dtype)
-    return Model(model, (x, src, dst, (1.0 / deg).unsqueeze(1)), lambda m, *a: m(*a),
-                 f"GraphSAGE (3 layers, {d} features), {nodes} nodes, {edges} power-law edges", "gnn")
-
-
-MODELS = {
-    "lm": lambda s, d, t: _llama(s, d, t, True),
-    "llama": lambda s, d, t: _llama(s, d, t, False),
-    "vit": _vit,
-    "gnn": _gnn,
-}
 
 
 # ---- levels ----------------------------------------------------------------------------------------------

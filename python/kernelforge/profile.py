@@ -11,11 +11,11 @@ families where the patched step still spends its time are what is left to win.
     kforge profile [--model llama|llama_train|vit|vit_train|ltx] [--size full|small]
                    [--device cuda|cpu] [--steps N] [--top K] [--trace DIR]
 
-Models (``--size full``; ``small`` is a 2-layer model of the same kind, for smoke tests):
-  llama        Llama-3.2-1B-shaped prefill (16 layers, hidden 2048, 32/8 heads x 64), 4 x 2048 tokens
+Models (kernelforge/models.py; ``--size small`` is a 2-layer model of the same kind, for smoke tests):
+  llama        Llama-3.2-1B-shaped prefill, 4 x 2048 tokens (the last position's logits)
   llama_train  the same model, one training step (causal-LM loss, backward)
-  vit          ViT-B/16-shaped encoder (12 layers, hidden 768, 12 heads), 32 images of 224 x 224
-  vit_train    the same model, one training step (a squared-output loss, backward)
+  vit          ViT-B/16-shaped encoder, 32 images of 224 x 224
+  vit_train    the same model, one training step
   ltx          LTX-Video transformer step: 28 blocks, 2688 video tokens, 128 text tokens, CFG batch 2
 """
 
@@ -27,9 +27,10 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
+
+from .models import MODELS as BUILDERS
+from .models import Model
 
 # (family, pattern on the lowercased kernel or operator name), first match wins.
 FAMILIES = (
@@ -54,94 +55,30 @@ def family_of(name: str) -> str:
     return "other"
 
 
+# --model -> (models.py builder, mode): "fwd" runs the forward without autograd, "train" a training
+# step (the model's training loss and its backward).
+MODELS = {
+    "llama": ("llama", "fwd"),
+    "llama_train": ("llama", "train"),
+    "vit": ("vit", "fwd"),
+    "vit_train": ("vit", "train"),
+    "ltx": ("ltx", "fwd"),
+}
+
+
 @dataclass
 class Case:
-    model: torch.nn.Module
-    step: Callable[[torch.nn.Module], None]
-    what: str
+    model: Model
+    train: bool
 
-
-def _llama(size: str, device: str, dtype: torch.dtype, train: bool) -> Case:
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
-
-    if size == "full":
-        cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                          num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=4096,
-                          rope_theta=500000.0, tie_word_embeddings=True)
-        batch, seq = 4, 2048
-    else:
-        cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=64, vocab_size=512, max_position_embeddings=256)
-        batch, seq = 2, 64
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(device, dtype).train(train)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
-    what = f"Llama-shaped ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), {batch} x {seq} tokens"
-    if not train:
-        return Case(model, lambda m: m(input_ids=ids, logits_to_keep=1), what + ", prefill")
-
-    def step(m):
-        m(input_ids=ids, labels=ids).loss.backward()
-        for p in m.parameters():
+    def step(self) -> None:
+        m = self.model
+        if not self.train:
+            m.forward(m.module, *m.inputs)
+            return
+        m.train_loss(m.module, *m.inputs).backward()
+        for p in m.module.parameters():
             p.grad = None
-
-    return Case(model, step, what + ", training step")
-
-
-def _vit(size: str, device: str, dtype: torch.dtype, train: bool) -> Case:
-    from transformers import ViTConfig, ViTModel  # noqa: PLC0415
-
-    if size == "full":
-        cfg = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                        image_size=224, patch_size=16)
-        batch = 32
-    else:
-        cfg = ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
-                        image_size=32, patch_size=8)
-        batch = 2
-    torch.manual_seed(0)
-    model = ViTModel(cfg, add_pooling_layer=False).to(device, dtype).train(train)
-    x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
-    what = f"ViT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), {batch} images of {cfg.image_size}"
-    if not train:
-        return Case(model, lambda m: m(pixel_values=x), what + ", forward")
-
-    def step(m):
-        m(pixel_values=x).last_hidden_state.float().square().mean().backward()
-        for p in m.parameters():
-            p.grad = None
-
-    return Case(model, step, what + ", training step")
-
-
-def _ltx(size: str, device: str, dtype: torch.dtype, train: bool) -> Case:
-    from diffusers import LTXVideoTransformer3DModel  # noqa: PLC0415
-
-    torch.manual_seed(0)
-    if size == "full":
-        model = LTXVideoTransformer3DModel(num_layers=28)
-        b, f, h, w, text = 2, 7, 16, 24, 128
-    else:
-        model = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=64,
-                                           cross_attention_dim=128, num_layers=2, caption_channels=16)
-        b, f, h, w, text = 2, 2, 4, 4, 6
-    model = model.to(device, dtype).eval()
-    cfg = model.config
-    inputs = dict(hidden_states=torch.randn(b, f * h * w, cfg.in_channels, device=device, dtype=dtype),
-                  encoder_hidden_states=torch.randn(b, text, cfg.caption_channels, device=device, dtype=dtype),
-                  timestep=torch.full((b,), 500, device=device, dtype=torch.long), num_frames=f, height=h, width=w,
-                  return_dict=False)
-    what = f"LTX-Video transformer ({cfg.num_layers} blocks), {f * h * w} video + {text} text tokens, batch {b}"
-    return Case(model, lambda m: m(**inputs), what)
-
-
-MODELS = {
-    "llama": lambda s, d, t: _llama(s, d, t, False),
-    "llama_train": lambda s, d, t: _llama(s, d, t, True),
-    "vit": lambda s, d, t: _vit(s, d, t, False),
-    "vit_train": lambda s, d, t: _vit(s, d, t, True),
-    "ltx": lambda s, d, t: _ltx(s, d, t, False),
-}
 
 
 def _self_time_us(evt, cuda: bool) -> float:
@@ -154,9 +91,8 @@ def profile_step(case: Case, cuda: bool, steps: int, trace: str | None = None) -
     """{family: [(kernel or operator name, microseconds per step), ...]} of ``steps`` steps of the case."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
-    grad = torch.enable_grad() if case.model.training else torch.no_grad()
-    with grad:
-        case.step(case.model)  # warm-up: first-call set-up stays out of the profile
+    with torch.enable_grad() if case.train else torch.no_grad():
+        case.step()  # warm-up: first-call set-up stays out of the profile
         if cuda:
             torch.cuda.synchronize()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -164,7 +100,7 @@ def profile_step(case: Case, cuda: bool, steps: int, trace: str | None = None) -
             warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle")
             with profile(activities=acts) as prof:
                 for _ in range(steps):
-                    case.step(case.model)
+                    case.step()
                 if cuda:
                     torch.cuda.synchronize()
     if trace:
@@ -229,8 +165,10 @@ def main(args: argparse.Namespace) -> int:
         print("kforge profile: --steps must be at least 1", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    builder, mode = MODELS[args.model]
     try:
-        case = MODELS[args.model](args.size, device, dtype)
+        case = Case(BUILDERS[builder](args.size, device, dtype), mode == "train")
+        case.model.module.train(case.train)
     except ImportError as e:
         print(f"kforge profile: model {args.model} needs {e.name or e}", file=sys.stderr)
         return 2
@@ -239,10 +177,10 @@ def main(args: argparse.Namespace) -> int:
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
         traces = [os.path.join(args.trace, f"{args.model}-{k}.json") for k in ("unpatched", "patched")]
-    print(f"kforge profile: {case.what}; {device} {str(dtype).replace('torch.', '')}, "
+    print(f"kforge profile: {case.model.what}{', training step' if case.train else ', forward'}; {device} {str(dtype).replace('torch.', '')}, "
           f"{'kernel device time' if cuda else 'operator self CPU time'} per step, {args.steps} step(s)")
     before = profile_step(case, cuda, args.steps, traces[0])
-    report = kf.patch(case.model)
+    report = kf.patch(case.model.module)
     after = profile_step(case, cuda, args.steps, traces[1])
     print("\n".join(report_lines(before, after, args.top)))
     print(f"patched: {len(report.patched)} module(s), skipped {len(report.skipped)}")

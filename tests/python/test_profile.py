@@ -43,9 +43,9 @@ def _table(out: str) -> dict[str, tuple[float, float]]:
     return rows
 
 
-@pytest.mark.parametrize("model", ["llama_train", "vit"])
+@pytest.mark.parametrize("model", ["llama_train", "vit", "ltx"])
 def test_profile_cpu(capsys, tmp_path, model):
-    pytest.importorskip("transformers")
+    pytest.importorskip("diffusers" if model == "ltx" else "transformers")
     rc, cap = _run(capsys, ["--model", model, "--size", "small", "--device", "cpu", "--steps", "1",
                             "--trace", str(tmp_path)])
     assert rc == 0, cap.err

@@ -1,0 +1,168 @@
+"""Random-weight models for `kforge levels` and `kforge profile`: each builder returns the module, its
+inputs, the forward that maps them to one output tensor (the tensor the levels compare) and the
+scalar loss of a training step.
+
+  lm      a small Llama (4 layers, hidden 512, 8 / 4 heads x 64, vocab 32000), 4 x 512 tokens
+  llama   Llama-3.2-1B-shaped (16 layers, hidden 2048, 32 / 8 heads x 64, vocab 128256), 4 x 2048 tokens;
+          the output is the last position's logits (what a prefill hands to generation), the training
+          loss the causal-LM loss (lm too)
+  vit     ViT-B/16-shaped encoder (12 layers, hidden 768, 12 heads), 32 images of 224 x 224
+  gnn     3-layer GraphSAGE (mean aggregation with index_add_) on a synthetic power-law graph (100k
+          nodes, 2M edges, 128 features)
+  ltx     the LTX-Video transformer: 28 blocks, 2688 video tokens (7 x 16 x 24 latents), 128 text
+          tokens, batch 2 (classifier-free guidance)
+
+``size="small"`` builds a 2-layer model of the same kind with small inputs, for smoke tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Model:
+    module: nn.Module
+    inputs: tuple  # tensors, passed positionally to `forward`
+    forward: Callable  # (module, *inputs) -> output tensor
+    what: str
+    kind: str  # "llama", "vit", "gnn", "ltx": which levels apply
+    loss: Callable | None = None  # (module, *inputs) -> scalar training loss; None: mean square of the output
+
+    def train_loss(self, module: nn.Module, *inputs) -> torch.Tensor:
+        if self.loss is not None:
+            return self.loss(module, *inputs)
+        return self.forward(module, *inputs).float().square().mean()
+
+
+def _llama(size: str, device, dtype, small_lm: bool) -> Model:
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
+
+    if size == "small":
+        cfg = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=64, vocab_size=512)
+        batch, seq = 2, 64
+    elif small_lm:
+        cfg = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                   num_key_value_heads=4, head_dim=64, vocab_size=32000)
+        batch, seq = 4, 512
+    else:
+        cfg = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
+                   tie_word_embeddings=True)
+        batch, seq = 4, 2048
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=max(seq, 256), **cfg)).to(device, dtype)
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
+
+    def forward(m, ids):  # the last position's logits (the prefill output a generation step needs)
+        return m(input_ids=ids, logits_to_keep=1).logits
+
+    def loss(m, ids):  # the causal-LM loss of a training step
+        return m(input_ids=ids, labels=ids).loss
+
+    return Model(model, (ids,), forward, f"Llama ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), "
+                 f"{batch} x {seq} tokens", "llama", loss)
+
+
+def _vit(size: str, device, dtype) -> Model:
+    from transformers import ViTConfig, ViTModel  # noqa: PLC0415
+
+    if size == "small":
+        cfg = ViTConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                        image_size=32, patch_size=8)
+        batch = 2
+    else:
+        cfg = ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                        image_size=224, patch_size=16)
+        batch = 32
+    torch.manual_seed(0)
+    model = ViTModel(cfg, add_pooling_layer=False).to(device, dtype)
+    x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
+
+    def forward(m, x):
+        return m(pixel_values=x).last_hidden_state
+
+    return Model(model, (x,), forward, f"ViT ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), {batch} "
+                 f"images of {cfg.image_size}", "vit")
+
+
+class _Sage(nn.Module):
+    """GraphSAGE layer, mean aggregation: relu(W_self x + W_neigh mean_{j -> i} x_j)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.lin_self = nn.Linear(d_in, d_out)
+        self.lin_neigh = nn.Linear(d_in, d_out, bias=False)
+
+    def forward(self, x, src, dst, inv_deg):
+        agg = torch.zeros_like(x).index_add_(0, dst, x.index_select(0, src)) * inv_deg
+        return torch.relu(self.lin_self(x) + self.lin_neigh(agg))
+
+
+class _Gnn(nn.Module):
+    def __init__(self, d: int, layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_Sage(d, d) for _ in range(layers))
+
+    def forward(self, x, src, dst, inv_deg):
+        for layer in self.layers:
+            x = layer(x, src, dst, inv_deg)
+        return x
+
+
+def _gnn(size: str, device, dtype) -> Model:
+    nodes, edges, d = (1000, 20000, 32) if size == "small" else (100_000, 2_000_000, 128)
+    g = torch.Generator().manual_seed(0)
+    # power law: destination i drawn with probability ~ 1 / (i + 1) (a few hubs receive most edges)
+    weights = 1.0 / torch.arange(1, nodes + 1, dtype=torch.float64)
+    dst = torch.multinomial(weights, edges, replacement=True, generator=g)
+    src = torch.randint(0, nodes, (edges,), generator=g)
+    order = torch.argsort(dst)  # sorted destinations, as a CSR graph holds them
+    src, dst = src[order].to(device), dst[order].to(device)
+    deg = torch.bincount(dst, minlength=nodes).clamp_min(1).to(dtype)
+    torch.manual_seed(0)
+    model = _Gnn(d, 3).to(device, dtype)
+    x = torch.randn(nodes, d, device=device, dtype=dtype)
+    return Model(model, (x, src, dst, (1.0 / deg).unsqueeze(1)), lambda m, *a: m(*a),
+                 f"GraphSAGE (3 layers, {d} features), {nodes} nodes, {edges} power-law edges", "gnn")
+
+
+def _ltx(size: str, device, dtype) -> Model:
+    from diffusers import LTXVideoTransformer3DModel  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    if size == "full":
+        module = LTXVideoTransformer3DModel(num_layers=28)
+        b, f, h, w, text = 2, 7, 16, 24, 128
+    else:
+        module = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2,
+                                            attention_head_dim=64, cross_attention_dim=128, num_layers=2,
+                                            caption_channels=16)
+        b, f, h, w, text = 2, 2, 4, 4, 6
+    module = module.to(device, dtype)
+    cfg = module.config
+    video = torch.randn(b, f * h * w, cfg.in_channels, device=device, dtype=dtype)
+    prompt = torch.randn(b, text, cfg.caption_channels, device=device, dtype=dtype)
+    timestep = torch.full((b,), 500, device=device, dtype=torch.long)
+
+    def forward(m, video, prompt, timestep):
+        # no text padding mask (a padded prompt's mask sends cross-attention to diffusers' attention)
+        return m(hidden_states=video, encoder_hidden_states=prompt, timestep=timestep, encoder_attention_mask=None,
+                 num_frames=f, height=h, width=w, return_dict=False)[0]
+
+    return Model(module, (video, prompt, timestep), forward, f"LTX-Video transformer ({cfg.num_layers} blocks), "
+                 f"{f * h * w} video + {text} text tokens, batch {b}", "ltx")
+
+
+MODELS = {
+    "lm": lambda s, d, t: _llama(s, d, t, True),
+    "llama": lambda s, d, t: _llama(s, d, t, False),
+    "vit": _vit,
+    "gnn": _gnn,
+    "ltx": _ltx,
+}
