@@ -8,10 +8,13 @@
                    [--steps N] [--top K] [--trace DIR]
     kforge levels [--models lm,llama,vit,gnn] [--levels eager,torchscript,compile,triton,kernelforge,...]
                   [--modes fwd,train] [--size full|small] [--device cuda|cpu] [--iters N] [--out DIR]
+    kforge e2e    [--cases llama_train,llama_prefill,vit_train,ltx] [--providers ...] [--size full|small]
+                  [--iters N] [--out DIR]         (also `kforge bench e2e ...`)
 
 bench and check read the op specs of kernelforge.specs; they need a CUDA GPU and the built
 extension, and without one they say so and exit with status 2. profile runs a model step before and
-after kf.patch, levels one model at each optimization level (both on the CPU too).
+after kf.patch, levels one model at each optimization level, e2e whole model steps with each provider
+in its own process (all three on the CPU too).
 Also runnable as `python -m kernelforge.cli`.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from kernelforge import bench, check  # noqa: PLC0415
+    from kernelforge import e2e  # noqa: PLC0415
     from kernelforge import levels as lev  # noqa: PLC0415
     from kernelforge import profile as prof  # noqa: PLC0415
 
@@ -44,10 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(lev.__doc__ or "").split("\n\n")[0])
     lev.add_arguments(v)
     v.set_defaults(func=lev.main)
+    e = sub.add_parser("e2e", help="end-to-end model steps, each provider in its own process",
+                       description=(e2e.__doc__ or "").split("\n\n")[0])
+    e2e.add_arguments(e)
+    e.set_defaults(func=e2e.main)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "e2e"]:  # `kforge bench e2e ...` is `kforge e2e ...`
+        argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -1,0 +1,240 @@
+"""`kforge e2e` (also `kforge bench e2e`): end-to-end model steps, each provider in its own process.
+
+Cases (kernelforge/models.py builds the models, random weights):
+  llama_prefill  Llama-3.2-1B-shaped prefill, 4 x 2048 tokens (the last position's logits)
+  llama_train    the same model, one training step (causal-LM loss, backward)
+  vit_train      ViT-B/16-shaped encoder, one training step on 32 images of 224 x 224
+  ltx            LTX-Video transformer denoising step: 28 blocks, 2688 video + 128 text tokens, batch 2
+Providers: eager (the model as written), compile (torch.compile), kernelforge (kf.patch), and
+kernelforge_compile (torch.compile of the patched model). Each (case, provider) runs in a fresh
+Python process (no compile cache, allocator state or patch shared with another provider), which
+prints one JSON line: milliseconds per step (median of CUDA-event times after warm-up) and the peak
+memory. The parent prints the table (speed-up over eager and over compile), writes OUT/e2e.csv and
+OUT/e2e.png and shows a progress bar.
+
+    kforge e2e [--cases llama_train,ltx] [--providers eager,compile,kernelforge,kernelforge_compile]
+               [--size full|small] [--device cuda|cpu] [--warmup N] [--iters N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = {  # case -> (models.py builder, training step?)
+    "llama_prefill": ("llama", False),
+    "llama_train": ("llama", True),
+    "vit_train": ("vit", True),
+    "ltx": ("ltx", False),
+}
+PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
+
+
+def _csv_list(valid: tuple):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in valid]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{','.join(bad) or text!r}: choose from {', '.join(valid)}")
+        return items
+
+    return parse
+
+
+# ---- worker: one (case, provider) in this process --------------------------------------------------------
+
+
+def run_worker(case: str, provider: str, size: str, device: str, warmup: int, iters: int) -> dict:
+    import torch  # noqa: PLC0415
+
+    import kernelforge as kf  # noqa: PLC0415
+
+    from .models import MODELS  # noqa: PLC0415
+
+    builder, train = CASES[case]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = MODELS[builder](size, device, dtype)
+    module = model.module.train(train)
+    patched = 0
+    if provider.startswith("kernelforge"):
+        patched = len(kf.patch(module).patched)
+    run = torch.compile(module) if provider.endswith("compile") else module
+
+    def step():
+        if not train:
+            with torch.no_grad():
+                model.forward(run, *model.inputs)
+            return
+        model.train_loss(run, *model.inputs).backward()
+        for p in module.parameters():
+            p.grad = None
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    setup_s = time.perf_counter() - t0
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1e3)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else float("nan")
+    return {"case": case, "provider": provider, "ms": statistics.median(times), "peak_mib": peak,
+            "setup_s": setup_s, "patched_modules": patched, "what": model.what}
+
+
+# ---- parent: every (case, provider) in its own process -------------------------------------------------
+
+
+def _spawn(case: str, provider: str, args: argparse.Namespace, device: str) -> dict:
+    cmd = [sys.executable, "-m", "kernelforge.e2e", "--worker", case, provider, args.size, device, str(args.warmup),
+           str(args.iters)]
+    # the child imports the same kernelforge package as this process
+    import kernelforge  # noqa: PLC0415
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(kernelforge.__file__)),
+                                                    env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]
+        return {"case": case, "provider": provider, "error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def table_lines(results: list[dict]) -> list[str]:
+    lines = [f"{'case':<14} {'provider':<20} {'ms/step':>9} {'x eager':>8} {'x compile':>10} {'peak MiB':>9}"]
+    by = {(r["case"], r["provider"]): r for r in results}
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['case']:<14} {r['provider']:<20} failed: {r['error']}")
+            continue
+        eager, comp = by.get((r["case"], "eager"), {}), by.get((r["case"], "compile"), {})
+        ve = f"{eager['ms'] / r['ms']:.2f}x" if "ms" in eager else "-"
+        vc = f"{comp['ms'] / r['ms']:.2f}x" if "ms" in comp else "-"
+        peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] == r["peak_mib"] else "-"
+        lines.append(f"{r['case']:<14} {r['provider']:<20} {r['ms']:>9.2f} {ve:>8} {vc:>10} {peak:>9}")
+    return lines
+
+
+def write_csv(path: str, results: list[dict], device_name: str, torch_version: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["case", "provider", "ms_per_step", "peak_mib", "setup_s", "patched_modules", "status", "device",
+                    "torch_version"])
+        for r in results:
+            ok = "error" not in r
+            w.writerow([r["case"], r["provider"], f"{r['ms']:.4f}" if ok else "", f"{r['peak_mib']:.1f}" if ok else "",
+                        f"{r['setup_s']:.1f}" if ok else "", r.get("patched_modules", ""),
+                        "ok" if ok else r["error"], device_name, torch_version])
+
+
+def plot(path: str, results: list[dict]) -> bool:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return False
+    cases = list(dict.fromkeys(r["case"] for r in results))
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 3.8), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        rs = [r for r in results if r["case"] == case and "error" not in r]
+        eager = next((r["ms"] for r in rs if r["provider"] == "eager"), None)
+        vals = [eager / r["ms"] if eager else 0.0 for r in rs]
+        bars = ax.bar([r["provider"] for r in rs], vals,
+                      color=["#c0392b" if r["provider"].startswith("kernelforge") else "#7f8c8d" for r in rs])
+        for bar, r, v in zip(bars, rs, vals):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{v:.2f}x\n{r['ms']:.1f} ms", ha="center",
+                    va="bottom", fontsize=7)
+        ax.set_title(f"{case}: speed-up over eager", fontsize=9)
+        ax.tick_params(axis="x", rotation=30, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases", type=_csv_list(tuple(CASES)), default=["llama_train", "llama_prefill", "ltx"],
+                   help=f"comma-separated, from {', '.join(CASES)}")
+    p.add_argument("--providers", type=_csv_list(PROVIDERS), default=list(PROVIDERS))
+    p.add_argument("--size", choices=("full", "small"), default="full")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda when available (bfloat16), else cpu (float32)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps (the first also compiles)")
+    p.add_argument("--iters", type=int, default=10, help="timed steps (median)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds for one (case, provider) process")
+    p.add_argument("--out", default="e2e_out", help="folder of e2e.csv and e2e.png")
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("kforge e2e: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return 2
+    if args.iters < 1 or args.warmup < 1:
+        print("kforge e2e: --iters and --warmup must be at least 1", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+    except ImportError:
+        tqdm = None
+    runs = [(c, p) for c in args.cases for p in args.providers]
+    bar = tqdm(total=len(runs), desc="kforge e2e", file=sys.stderr) if tqdm else None
+    results = []
+    for i, (case, provider) in enumerate(runs):
+        if bar:
+            bar.set_postfix_str(f"{case} {provider}")
+        try:
+            results.append(_spawn(case, provider, args, device))
+        except subprocess.TimeoutExpired:
+            results.append({"case": case, "provider": provider, "error": f"timed out after {args.timeout:.0f} s"})
+        if bar:
+            bar.update(1)
+        else:
+            print(f"[{i + 1}/{len(runs)}] {case} {provider}", file=sys.stderr)
+    if bar:
+        bar.close()
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    write_csv(os.path.join(args.out, "e2e.csv"), results, device_name, torch.__version__)
+    whats = {r["case"]: r["what"] for r in results if "what" in r}
+    print(f"kforge e2e on {device_name} (torch {torch.__version__}), each provider in its own process")
+    for case, what in whats.items():
+        print(f"  {case}: {what}")
+    print("\n".join(table_lines(results)))
+    if plot(os.path.join(args.out, "e2e.png"), results):
+        print(f"png: {os.path.join(args.out, 'e2e.png')}")
+    print(f"csv: {os.path.join(args.out, 'e2e.csv')}")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 8 and sys.argv[1] == "--worker":
+        c, prov, sz, dev, wu, it = sys.argv[2:]
+        print(json.dumps(run_worker(c, prov, sz, dev, int(wu), int(it))))
+        sys.exit(0)
+    print("kernelforge.e2e: run `kforge e2e` (this module's --worker mode is internal)", file=sys.stderr)
+    sys.exit(2)
