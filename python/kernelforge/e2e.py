@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from .models import Progress, add_model_arguments, csv_list, resolve_device
+
 CASES = {  # case -> (models.py builder, training step?)
     "llama_prefill": ("llama", False),
     "llama_train": ("llama", True),
@@ -34,17 +36,6 @@ CASES = {  # case -> (models.py builder, training step?)
     "ltx": ("ltx", False),
 }
 PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
-
-
-def _csv_list(valid: tuple):
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [t for t in items if t not in valid]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"{','.join(bad) or text!r}: choose from {', '.join(valid)}")
-        return items
-
-    return parse
 
 
 # ---- worker: one (case, provider) in this process --------------------------------------------------------
@@ -55,7 +46,7 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
 
     import kernelforge as kf  # noqa: PLC0415
 
-    from .models import MODELS  # noqa: PLC0415
+    from .models import MODELS, time_step_ms  # noqa: PLC0415
 
     builder, train = CASES[case]
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -82,19 +73,7 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     setup_s = time.perf_counter() - t0
-    times = []
-    for _ in range(iters):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t) * 1e3)
+    times = [time_step_ms(step, device) for _ in range(iters)]
     peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else float("nan")
     return {"case": case, "provider": provider, "ms": statistics.median(times), "peak_mib": peak,
             "setup_s": setup_s, "patched_modules": patched, "what": model.what}
@@ -175,14 +154,10 @@ def plot(path: str, results: list[dict]) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cases", type=_csv_list(tuple(CASES)), default=["llama_train", "llama_prefill", "ltx"],
+    p.add_argument("--cases", type=csv_list(tuple(CASES)), default=["llama_train", "llama_prefill", "ltx"],
                    help=f"comma-separated, from {', '.join(CASES)}")
-    p.add_argument("--providers", type=_csv_list(PROVIDERS), default=list(PROVIDERS))
-    p.add_argument("--size", choices=("full", "small"), default="full")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                   help="default: cuda when available (bfloat16), else cpu (float32)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps (the first also compiles)")
-    p.add_argument("--iters", type=int, default=10, help="timed steps (median)")
+    p.add_argument("--providers", type=csv_list(PROVIDERS), default=list(PROVIDERS))
+    add_model_arguments(p)
     p.add_argument("--timeout", type=float, default=900, help="seconds for one (case, provider) process")
     p.add_argument("--out", default="e2e_out", help="folder of e2e.csv and e2e.png")
 
@@ -190,34 +165,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        print("kforge e2e: --device cuda but no CUDA GPU is available", file=sys.stderr)
-        return 2
-    if args.iters < 1 or args.warmup < 1:
-        print("kforge e2e: --iters and --warmup must be at least 1", file=sys.stderr)
+    device = resolve_device("e2e", args)
+    if device is None:
         return 2
     os.makedirs(args.out, exist_ok=True)
-    try:
-        from tqdm import tqdm  # noqa: PLC0415
-    except ImportError:
-        tqdm = None
     runs = [(c, p) for c in args.cases for p in args.providers]
-    bar = tqdm(total=len(runs), desc="kforge e2e", file=sys.stderr) if tqdm else None
+    progress = Progress(len(runs), "kforge e2e")
     results = []
-    for i, (case, provider) in enumerate(runs):
-        if bar:
-            bar.set_postfix_str(f"{case} {provider}")
+    for case, provider in runs:
+        progress.start(f"{case} {provider}")
         try:
             results.append(_spawn(case, provider, args, device))
         except subprocess.TimeoutExpired:
             results.append({"case": case, "provider": provider, "error": f"timed out after {args.timeout:.0f} s"})
-        if bar:
-            bar.update(1)
-        else:
-            print(f"[{i + 1}/{len(runs)}] {case} {provider}", file=sys.stderr)
-    if bar:
-        bar.close()
+        progress.finish(f"{case} {provider}")
+    progress.close()
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     write_csv(os.path.join(args.out, "e2e.csv"), results, device_name, torch.__version__)
     whats = {r["case"]: r["what"] for r in results if "what" in r}

@@ -32,7 +32,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -40,7 +39,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .models import MODELS, Model
+from .models import MODELS, Model, Progress, add_model_arguments, csv_list, resolve_device, time_step_ms
 
 LEVELS = ("eager", "torchscript", "compile", "triton", "kernelforge", "kernelforge_compile")
 MODES = ("fwd", "train")
@@ -97,22 +96,6 @@ def apply_level(level: str, model: Model) -> Callable:
     return lambda *inputs: model.forward(m, *inputs)
 
 
-def _timer(device: str) -> Callable[[Callable], float]:
-    def once(fn):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            return a.elapsed_time(b)
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    return once
-
-
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     y, ref = y.detach().double(), ref.detach().double()
     if not torch.isfinite(y).all():
@@ -152,7 +135,6 @@ def run_level(model: Model, level: str, mode: str, ref: torch.Tensor, device: st
             p.grad = None
         return y
 
-    timer = _timer(device)
     try:
         if device == "cuda":
             torch.cuda.synchronize()
@@ -160,7 +142,7 @@ def run_level(model: Model, level: str, mode: str, ref: torch.Tensor, device: st
         y = step()
         for _ in range(max(0, warmup - 1)):
             step()
-        row.ms = statistics.median(timer(step) for _ in range(iters))
+        row.ms = statistics.median(time_step_ms(step, device) for _ in range(iters))
         if device == "cuda":
             row.peak_mib = torch.cuda.max_memory_allocated() / 2**20
         row.err = rel_err(y, ref)
@@ -224,49 +206,25 @@ def plot(path: str, model_name: str, what: str, rows: list[Row]) -> bool:
 # ---- command ---------------------------------------------------------------------------------------------
 
 
-def _csv_list(valid: tuple):
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [t for t in items if t not in valid]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"{','.join(bad) or text!r}: choose from {', '.join(valid)}")
-        return items
-
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", type=_csv_list(tuple(MODELS)), default=["lm", "vit", "gnn"],
+    p.add_argument("--models", type=csv_list(tuple(MODELS)), default=["lm", "vit", "gnn"],
                    help=f"comma-separated, from {', '.join(MODELS)} (default lm,vit,gnn)")
-    p.add_argument("--levels", type=_csv_list(LEVELS), default=list(LEVELS), help="comma-separated levels")
-    p.add_argument("--modes", type=_csv_list(MODES), default=list(MODES), help="fwd, train or both")
-    p.add_argument("--size", choices=("full", "small"), default="full")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                   help="default: cuda when available (bfloat16), else cpu (float32)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per level (the first also compiles)")
-    p.add_argument("--iters", type=int, default=10, help="timed steps per level (median)")
+    p.add_argument("--levels", type=csv_list(LEVELS), default=list(LEVELS), help="comma-separated levels")
+    p.add_argument("--modes", type=csv_list(MODES), default=list(MODES), help="fwd, train or both")
+    add_model_arguments(p)
     p.add_argument("--out", default="levels_out", help="folder of levels.csv and levels_<model>.png")
 
 
 def main(args: argparse.Namespace) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        print("kforge levels: --device cuda but no CUDA GPU is available", file=sys.stderr)
-        return 2
-    if args.iters < 1 or args.warmup < 1:
-        print("kforge levels: --iters and --warmup must be at least 1", file=sys.stderr)
+    device = resolve_device("levels", args)
+    if device is None:
         return 2
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     os.makedirs(args.out, exist_ok=True)
-    try:
-        from tqdm import tqdm  # noqa: PLC0415
-    except ImportError:
-        tqdm = None
     total = len(args.models) * len(args.modes) * len(args.levels)
-    bar = tqdm(total=total, desc="kforge levels", file=sys.stderr) if tqdm else None
+    progress = Progress(total, "kforge levels")
     rows: list[Row] = []
-    done = 0
     for name in args.models:
         try:
             model = MODELS[name](args.size, device, dtype)
@@ -282,8 +240,7 @@ def main(args: argparse.Namespace) -> int:
         for mode in args.modes:
             eager_ms = None
             for level in args.levels:
-                if bar:
-                    bar.set_postfix_str(f"{name} {mode} {level}")
+                progress.start(f"{name} {mode} {level}")
                 row = run_level(model, level, mode, ref, device, args.warmup, args.iters)
                 row.model = name
                 if level == "eager" and row.status == "ok":
@@ -294,17 +251,12 @@ def main(args: argparse.Namespace) -> int:
                 torch._dynamo.reset()
                 if device == "cuda":
                     torch.cuda.empty_cache()
-                done += 1
-                if bar:
-                    bar.update(1)
-                else:
-                    print(f"[{done}/{total}] {name} {mode} {level}: {row.status}", file=sys.stderr)
+                progress.finish(f"{name} {mode} {level}: {row.status}")
         rows += model_rows
         if plot(os.path.join(args.out, f"levels_{name}.png"), name, model.what, model_rows):
             print(f"png: {os.path.join(args.out, f'levels_{name}.png')}")
         print(f"{name}: {model.what}")
-    if bar:
-        bar.close()
+    progress.close()
     write_csv(os.path.join(args.out, "levels.csv"), rows, device_name)
     print(f"kforge levels on {device_name} ({str(dtype).replace('torch.', '')}, torch {torch.__version__})")
     print("\n".join(table_lines(rows)))

@@ -13,10 +13,16 @@ scalar loss of a training step.
           tokens, batch 2 (classifier-free guidance)
 
 ``size="small"`` builds a 2-layer model of the same kind with small inputs, for smoke tests.
+
+Also the harness the three commands share: their common arguments (--size, --device, --warmup,
+--iters), the device choice, the timing of one step and the progress bar.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -166,3 +172,84 @@ MODELS = {
     "gnn": _gnn,
     "ltx": _ltx,
 }
+
+
+# ---- the commands' shared harness ------------------------------------------------------------------------
+
+
+def csv_list(valid: tuple):
+    """argparse type: a comma-separated list of names from ``valid``."""
+
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in valid]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{','.join(bad) or text!r}: choose from {', '.join(valid)}")
+        return items
+
+    return parse
+
+
+def add_model_arguments(p: argparse.ArgumentParser, timed: bool = True) -> None:
+    """--size and --device; with ``timed``, --warmup and --iters."""
+    p.add_argument("--size", choices=("full", "small"), default="full",
+                   help="full: the shapes of kernelforge/models.py; small: a 2-layer model of the same kind")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda when available (bfloat16), else cpu (float32)")
+    if timed:
+        p.add_argument("--warmup", type=int, default=3, help="untimed steps (the first also compiles)")
+        p.add_argument("--iters", type=int, default=10, help="timed steps (median)")
+
+
+def resolve_device(command: str, args: argparse.Namespace) -> str | None:
+    """The device the command runs on, or None after printing why it cannot run (bad arguments)."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"kforge {command}: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return None
+    if getattr(args, "iters", 1) < 1 or getattr(args, "warmup", 1) < 1:
+        print(f"kforge {command}: --iters and --warmup must be at least 1", file=sys.stderr)
+        return None
+    return device
+
+
+def time_step_ms(step: Callable, device: str) -> float:
+    """Milliseconds of one call of ``step``: CUDA events on the GPU, the host clock on the CPU."""
+    if device == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+    t0 = time.perf_counter()
+    step()
+    return (time.perf_counter() - t0) * 1e3
+
+
+class Progress:
+    """A tqdm bar on stderr, or one line per finished run where tqdm is not installed."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.done = total, desc, 0
+        try:
+            from tqdm import tqdm  # noqa: PLC0415
+
+            self.bar = tqdm(total=total, desc=desc, file=sys.stderr)
+        except ImportError:
+            self.bar = None
+
+    def start(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what)
+
+    def finish(self, what: str) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            print(f"[{self.done}/{self.total}] {self.desc}: {what}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

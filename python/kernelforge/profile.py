@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import MODELS as BUILDERS
-from .models import Model
+from .models import Model, add_model_arguments, resolve_device
 
 # (family, pattern on the lowercased kernel or operator name), first match wins.
 FAMILIES = (
@@ -144,10 +144,7 @@ def report_lines(before: dict, after: dict, top: int) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="llama", help="the model step to profile")
-    p.add_argument("--size", choices=("full", "small"), default="full",
-                   help="full: the shapes above; small: a 2-layer model of the same kind")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                   help="default: cuda when available (bfloat16), else cpu (float32, operator self times)")
+    add_model_arguments(p, timed=False)
     p.add_argument("--steps", type=int, default=3, help="profiled steps (after one warm-up step)")
     p.add_argument("--top", type=int, default=2, help="kernels listed per family")
     p.add_argument("--trace", default=None, metavar="DIR",
@@ -157,9 +154,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import kernelforge as kf  # noqa: PLC0415
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        print("kforge profile: --device cuda but no CUDA GPU is available", file=sys.stderr)
+    device = resolve_device("profile", args)
+    if device is None:
         return 2
     if args.steps < 1:
         print("kforge profile: --steps must be at least 1", file=sys.stderr)
