@@ -1,0 +1,113 @@
+// kernelforge decode family: attention of the newest query tokens of each sequence against a KV
+// cache (paged or contiguous), and the append of new keys and values into that cache.
+//
+// Tensors (element strides, as in tensor.h; every last dimension contiguous, stride 1):
+//   q        [B, Lq, Hq, D]          the Lq newest tokens of each sequence: 1 for plain decoding,
+//                                    2-8 to verify speculated tokens (causal among themselves)
+//   k_cache  [P, page_size, Hkv, D]  v_cache: the same shape and dtype (its strides may differ)
+//     paged (block_table given): key j of sequence b lives in page block_table[b, j / page_size], row
+//       j % page_size; page_size is a power of two (1 .. 65536).
+//     contiguous (no block_table): P >= B and sequence b lives in page b (page_size is then the cache
+//       length, any value). transformers' static cache (B, Hkv, max_len, D) is k_cache.transpose(1, 2).
+//   block_table int32 [B, max_pages] (any row stride, last stride 1)
+//   seq_lens int32 [B]: keys in the cache for sequence b, the Lq new tokens included (append them
+//     first, kv_append below). Read by the kernels only, never by the host: a CUDA graph captured
+//     once replays for any new lengths.
+//   out      [B, Lq, Hq, D] (q's dtype)
+//   lse      optional float32 [B, Lq, Hq], natural log
+//   sinks    optional per-query-head logit [Hq], float32 or q's dtype
+// q, caches and out share one dtype, float16 or bfloat16; math in float32. D in {64, 128, 256}.
+// GQA / MQA: Hq is a multiple of Hkv; query head h reads key/value head h / (Hq / Hkv).
+//
+// Formula, for sequence b (n = its clamped seq_len), new token t (position i = n - Lq + t), head h:
+//   key j is visible when j <= i and (window_left < 0 or j >= i - window_left)
+//   s_j = scale * q . k_j (scale 0: 1 / sqrt(D)); s_j = softcap * tanh(s_j / softcap) when softcap > 0
+//   out = softmax over the visible j (and the sink logit sinks[h]) of s_j, times v_j; lse its log-sum
+// A token that sees no key gets out = 0 (never NaN), lse = -inf (or sinks[h]).
+// Bytes (the bandwidth bound): every visible key and value row is read once per kv head, 2 * n * Hkv
+// * D * sizeof(T) per sequence, plus q and out.
+//
+// Out-of-range inputs never make a kernel read or write out of bounds: seq_lens[b] is clamped to
+// [0, capacity] (capacity = max_pages * page_size, or page_size when contiguous) and a block_table
+// entry outside [0, P) reads zeros (kv_append skips the row). The Python layer's check=True reports
+// such inputs (it reads seq_lens and block_table on the host: a synchronization).
+//
+// Plan and run: decode_attention_plan() reads only shapes, strides and options (and max_seq_len, a
+// host upper bound of every seq_len) and fixes the grid and the split of the keys; the run reads the
+// lengths on the device. Workspace: CUB's convention, as attention.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernelforge/status.h"
+#include "kernelforge/tensor.h"
+
+namespace kernelforge {
+
+struct DecodeOptions {
+  float scale = 0.0f;        // 0: 1 / sqrt(D)
+  float softcap = 0.0f;      // > 0: logits pass through softcap * tanh(s / softcap)
+  int64_t window_left = -1;  // keys at most window_left before the query's position; -1: unbounded
+  int64_t max_seq_len = 0;   // host upper bound of every seq_len (sizes the split); 0: the capacity
+};
+
+// The tensors of one decode_attention call; q, k_cache, v_cache, seq_lens and out are required.
+struct DecodeTensors {
+  const TensorView* q = nullptr;
+  const TensorView* k_cache = nullptr;
+  const TensorView* v_cache = nullptr;
+  const TensorView* seq_lens = nullptr;
+  const TensorView* block_table = nullptr;  // optional: paged cache
+  const TensorView* out = nullptr;
+  const TensorView* lse = nullptr;    // optional
+  const TensorView* sinks = nullptr;  // optional
+};
+
+// A plan: one CTA per (split, row tile, kv head, sequence); its warps share each key tile (block_n
+// keys, block_n / warps per warp) and merge their partial softmax states at the end; with splits > 1
+// a merge kernel combines the splits by their logsumexp.
+struct DecodePlan {
+  int head_dim = 0;
+  int rows = 0;     // query rows per CTA (group * Lq rows of one kv head, in tiles of `rows`)
+  int block_n = 0;  // keys per pipeline stage
+  int warps = 0;
+  int stages = 0;  // cp.async pipeline stages
+  int splits = 1;  // key splits per (sequence, kv head, row tile)
+};
+
+std::string to_string(const DecodePlan& plan);  // e.g. "decode d=128 rows=16 tile=64 warps=4 stages=3 splits=16"
+
+// ---- CUDA ------------------------------------------------------------------------------------
+Status decode_attention_plan(const DecodeTensors& t, const DecodeOptions& opts, DecodePlan* plan,
+                             size_t* workspace_bytes);
+Status decode_attention(const DecodePlan& plan, const DecodeTensors& t, const DecodeOptions& opts, void* workspace,
+                        size_t workspace_bytes, cudaStream_t stream);
+Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts, void* workspace, size_t* workspace_bytes,
+                        cudaStream_t stream);
+
+// kv_append: k, v [B, Lq, Hkv, D] (the caches' dtype) are written into k_cache / v_cache at the
+// positions seq_lens[b] - Lq + t (seq_lens: the lengths after the append, as decode_attention takes
+// them). Rows whose position falls outside [0, capacity) or whose page is out of range are skipped.
+struct KvAppendTensors {
+  const TensorView* k_cache = nullptr;
+  const TensorView* v_cache = nullptr;
+  const TensorView* k = nullptr;
+  const TensorView* v = nullptr;
+  const TensorView* seq_lens = nullptr;
+  const TensorView* block_table = nullptr;  // optional
+};
+Status kv_append(const KvAppendTensors& t, cudaStream_t stream);
+
+// ---- float64 CPU reference -------------------------------------------------------------------
+// The same calls on CPU tensors (float32 and float64 also accepted): double math, each output
+// rounded once.
+namespace ref {
+Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts);
+Status kv_append(const KvAppendTensors& t);
+}  // namespace ref
+
+}  // namespace kernelforge

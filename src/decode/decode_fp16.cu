@@ -1,0 +1,9 @@
+// The decode attention kernels (every kDecodeTiles row) and the split merge instantiated for __half.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "decode/decode_launch.cuh"
+
+namespace kernelforge {
+template Status launch_decode_attention<__half>(const DecodePlan&, const DecodeParams&, void*, cudaStream_t);
+}  // namespace kernelforge

@@ -1,0 +1,98 @@
+// The decode attention planner: a kDecodeTiles row for the head dim and the rows of one kv head,
+// then the number of key splits from a small cost model over the SM count.
+//
+// Splits: one CTA per (sequence, kv head, row tile) reads only its own keys, so a batch-1 call has
+// Hkv CTAs (8 for Llama 3) on a 132-SM GPU unless the keys are split. For each split count s the
+// model counts the CTA waves (s * base CTAs over the resident CTAs of the GPU) times the key tiles per
+// CTA plus a fixed cost per CTA (the pipeline fill and the merge of the warps, about kCtaOverheadTiles
+// tiles), and the merge pass when s > 1; the smallest cost wins, the smaller s on ties. A split holds
+// at least kMinSplitKeys keys (shorter ones are all overhead).
+#include <cstdint>
+#include <string>
+
+#include "common/device.h"
+#include "common/math.h"
+#include "decode/decode_config.h"
+#include "decode/decode_problem.h"
+
+namespace kernelforge {
+
+namespace {
+
+constexpr int64_t kMinSplitKeys = 256;    // 4 tiles of 64 keys
+constexpr int64_t kCtaOverheadTiles = 2;  // pipeline fill + warp merge, in tile times
+constexpr int64_t kMergeTiles = 1;        // the split merge kernel, in tile times
+constexpr int kMaxSplits = 128;
+constexpr int64_t kSmemPerSm = 227 * 1024;  // sm_80 / sm_90 opt-in per SM
+constexpr int kMaxResident = 2;             // CTAs per SM: the register file holds two 128-thread CTAs at 255 regs
+
+}  // namespace
+
+std::string to_string(const DecodePlan& plan) {
+  return "decode d=" + std::to_string(plan.head_dim) + " rows=" + std::to_string(plan.rows) +
+         " tile=" + std::to_string(plan.block_n) + " warps=" + std::to_string(plan.warps) +
+         " stages=" + std::to_string(plan.stages) + " splits=" + std::to_string(plan.splits);
+}
+
+DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
+  DecodePlan plan;
+  const DecodeTile* pick = nullptr;
+  for (const DecodeTile& c : kDecodeTiles) {
+    if (c.head_dim != p.head_dim) continue;
+    if (pick == nullptr || (pick->rows < p.rows && c.rows > pick->rows)) pick = &c;  // 16 rows, or 32 when needed
+  }
+  if (pick == nullptr) {  // no kernel for this head dim: check_decode_plan says so
+    plan.head_dim = p.head_dim;
+    return plan;
+  }
+  plan.head_dim = pick->head_dim;
+  plan.rows = pick->rows;
+  plan.warps = pick->warps;
+  plan.block_n = 16 * pick->warps;
+  plan.stages = pick->stages;
+
+  const int64_t smem = decode_smem_bytes(plan.head_dim, plan.rows, plan.warps, plan.stages);
+  int64_t resident = kSmemPerSm / (smem + 1024);
+  resident = resident < 1 ? 1 : (resident > kMaxResident ? kMaxResident : resident);
+  const int64_t slots = int64_t(dev.sm_count > 0 ? dev.sm_count : 1) * resident;
+  const int64_t base = int64_t(p.batch) * p.heads_kv * decode_row_tiles(plan, p);
+  const int64_t keys = p.max_seq_len > 0 ? p.max_seq_len : 1;
+  int64_t max_s = ceil_div(keys, kMinSplitKeys);
+  max_s = max_s < 1 ? 1 : (max_s > kMaxSplits ? kMaxSplits : max_s);
+  int64_t best_s = 1, best_cost = -1;
+  for (int64_t s = 1; s <= max_s; ++s) {
+    const int64_t waves = ceil_div(base * s, slots);
+    const int64_t tiles = ceil_div(ceil_div(keys, s), int64_t(plan.block_n));
+    const int64_t cost = waves * (tiles + kCtaOverheadTiles) + (s > 1 ? kMergeTiles : 0);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_s = s;
+  }
+  plan.splits = int(best_s);
+  return plan;
+}
+
+Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p) {
+  const std::string where = "decode_attention: plan " + to_string(plan);
+  if (plan.head_dim != p.head_dim)
+    return Status::Invalid(where + " is for head dim " + std::to_string(plan.head_dim) + ", the call has " +
+                           std::to_string(p.head_dim));
+  bool built = false;
+  for (const DecodeTile& c : kDecodeTiles)
+    built = built || (c.head_dim == plan.head_dim && c.rows == plan.rows && c.warps == plan.warps &&
+                      c.stages == plan.stages && plan.block_n == 16 * c.warps);
+  if (!built) return Status::Invalid(where + ": no such kernel is built");
+  if (plan.splits < 1 || plan.splits > 65535) return Status::Invalid(where + ": splits must be 1 to 65535");
+  if (int64_t(decode_row_tiles(plan, p)) * p.heads_kv > 65535)
+    return Status::Invalid(where + ": kv heads x row tiles (" + std::to_string(decode_row_tiles(plan, p)) + " x " +
+                           std::to_string(p.heads_kv) + ") exceed the grid's 65535");
+  return Status::Ok();
+}
+
+size_t decode_workspace_bytes(const DecodePlan& plan, const DecodeParams& p) {
+  if (plan.splits <= 1) return 0;
+  const size_t rows = size_t(p.batch) * p.q_len * p.heads_q * plan.splits;
+  const size_t o = (rows * plan.head_dim * sizeof(float) + 255) / 256 * 256;
+  const size_t l = (rows * sizeof(float) + 255) / 256 * 256;
+  return o + l;
+}
+
+}  // namespace kernelforge

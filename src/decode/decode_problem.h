@@ -1,0 +1,96 @@
+// Internal description of one decode call (decode_attention, kv_append), shared by the CUDA
+// launchers and the float64 reference. validate_decode() / validate_kv_append() fill it from the
+// public TensorViews; they are the only places that check arguments.
+//
+// Addressing (element offsets): token t, head h of sequence b of q is at q + b * q_sb + t * q_st +
+// h * q_sh (columns contiguous; out and lse alike). Key j of kv head h of sequence b is at
+//   k_cache + page * k_sp + (j % page_size) * k_st + h * k_sh,
+//   page = block_table[b * bt_sb + j / page_size] (paged) or b (contiguous).
+#pragma once
+
+#include <cstdint>
+
+#include "kernelforge/decode.h"
+
+namespace kernelforge {
+
+struct DecodeParams {
+  const void* q = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;         // nullptr: not written
+  const void* sinks = nullptr;  // nullptr: no sinks; else [Hq] of float32 (sinks_float) or q's dtype
+  bool sinks_float = true;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* block_table = nullptr;  // nullptr: contiguous cache
+  int64_t q_sb = 0, q_st = 0, q_sh = 0;
+  int64_t o_sb = 0, o_st = 0, o_sh = 0;
+  int64_t lse_sb = 0, lse_st = 0;  // lse [B, Lq, Hq], head stride 1
+  int64_t k_sp = 0, k_st = 0, k_sh = 0;
+  int64_t v_sp = 0, v_st = 0, v_sh = 0;
+  int64_t bt_sb = 0;
+  int32_t batch = 0;
+  int32_t q_len = 0;
+  int32_t heads_q = 0;
+  int32_t heads_kv = 0;
+  int32_t group = 1;  // heads_q / heads_kv
+  int32_t rows = 0;   // group * q_len: the query rows of one (sequence, kv head)
+  int32_t head_dim = 0;
+  int32_t pages = 0;       // P: pages in the cache
+  int32_t page_size = 0;   // paged: a power of two; contiguous: the cache length
+  int32_t page_shift = 0;  // log2(page_size) when paged
+  int32_t max_pages = 0;   // block_table columns (paged)
+  int32_t capacity = 0;    // keys a sequence can hold: max_pages * page_size, or page_size
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  int32_t window_left = -1;
+  int64_t max_seq_len = 0;  // host upper bound of seq_lens (<= capacity), for the plan
+};
+
+struct DecodeCall {
+  const char* name = "decode_attention";
+  bool cuda = true;  // false: the CPU reference (float32 / float64 also accepted)
+  DecodeTensors t;
+  DecodeOptions opts;
+};
+
+// Checks every argument of `c` and fills `p`; `dtype` receives q's dtype.
+Status validate_decode(const DecodeCall& c, DecodeParams* p, DType* dtype);
+
+struct KvAppendParams {
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* block_table = nullptr;
+  int64_t k_sp = 0, k_st = 0, k_sh = 0;
+  int64_t v_sp = 0, v_st = 0, v_sh = 0;
+  int64_t kn_sb = 0, kn_st = 0, kn_sh = 0;  // new k [B, Lq, Hkv, D]
+  int64_t vn_sb = 0, vn_st = 0, vn_sh = 0;
+  int64_t bt_sb = 0;
+  int32_t batch = 0;
+  int32_t q_len = 0;
+  int32_t heads_kv = 0;
+  int32_t head_dim = 0;
+  int32_t pages = 0;
+  int32_t page_size = 0;
+  int32_t page_shift = 0;
+  int32_t max_pages = 0;
+  int32_t capacity = 0;
+};
+
+Status validate_kv_append(const char* name, bool cuda, const KvAppendTensors& t, KvAppendParams* p, DType* dtype);
+
+// ---- plan (decode_plan.cpp) ------------------------------------------------------------------------
+struct DeviceInfo;
+DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev);
+Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p);
+size_t decode_workspace_bytes(const DecodePlan& plan, const DecodeParams& p);
+// Row tiles per (sequence, kv head): ceil(rows / plan.rows).
+inline int32_t decode_row_tiles(const DecodePlan& plan, const DecodeParams& p) {
+  return (p.rows + plan.rows - 1) / plan.rows;
+}
+
+}  // namespace kernelforge

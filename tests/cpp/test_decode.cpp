@@ -1,0 +1,441 @@
+// The decode family on the GPU against the float64 reference (kernelforge::ref::decode_attention,
+// ref::kv_append), plus the planner and the argument checks.
+//
+// Every GPU case draws q, k in [-2, 2) and v in [-1, 1), fills the pages no sequence uses with NaN
+// (a read of one would poison the output), shuffles the block table, and runs the public entry (the
+// default plan) and then the same call with the key split forced to 1, 3 and 16, each on outputs
+// poisoned with NaN. Cases cover page sizes 1, 16, 64 and the contiguous cache (with a padded head
+// stride, as transformers' static cache gives), ragged lengths with 0, 1, 7 and 4097, q_len 1 to 8,
+// GQA groups 1, 4, 7, 8, 16, head dims 64, 128, 256, window, softcap, sinks (float32 and q's dtype),
+// lengths beyond the capacity and block-table entries outside the cache (clamped / read as zeros,
+// as the reference does).
+//
+// Tolerance (u: 2^-8 bfloat16, 2^-11 float16; |v| < 1): out is a convex combination of v rows with
+// P rounded to the dtype before P V (at most 2u) and rounded once more (u |out|); float32 logits
+// move P by e^(2 eps) with eps ~ 2^-14; softcap c adds c 2^-10 per logit (tanh.approx.f32).
+// lse: float32 sums over up to 4097 keys, 2e-3.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/device.h"
+#include "decode/decode_problem.h"
+#include "kernelforge/decode.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace kftest;
+namespace kf = kernelforge;
+using kf::DecodeOptions;
+using kf::DecodePlan;
+using kf::DecodeTensors;
+
+constexpr DType F16 = DType::kFloat16;
+constexpr DType BF16 = DType::kBFloat16;
+constexpr DType F32 = DType::kFloat32;
+constexpr DType I32 = DType::kInt32;
+
+enum class Sinks { kNone, kFloat32, kSameDtype };
+
+struct DecodeCase {
+  std::string name;
+  DType dtype = BF16;
+  int64_t Lq = 1, Hq = 8, Hkv = 2, D = 128;
+  int64_t page = 16;  // 0: contiguous cache
+  std::vector<int64_t> lens;
+  int64_t wl = -1;
+  float softcap = 0.0f;
+  Sinks sinks = Sinks::kNone;
+  bool lse = true;
+  int64_t bad_page_seq = -1;  // this sequence's first block-table entry points outside the cache
+  int64_t max_pages = 0;      // block-table columns (0: enough for the longest sequence)
+};
+
+void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
+
+// A strided device buffer: a host image uploaded whole (views address into it).
+struct Buffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit Buffer(size_t n) : bytes(n) {
+    if (cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
+  }
+  ~Buffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+TensorView make_view(void* data, DType t, std::vector<int64_t> shape, std::vector<int64_t> strides, bool cuda) {
+  TensorView v;
+  v.data = data;
+  v.dtype = t;
+  v.device = Device{cuda ? DeviceType::kCUDA : DeviceType::kCPU, 0};
+  v.ndim = int(shape.size());
+  for (int d = 0; d < v.ndim; ++d) v.shape[d] = shape[d], v.strides[d] = strides[d];
+  return v;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int d = int(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
+  return s;
+}
+
+class DecodeGpu : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DecodeGpu, MatchesReference) {
+  KF_NEED_GPU();
+  if (gpu_capability() < 80) GTEST_SKIP() << "decode attention needs sm_80";
+  const DecodeCase& c = GetParam();
+  const int64_t B = int64_t(c.lens.size()), Lq = c.Lq, Hq = c.Hq, Hkv = c.Hkv, D = c.D;
+  const size_t es = kf::dtype_size(c.dtype);
+  Rng rng(hash_str(c.name));
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(c.lens.begin(), c.lens.end()));
+
+  // cache geometry: paged [P, page, Hkv, D] with 2 spare pages; contiguous [B, cap, Hkv, D] with the
+  // head stride padded by 8 elements (a transposed static cache's strides)
+  const bool paged = c.page > 0;
+  const int64_t page = paged ? c.page : longest + 5;
+  const int64_t max_pages = !paged ? 1 : (c.max_pages > 0 ? c.max_pages : (longest + page - 1) / page + 1);
+  const int64_t P = paged ? B * max_pages + 2 : B;
+  std::vector<int64_t> cshape = {P, page, Hkv, D};
+  std::vector<int64_t> cstr =
+      paged ? contiguous_strides(cshape) : std::vector<int64_t>{Hkv * page * (D + 8), D + 8, page * (D + 8), 1};
+  const int64_t celems = P * cstr[0];
+  std::vector<double> kh(size_t(celems), std::nan("")), vh(size_t(celems), std::nan(""));
+  std::vector<int32_t> bt(size_t(B * max_pages), 0);
+  std::vector<int32_t> perm(static_cast<size_t>(P));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int64_t i = P - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % uint64_t(i + 1)]);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < max_pages; ++j) bt[b * max_pages + j] = perm[b * max_pages + j];
+  if (c.bad_page_seq >= 0) bt[c.bad_page_seq * max_pages] = int32_t(P + 3);
+  const int64_t capacity = paged ? max_pages * page : page;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < std::min(c.lens[b], capacity); ++j) {
+      const int64_t pg = paged ? bt[b * max_pages + j / page] : b;
+      if (pg < 0 || pg >= P) continue;
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t e = 0; e < D; ++e) {
+          const int64_t o = pg * cstr[0] + (j % page) * cstr[1] + h * cstr[2] + e;
+          kh[o] = round_to(c.dtype, rng.uniform(-2.0, 2.0));
+          vh[o] = round_to(c.dtype, rng.uniform(-1.0, 1.0));
+        }
+    }
+  HostTensor kc(c.dtype, {celems}), vc(c.dtype, {celems});
+  for (int64_t i = 0; i < celems; ++i) kc.set(i, kh[i]), vc.set(i, vh[i]);
+  HostTensor q = random_tensor(c.dtype, {B, Lq, Hq, D}, rng);
+  HostTensor lens(I32, {B}), table(I32, {B, max_pages});
+  for (int64_t b = 0; b < B; ++b) lens.set(b, double(c.lens[b]));
+  for (size_t i = 0; i < bt.size(); ++i) table.set(int64_t(i), bt[i]);
+  HostTensor sinks;
+  if (c.sinks != Sinks::kNone) sinks = random_tensor(c.sinks == Sinks::kFloat32 ? F32 : c.dtype, {Hq}, rng, -1.0, 3.0);
+
+  // reference on host views
+  HostTensor out_ref(c.dtype, {B, Lq, Hq, D}), lse_ref(F32, {B, Lq, Hq});
+  const TensorView hq = q.view(), hk = make_view(kc.bytes.data(), c.dtype, cshape, cstr, false),
+                   hv = make_view(vc.bytes.data(), c.dtype, cshape, cstr, false), hl = lens.view(), hb = table.view(),
+                   ho = out_ref.view(), hlse = lse_ref.view(), hs = sinks.view();
+  DecodeTensors rt;
+  rt.q = &hq, rt.k_cache = &hk, rt.v_cache = &hv, rt.seq_lens = &hl, rt.block_table = paged ? &hb : nullptr;
+  rt.out = &ho, rt.lse = c.lse ? &hlse : nullptr, rt.sinks = c.sinks != Sinks::kNone ? &hs : nullptr;
+  DecodeOptions o;
+  o.window_left = c.wl;
+  o.softcap = c.softcap;
+  KF_ASSERT_OK(kf::ref::decode_attention(rt, o));
+
+  // device copies
+  DeviceTensor dq(c.dtype, {B, Lq, Hq, D}), dl(I32, {B}), db(I32, {B, max_pages}), dout(c.dtype, {B, Lq, Hq, D}),
+      dlse(F32, {B, Lq, Hq});
+  DeviceTensor ds(sinks.dtype, {c.sinks != Sinks::kNone ? Hq : 1});
+  Buffer kbuf(size_t(celems) * es), vbuf(size_t(celems) * es);
+  ASSERT_TRUE(dq.ok() && dl.ok() && db.ok() && dout.ok() && dlse.ok() && kbuf.ptr && vbuf.ptr);
+  dq.upload(q), dl.upload(lens), db.upload(table);
+  if (c.sinks != Sinks::kNone) ds.upload(sinks);
+  KF_CUDA_CHECK(cudaMemcpy(kbuf.ptr, kc.bytes.data(), size_t(celems) * es, cudaMemcpyHostToDevice));
+  KF_CUDA_CHECK(cudaMemcpy(vbuf.ptr, vc.bytes.data(), size_t(celems) * es, cudaMemcpyHostToDevice));
+  const TensorView gq = dq.view(), gk = make_view(kbuf.ptr, c.dtype, cshape, cstr, true),
+                   gv = make_view(vbuf.ptr, c.dtype, cshape, cstr, true), gl = dl.view(), gb = db.view(),
+                   go = dout.view(), glse = dlse.view(), gs = ds.view();
+  DecodeTensors t;
+  t.q = &gq, t.k_cache = &gk, t.v_cache = &gv, t.seq_lens = &gl, t.block_table = paged ? &gb : nullptr;
+  t.out = &go, t.lse = c.lse ? &glse : nullptr, t.sinks = c.sinks != Sinks::kNone ? &gs : nullptr;
+
+  const double u = c.dtype == BF16 ? 1.0 / 256 : 1.0 / 2048;
+  const Tol tol_out{2 * u, 4 * u + 2 * c.softcap / 1024.0 + 1e-4};
+  const Tol tol_lse{2e-3, 2e-3 + c.softcap / 512.0};
+
+  DecodePlan plan;
+  size_t bytes = 0;
+  KF_ASSERT_OK(kf::decode_attention_plan(t, o, &plan, &bytes));
+  std::vector<DecodePlan> plans = {plan};
+  for (int s : {1, 3, 16}) {
+    DecodePlan p = plan;
+    p.splits = s;
+    plans.push_back(p);
+  }
+  kf::DecodeParams params;
+  DType dt;
+  kf::DecodeCall call;
+  call.t = t;
+  call.opts = o;
+  KF_ASSERT_OK(kf::validate_decode(call, &params, &dt));
+  for (const DecodePlan& p : plans) {
+    SCOPED_TRACE(kf::to_string(p));
+    dout.poison(), dlse.poison();
+    const size_t need = kf::decode_workspace_bytes(p, params);
+    Buffer ws(need > 0 ? need : 16);
+    KF_ASSERT_OK(kf::decode_attention(p, t, o, ws.ptr, need, nullptr));
+    KF_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(all_close("out", dout.download(), out_ref, tol_out));
+    if (c.lse) {
+      // -inf (a token that sees nothing) must match exactly; all_close refuses infinities
+      HostTensor got = dlse.download(), want = lse_ref;
+      for (int64_t i = 0; i < got.numel(); ++i)
+        if (std::isinf(want.get(i)) && got.get(i) == want.get(i)) got.set(i, 0.0), want.set(i, 0.0);
+      EXPECT_TRUE(all_close("lse", got, want, tol_lse));
+    }
+    EXPECT_TRUE(dout.check_untouched("out"));
+  }
+}
+
+std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> v;
+  auto add = [&](DecodeCase c) { v.push_back(c); };
+  for (DType t : {BF16, F16}) {
+    const std::string ts = t == BF16 ? "bf16" : "fp16";
+    for (int64_t D : {64, 128, 256}) {
+      DecodeCase c;
+      c.dtype = t, c.D = D, c.Hq = 8, c.Hkv = 2, c.lens = {1000, 7, 1, 300};
+      c.name = ts + "_d" + std::to_string(D) + "_p16";
+      add(c);
+    }
+    DecodeCase g;
+    g.dtype = t, g.lens = {4097, 0, 129};
+    for (int64_t grp : {1, 7, 16}) {
+      g.Hkv = 2, g.Hq = 2 * grp;
+      g.name = ts + "_group" + std::to_string(grp);
+      add(g);
+    }
+  }
+  DecodeCase c;
+  c.lens = {777, 33, 2000};
+  for (int64_t pg : {1, 64, 0}) {
+    c.page = pg;
+    c.name = "page" + std::to_string(pg);
+    add(c);
+  }
+  c.page = 16;
+  for (int64_t lq : {2, 4, 7, 8}) {  // multi-token: causal among the new tokens; group 4 x 8 = 32 rows
+    c.Lq = lq, c.Hq = 8, c.Hkv = 2;
+    c.name = "qlen" + std::to_string(lq);
+    add(c);
+  }
+  c.Lq = 3, c.Hq = 16, c.Hkv = 2, c.D = 64, c.name = "qlen3_group8_d64_rowtiles";  // 24 rows
+  add(c);
+  c.Lq = 4, c.Hq = 32, c.Hkv = 2, c.D = 128, c.name = "qlen4_group16_rowtiles";  // 64 rows: 2 tiles of 32
+  add(c);
+  c = DecodeCase{};
+  c.lens = {1500, 90, 3};
+  c.wl = 100, c.name = "window100";
+  add(c);
+  c.Lq = 4, c.name = "window100_qlen4";
+  add(c);
+  c = DecodeCase{};
+  c.lens = {1500, 90, 3, 0};
+  c.softcap = 5.0f, c.name = "softcap5";
+  add(c);
+  c.softcap = 0.0f, c.sinks = Sinks::kFloat32, c.name = "sinks_f32";
+  add(c);
+  c.sinks = Sinks::kSameDtype, c.dtype = F16, c.name = "sinks_fp16";
+  add(c);
+  c = DecodeCase{};
+  c.lens = {100, 5000, -3};  // 5000 > capacity (clamped), -3 -> 0
+  c.page = 16, c.max_pages = 8, c.name = "lengths_out_of_range";
+  add(c);
+  c.max_pages = 0, c.bad_page_seq = 0, c.lens = {100, 40, 60}, c.name = "page_out_of_range";
+  add(c);
+  c = DecodeCase{};
+  c.lse = false, c.lens = {2048}, c.name = "nolse_b1";
+  add(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DecodeGpu, ::testing::ValuesIn(decode_cases()),
+                         [](const ::testing::TestParamInfo<DecodeCase>& i) { return i.param.name; });
+
+// kv_append then decode_attention: the appended rows land where the reference puts them.
+TEST(DecodeGpuAppend, MatchesReference) {
+  KF_NEED_GPU();
+  if (gpu_capability() < 80) GTEST_SKIP() << "decode attention needs sm_80";
+  const int64_t B = 3, Lq = 2, Hkv = 2, D = 128, page = 16, max_pages = 8, P = B * max_pages;
+  Rng rng(7);
+  HostTensor kc = random_tensor(BF16, {P, page, Hkv, D}, rng), vc = random_tensor(BF16, {P, page, Hkv, D}, rng);
+  HostTensor kn = random_tensor(BF16, {B, Lq, Hkv, D}, rng), vn = random_tensor(BF16, {B, Lq, Hkv, D}, rng);
+  HostTensor lens(I32, {B}), table(I32, {B, max_pages});
+  const int32_t L[B] = {2, 77, 128};  // 128: the last two rows of page 7
+  for (int64_t b = 0; b < B; ++b) lens.set(b, L[b]);
+  for (int64_t i = 0; i < B * max_pages; ++i) table.set(i, double((i * 7) % P));
+  HostTensor kref = kc, vref = vc;
+  {
+    const TensorView a = kref.view(), bv = vref.view(), c = kn.view(), d = vn.view(), l = lens.view(), t = table.view();
+    kf::KvAppendTensors at;
+    at.k_cache = &a, at.v_cache = &bv, at.k = &c, at.v = &d, at.seq_lens = &l, at.block_table = &t;
+    KF_ASSERT_OK(kf::ref::kv_append(at));
+  }
+  DeviceTensor gk(BF16, {P, page, Hkv, D}), gv(BF16, {P, page, Hkv, D}), gkn(BF16, {B, Lq, Hkv, D}),
+      gvn(BF16, {B, Lq, Hkv, D}), gl(I32, {B}), gt(I32, {B, max_pages});
+  gk.upload(kc), gv.upload(vc), gkn.upload(kn), gvn.upload(vn), gl.upload(lens), gt.upload(table);
+  const TensorView a = gk.view(), bv = gv.view(), c = gkn.view(), d = gvn.view(), l = gl.view(), t = gt.view();
+  kf::KvAppendTensors at;
+  at.k_cache = &a, at.v_cache = &bv, at.k = &c, at.v = &d, at.seq_lens = &l, at.block_table = &t;
+  KF_ASSERT_OK(kf::kv_append(at, nullptr));
+  KF_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(bit_equal("k_cache", gk.download(), kref));
+  EXPECT_TRUE(bit_equal("v_cache", gv.download(), vref));
+}
+
+// ---- plan --------------------------------------------------------------------------------------
+
+kf::DecodeParams params_for(int64_t B, int64_t Lq, int64_t Hq, int64_t Hkv, int64_t D, int64_t max_len) {
+  kf::DecodeParams p;
+  p.batch = int32_t(B), p.q_len = int32_t(Lq), p.heads_q = int32_t(Hq), p.heads_kv = int32_t(Hkv);
+  p.group = int32_t(Hq / Hkv), p.rows = p.group * p.q_len, p.head_dim = int32_t(D);
+  p.capacity = int32_t(max_len), p.max_seq_len = max_len;
+  return p;
+}
+
+TEST(DecodePlan, SplitsFillTheGpu) {
+  kf::DeviceInfo h100;
+  h100.sm_count = 132, h100.capability = 90;
+  // batch 1, 8 kv heads, 8k keys: 8 CTAs unsplit; the split fills the SMs with >= 256 keys each
+  const DecodePlan b1 = kf::plan_decode(params_for(1, 1, 32, 8, 128, 8192), h100);
+  EXPECT_EQ(b1.rows, 16);
+  EXPECT_GE(b1.splits, 16);
+  EXPECT_LE(b1.splits, 32);
+  // batch 64 x 8 kv heads = 512 CTAs: already two waves, no split
+  EXPECT_EQ(kf::plan_decode(params_for(64, 1, 32, 8, 128, 2048), h100).splits, 1);
+  // short sequences are not split below 256 keys
+  EXPECT_EQ(kf::plan_decode(params_for(1, 1, 32, 8, 128, 200), h100).splits, 1);
+  // 32 rows when group x q_len > 16; d256 has only the 16-row tile
+  EXPECT_EQ(kf::plan_decode(params_for(4, 4, 32, 4, 128, 1024), h100).rows, 32);
+  EXPECT_EQ(kf::plan_decode(params_for(4, 4, 32, 4, 256, 1024), h100).rows, 16);
+  const DecodePlan p = kf::plan_decode(params_for(2, 1, 16, 2, 64, 4096), h100);
+  EXPECT_TRUE(kf::check_decode_plan(p, params_for(2, 1, 16, 2, 64, 4096)).ok());
+  EXPECT_EQ(kf::to_string(p).rfind("decode d=64 rows=16 tile=64 warps=4 stages=4 splits=", 0), 0u) << kf::to_string(p);
+  DecodePlan bad = p;
+  bad.stages = 5;
+  KF_EXPECT_INVALID(kf::check_decode_plan(bad, params_for(2, 1, 16, 2, 64, 4096)), "no such kernel");
+  EXPECT_EQ(kf::decode_workspace_bytes(b1, params_for(1, 1, 32, 8, 128, 8192)),
+            size_t((32 * b1.splits * 128 * 4 + 255) / 256 * 256 + (32 * b1.splits * 4 + 255) / 256 * 256));
+}
+
+// ---- validation --------------------------------------------------------------------------------
+
+struct ValidationViews {
+  TensorView q = cuda_view(BF16, {2, 1, 8, 128}, 0, uintptr_t{1} << 40);
+  TensorView k = cuda_view(BF16, {16, 16, 2, 128}, 0, uintptr_t{2} << 40);
+  TensorView v = cuda_view(BF16, {16, 16, 2, 128}, 0, uintptr_t{3} << 40);
+  TensorView lens = cuda_view(I32, {2}, 0, uintptr_t{4} << 40);
+  TensorView bt = cuda_view(I32, {2, 8}, 0, uintptr_t{5} << 40);
+  TensorView out = cuda_view(BF16, {2, 1, 8, 128}, 0, uintptr_t{6} << 40);
+  DecodeTensors t() const {
+    DecodeTensors x;
+    x.q = &q, x.k_cache = &k, x.v_cache = &v, x.seq_lens = &lens, x.block_table = &bt, x.out = &out;
+    return x;
+  }
+};
+
+kf::Status validate(const DecodeTensors& t, DecodeOptions o = {}) {
+  kf::DecodeCall c;
+  c.t = t;
+  c.opts = o;
+  kf::DecodeParams p;
+  DType d;
+  return kf::validate_decode(c, &p, &d);
+}
+
+TEST(DecodeValidation, AcceptsAndRejects) {
+  ValidationViews w;
+  EXPECT_TRUE(validate(w.t()).ok()) << validate(w.t()).message();
+  {
+    ValidationViews x;
+    x.q = cuda_view(BF16, {2, 8, 128});
+    KF_EXPECT_INVALID(validate(x.t()), "q must have 4 dimensions");
+  }
+  {
+    ValidationViews x;
+    x.q = cuda_view(BF16, {2, 1, 8, 96}), x.out = cuda_view(BF16, {2, 1, 8, 96}, 0, uintptr_t{6} << 40);
+    x.k = cuda_view(BF16, {16, 16, 2, 96}, 0, uintptr_t{2} << 40),
+    x.v = cuda_view(BF16, {16, 16, 2, 96}, 0, uintptr_t{3} << 40);
+    KF_EXPECT_INVALID(validate(x.t()), "head dim must be 64, 128 or 256");
+  }
+  {
+    ValidationViews x;
+    x.q = cuda_view(BF16, {2, 1, 7, 128}), x.out = cuda_view(BF16, {2, 1, 7, 128}, 0, uintptr_t{6} << 40);
+    KF_EXPECT_INVALID(validate(x.t()), "multiple of k_cache's kv heads");
+  }
+  {
+    ValidationViews x;
+    x.k.dtype = F16;
+    KF_EXPECT_INVALID(validate(x.t()), "k_cache must have q's dtype");
+  }
+  {
+    ValidationViews x;
+    x.lens.dtype = DType::kInt64;
+    KF_EXPECT_INVALID(validate(x.t()), "seq_lens must be int32");
+  }
+  {
+    ValidationViews x;
+    x.bt = cuda_view(I32, {3, 8}, 0, uintptr_t{5} << 40);
+    KF_EXPECT_INVALID(validate(x.t()), "block_table must have 2 rows");
+  }
+  {
+    ValidationViews x;
+    x.k = cuda_view(BF16, {16, 12, 2, 128}, 0, uintptr_t{2} << 40),
+    x.v = cuda_view(BF16, {16, 12, 2, 128}, 0, uintptr_t{3} << 40);
+    KF_EXPECT_INVALID(validate(x.t()), "power of two");
+  }
+  {
+    ValidationViews x;
+    x.v = cuda_view(BF16, {16, 16, 2, 64}, 0, uintptr_t{3} << 40);
+    KF_EXPECT_INVALID(validate(x.t()), "v_cache must have k_cache's shape");
+  }
+  {
+    ValidationViews x;
+    x.k.data = reinterpret_cast<void*>((uintptr_t{2} << 40) + 2);
+    KF_EXPECT_INVALID(validate(x.t()), "k_cache must start at a 16-byte aligned address");
+  }
+  {
+    ValidationViews x;
+    DecodeTensors t = x.t();
+    t.block_table = nullptr;  // contiguous: 16 pages >= 2 sequences
+    EXPECT_TRUE(validate(t).ok());
+    x.k = cuda_view(BF16, {1, 16, 2, 128}, 0, uintptr_t{2} << 40),
+    x.v = cuda_view(BF16, {1, 16, 2, 128}, 0, uintptr_t{3} << 40);
+    t = x.t();
+    t.block_table = nullptr;
+    KF_EXPECT_INVALID(validate(t), "at least one page per sequence");
+  }
+  {
+    DecodeOptions o;
+    o.window_left = -2;
+    KF_EXPECT_INVALID(validate(w.t(), o), "window_left");
+  }
+  {
+    ValidationViews x;
+    TensorView s = cuda_view(F32, {4}, 0, uintptr_t{7} << 40);
+    DecodeTensors t = x.t();
+    t.sinks = &s;
+    KF_EXPECT_INVALID(validate(t), "sinks must have shape [8]");
+  }
+}
+
+}  // namespace
