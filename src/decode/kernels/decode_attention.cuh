@@ -106,7 +106,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     const KeyRange kr = key_range<kBlockN>(p, b, r_first, r_first + rows_here - 1, split, splits);
 
     // ---- Q tile (element loads: q may have any alignment; kRows x D elements, read once) ----
-    for (int i = tid; i < kRows * kD / 2; i += kThreads) {
+    static_assert((kRows * kD / 2) % kThreads == 0, "Q tile split over threads");
+#pragma unroll
+    for (int k = 0; k < kRows * kD / 2 / kThreads; ++k) {  // unrolled: every load in flight at once
+      const int i = tid + k * kThreads;
       const int r = i / (kD / 2), c = 2 * (i % (kD / 2));
       uint32_t w = 0u;
       if (r < rows_here) {
@@ -123,38 +126,48 @@ __global__ void __launch_bounds__(kWarps * 32)
     const uint16_t* vbase = static_cast<const uint16_t*>(p.v_cache) + hkv * p.v_sh + cc * 8;
     const int32_t* bt = p.block_table != nullptr ? p.block_table + b * p.bt_sb : nullptr;
     const int32_t page_mask = p.page_size - 1;
-    auto load_tile = [&](int tile_start, int stage) {
+    // The page of each of this thread's rows of a tile, read from the block table one tile ahead of
+    // its copy (the read's latency then overlaps a tile of compute); -1: no row or out of range.
+    auto fetch_pages = [&](int tile_start, int32_t(&pg)[kLoadRows]) {
+#pragma unroll
+      for (int i = 0; i < kLoadRows; ++i) {
+        const int32_t j = tile_start + r0 + i * kRowStep;
+        int32_t page = -1;
+        if (j < kr.end) {
+          page = bt != nullptr ? __ldg(bt + (j >> p.page_shift)) : b;
+          page = page >= 0 && page < p.pages ? page : -1;
+        }
+        pg[i] = page;
+      }
+    };
+    auto load_tile = [&](int tile_start, int stage, const int32_t(&pg)[kLoadRows]) {
       uint16_t* sk = skv + stage * 2 * kBlockN * kStride;
       uint16_t* sv = sk + kBlockN * kStride;
 #pragma unroll
       for (int i = 0; i < kLoadRows; ++i) {
         const int r = r0 + i * kRowStep;
         const int32_t j = tile_start + r;
-        bool ok = j < kr.end;
-        int64_t koff = 0, voff = 0;
-        if (ok) {
-          int32_t page, row;
-          if (bt != nullptr) {
-            page = __ldg(bt + (j >> p.page_shift));
-            row = j & page_mask;
-            ok = page >= 0 && page < p.pages;
-          } else {
-            page = b;
-            row = j;
-          }
-          koff = page * p.k_sp + row * p.k_st;
-          voff = page * p.v_sp + row * p.v_st;
-        }
-        cp_async16(smem_addr(sk + r * kStride + cc * 8), ok ? kbase + koff : kbase, ok);
-        cp_async16(smem_addr(sv + r * kStride + cc * 8), ok ? vbase + voff : vbase, ok);
+        const bool ok = pg[i] >= 0;
+        const int32_t row = bt != nullptr ? (j & page_mask) : j;
+        const int64_t koff = ok ? pg[i] * p.k_sp + row * p.k_st : 0;
+        const int64_t voff = ok ? pg[i] * p.v_sp + row * p.v_st : 0;
+        cp_async16(smem_addr(sk + r * kStride + cc * 8), kbase + koff, ok);
+        cp_async16(smem_addr(sv + r * kStride + cc * 8), vbase + voff, ok);
       }
     };
 
     const int n_tiles = (kr.end - kr.start + kBlockN - 1) / kBlockN;
+    int32_t pages[kLoadRows];  // the pages of the next tile to copy
+    {
+      int32_t first[kStages - 1][kLoadRows];  // every table read of the prologue in flight at once
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) load_tile(kr.start + s * kBlockN, s);
-      cp_async_commit();
+      for (int s = 0; s < kStages - 1; ++s) fetch_pages(kr.start + s * kBlockN, first[s]);
+#pragma unroll
+      for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_tiles) load_tile(kr.start + s * kBlockN, s, first[s]);
+        cp_async_commit();
+      }
+      fetch_pages(kr.start + (kStages - 1) * kBlockN, pages);
     }
 
     // ---- per-thread rows: mb * 16 + g + 8 * half; their last visible key and first one ----
@@ -194,7 +207,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int it = 0; it < n_tiles; ++it) {
       {
         const int nt = it + kStages - 1;
-        if (nt < n_tiles) load_tile(kr.start + nt * kBlockN, nt % kStages);
+        if (nt < n_tiles) {
+          load_tile(kr.start + nt * kBlockN, nt % kStages, pages);
+          fetch_pages(kr.start + (nt + 1) * kBlockN, pages);
+        }
         cp_async_commit();
       }
       cp_async_wait<kStages - 1>();
