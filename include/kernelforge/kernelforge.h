@@ -6,6 +6,7 @@
 #include "kernelforge/activation.h"
 #include "kernelforge/attention.h"
 #include "kernelforge/cross_entropy.h"
+#include "kernelforge/decode.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
 #include "kernelforge/softmax.h"

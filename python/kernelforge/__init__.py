@@ -6,6 +6,8 @@
     q, k = kf.apply_rope(q, k, cos, sin)  # HF Llama rotate-half RoPE on q and k in one call
     p = kf.softmax(scores, dim=-1)  # torch.softmax semantics, one fused kernel per direction
     o = kf.attention(q, k, v, causal=True)  # flash attention forward, [B, S, H, D] (GQA, varlen, ...)
+    kf.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)   # new keys/values into a paged cache
+    o = kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table)  # decode against that cache
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
@@ -20,6 +22,7 @@ from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
+from .decode import decode_attention, kv_append
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
 from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
@@ -55,6 +58,8 @@ __all__ = [
     "log_softmax",
     "attention",
     "scaled_dot_product_attention",
+    "decode_attention",
+    "kv_append",
     "patch",
     "unpatch",
     "PatchReport",

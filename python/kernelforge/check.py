@@ -2,10 +2,12 @@
 
 The ops, their check shapes (one per code path: one row, N = 1, odd N, long rows, ...; RoPE: GQA,
 MQA, decode, partial rotary, odd head_dim; cross-entropy: vocabularies from 7 to 262144; attention:
-every head dim pair, GQA / MQA, Sq != Sk both ways, ragged varlen) and variants
+every head dim pair, GQA / MQA, Sq != Sk both ways, ragged varlen; decode_attention: every head dim,
+GQA groups 1 .. 16, 1 .. 8 new tokens, ragged lengths with an empty sequence, 32 K keys) and variants
 (with / without weight and bias; AdaLN kinds and scale shapes; GELU erf / tanh, gate first / second;
 RoPE pairings, layouts and cos/sin tables; loss reductions and options; attention causal, window,
-softcap, sinks, layouts, lse; gradients of q, k, v, sinks with the deterministic backward) are the specs of
+softcap, sinks, layouts, lse; gradients of q, k, v, sinks with the deterministic backward; decode:
+page sizes, contiguous and static caches, window, softcap, sinks, lse) are the specs of
 kernelforge.specs. For each op, dtype, shape and variant, on fresh random data:
 
   * the GPU result through the public API (kf.*, autograd for the gradients) is compared with
@@ -60,6 +62,15 @@ def variant_label(v: dict) -> str:
             parts.append("causal")
         if v.get("window"):
             parts.append("window=({},{})".format(*v["window"]))
+        if v.get("softcap"):
+            parts.append(f"softcap={v['softcap']:g}")
+        for key in ("sinks", "lse"):
+            if v.get(key):
+                parts.append(key)
+    if "page" in v:  # the decode family
+        parts.append("static_cache" if v.get("static") else "contiguous" if v["page"] == 0 else f"page={v['page']}")
+        if v.get("window_left", -1) >= 0:
+            parts.append(f"window_left={v['window_left']}")
         if v.get("softcap"):
             parts.append(f"softcap={v['softcap']:g}")
         for key in ("sinks", "lse"):

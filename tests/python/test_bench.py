@@ -17,7 +17,8 @@ import torch
 
 from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
-from kernelforge.specs import GROUPS, OPS, SPECS, TOL, AttnShape, FlceShape, RopeShape, shape_label, shape_rows
+from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, DecodeShape, FlceShape, RopeShape, shape_label,
+                               shape_rows)
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
 
@@ -25,7 +26,7 @@ LLAMA = RopeShape(4, 4096, 32, 8, 128)
 CPU = torch.device("cpu")
 # one small shape of each kind, for inputs and smoke runs on the CPU
 SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
-         "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True)}
+         "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -88,10 +89,10 @@ def test_tolerance_table():
 
 
 def test_families_and_groups():
-    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention")
+    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
-    assert GROUPS["attention"] == ("attention",)
-    assert OPS[-3:] == ("cross_entropy", "fused_linear_cross_entropy", "attention")
+    assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention",)
+    assert OPS[-4:] == ("cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
 
 
@@ -121,6 +122,56 @@ def test_attention_flops_and_shapes():
     cases = runner.plan_cases(["attention"], None, ["bf16", "fp32"])
     assert cases and {dt for _, _, dt in cases} == {"bf16"}
     assert not s.peer_applies("cudnn", AttnShape(8, 16, 16, 4096, 4096, 128, 128, True, True))
+
+
+def test_decode_bytes_and_shapes():
+    """Every key and value row once per kv head plus q and out: 2 * B * kv * Hkv * D + 2 * B * Lq * Hq * D
+    elements; FLOPs 4 * Hq * D per visible pair (token t of Lq sees kv - Lq + t + 1 keys); the shape
+    form b{B}h{Hq}/{Hkv}kv{kv}d{D}p{page}[q{Lq}]; forward only, every default shape decode-sized (fwd_graph,
+    fwd_call); flash2 (no mask) only for Lq = 1."""
+    s = SPECS["decode_attention"]
+    sh = DecodeShape(8, 32, 8, 32768, 128, 16)
+    assert s.traffic(sh, "fwd", 2) == (2 * 8 * 32768 * 8 * 128 + 2 * 8 * 32 * 128) * 2
+    assert s.traffic(sh, "fwd_graph", 2) == s.traffic(sh, "fwd", 2)
+    assert s.flop_count(sh, "fwd") == 4 * 32 * 128 * 8 * 32768
+    q4 = DecodeShape(16, 32, 8, 4096, 128, 16, 4)
+    assert s.flop_count(q4, "fwd") == 4 * 32 * 128 * 16 * (4093 + 4094 + 4095 + 4096)
+    assert str(sh) == "b8h32/8kv32768d128p16" and str(q4) == "b16h32/8kv4096d128p16q4"
+    assert str(DecodeShape(2, 8, 8, 100, 64, 0)) == "b2h8kv100d64p0"
+    got = runner.parse_shapes("b1h32/8kv8192d128p16,b16h32/8kv4096d128p16q4,B2H8KV100D64P0")
+    assert got == [DecodeShape(1, 32, 8, 8192, 128, 16), q4, DecodeShape(2, 8, 8, 100, 64, 0)]
+    for text in ("b1h32/8kv8192d128p3", "b1h32/5kv8192d128p16", "b1h32/8kv2d128p16q4", "b0h32/8kv8d128p16"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            runner.parse_shapes(text)
+    assert {(x.b, x.kv, x.page, x.lq) for x in s.shapes} == {
+        (1, 8192, 16, 1), (16, 4096, 16, 1), (64, 2048, 16, 1), (8, 32768, 16, 1), (16, 4096, 1, 1), (16, 4096, 16, 4)}
+    assert s.modes == ("fwd",) and s.bound == "memory" and s.dtypes == (torch.bfloat16, torch.float16)
+    assert runner.modes_for(shape_rows(q4), list(report.MODES), s) == ["fwd", "fwd_graph", "fwd_call"]
+    assert s.peer_applies("flash2", sh) and not s.peer_applies("flash2", q4) and s.peer_applies("cudnn", q4)
+    assert [c[0] for c in runner.plan_cases(["decode_attention"], None, ["bf16", "fp32"])] == ["decode_attention"] * 6
+
+
+def test_decode_bench_inputs_cpu():
+    """The paged bench cache holds the static cache's rows, page by page through the block table (a
+    permutation); p0 passes the static cache's transpose view; the eager peer and the reference agree."""
+    from kernelforge.specs.decode import decode_ref
+
+    s = SPECS["decode_attention"]
+    for sh in (DecodeShape(2, 4, 2, 40, 64, 16), DecodeShape(2, 4, 2, 40, 64, 0), DecodeShape(2, 4, 1, 9, 64, 4, 3)):
+        t = s.inputs(sh, torch.float32, CPU, torch.Generator().manual_seed(0))
+        k = t["k_static"].transpose(1, 2)
+        if sh.page:
+            table = t["block_table"]
+            assert sorted(table.flatten().tolist()) == list(range(table.numel()))
+            for b in range(sh.b):
+                for j in range(sh.kv):
+                    assert torch.equal(t["k_cache"][table[b, j // sh.page], j % sh.page], k[b, j])
+        else:
+            assert t["block_table"] is None and t["k_cache"].data_ptr() == t["k_static"].data_ptr()
+        want, _ = decode_ref(t["q"], t["k_cache"], t["v_cache"], t["seq_lens"], t["block_table"])
+        got = s.peer("eager")(t)[0]
+        assert got.shape == (sh.b, sh.lq, sh.hq, sh.d)
+        assert (got.double() - want).abs().max().item() < 1e-5
 
 
 def test_rope_bytes():
@@ -334,7 +385,7 @@ def test_bench_smoke_cpu(tmp_path, capsys):
 def test_bench_smoke_cpu_every_family(tmp_path):
     """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
     has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
-    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn"))
+    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)
         ops = OPS
@@ -381,7 +432,8 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "gelu_and_mul": ((2, 9),), "geglu": ((2, 9),), "gelu": ((2, 9),), "softmax": ((3, 50),),
                     "log_softmax": ((3, 50),), "apply_rope": ((1, 3, 2, 1, 16, 8), (2, 4, 3, 3, 10, 10)),
                     "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7)),
-                    "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128))}  # windows of 16..32
+                    "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128)),  # windows of 16..32
+                    "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20))}
 
 
 def _tally(kf, op, dtype):
@@ -421,6 +473,24 @@ def test_check_attention_catches(kf, broken):
         return kf.attention(q, k, v, **kw)
 
     tally = _tally(types.SimpleNamespace(attention=attention), "attention", torch.bfloat16)
+    assert tally.failures
+
+
+@pytest.mark.parametrize("broken", ["window", "sinks", "block_table"])
+def test_check_decode_catches(kf, broken):
+    """The oracles catch a shifted window, ignored sinks and a block table read as the identity (NaN
+    pages)."""
+
+    def decode_attention(q, k_cache, v_cache, seq_lens, block_table, **kw):
+        if broken == "window" and kw["window_left"] >= 0:
+            kw["window_left"] += 1
+        if broken == "sinks":
+            kw["sinks"] = None
+        if broken == "block_table" and block_table is not None:
+            block_table = torch.arange(block_table.numel(), dtype=torch.int32).view_as(block_table) % k_cache.shape[0]
+        return kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table, **kw)
+
+    tally = _tally(types.SimpleNamespace(decode_attention=decode_attention), "decode_attention", torch.bfloat16)
     assert tally.failures
 
 

@@ -12,7 +12,8 @@ import re
 
 import torch
 
-from ..specs import FAMILIES, SPECS, TOL, AttnShape, FlceShape, OpSpec, RopeShape, base_mode, shape_label, shape_rows
+from ..specs import (FAMILIES, SPECS, TOL, AttnShape, DecodeShape, FlceShape, OpSpec, RopeShape, base_mode,
+                     shape_label, shape_rows)
 from ..specs._spec import last_plan
 from .report import DTYPES, Result
 from .timing import Timer
@@ -22,6 +23,8 @@ ROPE_SHAPE_RE = re.compile(r"b(\d+)s(\d+)h(\d+)/(\d+)d(\d+)")
 FLCE_SHAPE_RE = re.compile(r"t(\d+)h(\d+)v(\d+)")
 # the anchors' attention form: b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen]
 ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(\d+))?(c)?(-varlen)?")
+# decode_attention: b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (p0: a contiguous cache)
+DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d+))?")
 
 
 # ---- shapes and cases -----------------------------------------------------------------------------
@@ -29,7 +32,8 @@ ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(
 
 def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
-    FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape."""
+    FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape;
+    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -52,6 +56,16 @@ def parse_shapes(text: str) -> list[tuple]:
                                                  "and varlen shapes have Sk = Sq")
             shapes.append(a)
             continue
+        m = DECODE_SHAPE_RE.fullmatch(item)
+        if m:
+            b, hq, hk, kv, d, page, lq = m.groups()
+            ds = DecodeShape(int(b), int(hq), int(hk or hq), int(kv), int(d), int(page), int(lq or 1))
+            if min(ds.b, ds.hq, ds.hk, ds.kv, ds.d, ds.lq) == 0 or ds.hq % ds.hk or ds.lq > ds.kv or (
+                    ds.page & (ds.page - 1)):
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0, Hq a multiple of Hkv, "
+                                                 "Lq at most kv and the page size a power of two (p0: contiguous)")
+            shapes.append(ds)
+            continue
         m = ROPE_SHAPE_RE.fullmatch(item)
         if m:
             rs = RopeShape(*(int(v) for v in m.groups()))
@@ -66,7 +80,9 @@ def parse_shapes(text: str) -> list[tuple]:
                                              "b{B}s{S}h{Hq}/{Hk}d{D} (apply_rope), e.g. b4s4096h32/8d128, "
                                              "nor t{T}h{H}v{V} (fused_linear_cross_entropy), "
                                              "nor b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] "
-                                             "(attention), e.g. b4h32/8s4096d128c")
+                                             "(attention), e.g. b4h32/8s4096d128c, nor "
+                                             "b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (decode_attention), "
+                                             "e.g. b16h32/8kv4096d128p16")
         shapes.append((int(parts[0]), int(parts[1])))
     if not shapes:
         raise argparse.ArgumentTypeError("--shapes is empty")
@@ -76,6 +92,8 @@ def parse_shapes(text: str) -> list[tuple]:
 def _kind(shape) -> str:
     if isinstance(shape, AttnShape):
         return "attn"
+    if isinstance(shape, DecodeShape):
+        return "decode"
     return "rope" if isinstance(shape, RopeShape) else "flce" if isinstance(shape, FlceShape) else "rows"
 
 

@@ -1,10 +1,10 @@
 """The op spec: everything `kforge bench`, `kforge check` and the tests need to know about one op.
 
 An op is described once, in its family's module (specs/norm.py, activation.py, rope.py, softmax.py,
-cross_entropy.py): how to make inputs for a shape, the minimum bytes and nominal FLOPs it must move
-and do, how kernelforge and the peers compute it, its float64 reference, the shapes the bench times
-and the shapes and variants `kforge check` runs. Adding an op is adding one OpSpec to its family's
-module (and its name to the family's SPECS tuple).
+cross_entropy.py, attention.py, decode.py): how to make inputs for a shape, the minimum bytes and
+nominal FLOPs it must move and do, how kernelforge and the peers compute it, its float64 reference,
+the shapes the bench times and the shapes and variants `kforge check` runs. Adding an op is adding
+one OpSpec to its family's module (and its name to the family's SPECS tuple).
 
 Bench inputs use the names of the op's keyword arguments plus the incoming gradients (`dy`, or one
 per output: `dq_out`, `dk_out`); check inputs add the variant's optional tensors.
@@ -118,19 +118,39 @@ class AttnShape(NamedTuple):
         return s + ("c" if self.causal else "") + ("-varlen" if self.varlen else "")
 
 
+class DecodeShape(NamedTuple):
+    """A decode_attention bench shape, written b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}]: B sequences
+    of kv cached keys each (the Lq new tokens included), Hq / Hkv heads, head dim D, page size (p0: a
+    contiguous cache, transformers' static-cache layout), Lq new tokens per sequence (default 1)."""
+
+    b: int
+    hq: int
+    hk: int
+    kv: int
+    d: int
+    page: int
+    lq: int = 1
+
+    def __str__(self) -> str:
+        s = f"b{self.b}h{self.hq}" + (f"/{self.hk}" if self.hk != self.hq else "")
+        return s + f"kv{self.kv}d{self.d}p{self.page}" + (f"q{self.lq}" if self.lq != 1 else "")
+
 
 def shape_label(shape: tuple) -> str:
-    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's own form."""
-    return str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape)) else f"{shape[0]}x{shape[1]}"
+    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's / DecodeShape's own form."""
+    return (str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape, DecodeShape))
+            else f"{shape[0]}x{shape[1]}")
 
 
 def shape_rows(shape: tuple) -> int:
     """Rows of a bench shape (apply_rope: tokens B*S; the fused loss: tokens; attention: query
-    tokens, B*Sq)."""
+    tokens, B*Sq; decode_attention: new tokens, B*Lq)."""
     if isinstance(shape, RopeShape):
         return shape.b * shape.s
     if isinstance(shape, AttnShape):
         return shape.b * shape.sq
+    if isinstance(shape, DecodeShape):
+        return shape.b * shape.lq
     if isinstance(shape, FlceShape):
         return shape.t
     return shape[0]
@@ -144,8 +164,8 @@ Tensors = dict  # name -> tensor (or None for an absent optional tensor)
 @dataclass(frozen=True)
 class OpSpec:
     name: str  # kf.<name>: the bench and check case name
-    family: str  # norm | activation | rope | softmax | loss | attention (the CLI's op groups)
-    shape_kind: str  # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape)
+    family: str  # norm | activation | rope | softmax | loss | attention | decode (the CLI's op groups)
+    shape_kind: str  # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode
 
     # -- bench --
     inputs: Callable[[tuple, torch.dtype, Any, torch.Generator], Tensors]  # fresh random inputs + grads

@@ -1,0 +1,174 @@
+"""The decode family: the fake (meta) implementations of its ops (kernelforge::decode_attention and
+kernelforge::kv_append) and the functional API. Inference only: no autograd.
+
+The ops live in C++ (`torch/kf_decode.cpp`; the contract and formula in include/kernelforge/decode.h);
+arguments are validated there. Per sequence b (n = seq_lens[b], the Lq new tokens included), new
+token t (position i = n - Lq + t) and query head h:
+
+    key j visible when j <= i and (window_left < 0 or j >= i - window_left)
+    s_j  = scale * q . k_j                       (scale None: 1 / sqrt(D))
+    s_j  = softcap * tanh(s_j / softcap)         (softcap > 0, Gemma 2)
+    out  = softmax over the visible j (and the sink logit sinks[h], gpt-oss) of s_j, times v_j
+    lse  = log of the softmax denominator (natural log, float32)
+
+A token that sees no key (an empty sequence) gets out = 0 (never NaN), lse = -inf (or sinks[h]).
+GQA / MQA: Hq a multiple of Hkv, query head h reads kv head h // (Hq // Hkv). D in {64, 128, 256};
+CUDA: float16 / bfloat16 (float32 softmax math); CPU tensors run the float64 C++ reference.
+
+The cache: k_cache / v_cache [P, page_size, Hkv, D] (any strides, the last one 1; v's may differ from
+k's). Paged (a ``block_table`` int32 [B, max_pages]): key j of sequence b is row j % page_size of page
+block_table[b, j // page_size]; page_size a power of two. Contiguous (no block_table): sequence b is
+page b, page_size the cache length; transformers' static cache (B, Hkv, max_len, D) is
+``static_cache_view(cache)``. ``seq_lens`` (int32 [B]) is read by the kernels only, never by the host:
+a CUDA graph captured once replays for any new lengths, and torch.compile traces nothing new.
+Out-of-range lengths are clamped to [0, capacity] and out-of-range pages read zeros (kv_append skips
+them): no out-of-bounds access, but a wrong answer; ``check=True`` reports such inputs (a host read of
+seq_lens and block_table: a synchronization, eager only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._ops import _ops
+
+
+# ---- fake implementations -------------------------------------------------------------------------
+
+
+@torch.library.register_fake("kernelforge::decode_attention")
+def _decode_attention_fake(q, k_cache, v_cache, seq_lens, block_table, *, scale, window_left, softcap, sinks,
+                           max_seq_len, return_lse):
+    # The C++ impl's shapes (kf_decode.cpp): out contiguous with q's shape and dtype; lse float32
+    # [B, Lq, Hq] or [0]. max_seq_len and the lengths are not read: new values trace nothing new.
+    if q.dim() != 4:
+        raise ValueError(f"decode_attention: q must have 4 dimensions [B, Lq, Hq, D], got {q.dim()}")
+    lse_shape = tuple(q.shape[:3]) if return_lse else (0,)
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("kernelforge::kv_append")
+def _kv_append_fake(k_cache, v_cache, k, v, seq_lens, block_table):
+    return None
+
+
+# ---- functional API -------------------------------------------------------------------------------
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    return_lse: bool = False,
+    check: bool = False,
+):
+    """Attention of the Lq newest tokens of each sequence against its KV cache: returns out
+    [B, Lq, Hq, D] (q's dtype, contiguous), or (out, lse) with ``return_lse=True`` (lse float32
+    [B, Lq, Hq], natural log). No autograd: inputs that require grad give outputs that do not.
+
+    q [B, Lq, Hq, D]: Lq = 1 for plain decoding, 2..8 (up to 64) to verify speculated tokens, causal
+    among themselves (bottom-right: token t sees keys j <= seq_lens[b] - Lq + t). k_cache / v_cache
+    [P, page_size, Hkv, D] with ``block_table`` int32 [B, max_pages] (paged), or without it contiguous
+    (sequence b in page b; ``static_cache_view`` turns transformers' static cache into one).
+    ``seq_lens`` int32 [B]: keys in the cache per sequence, the Lq new ones included (append them
+    first with ``kv_append``).
+
+    ``window_left`` >= 0: keys at most that far before the token's position (a sliding window of W
+    keys including the token itself: W - 1); -1 (or None) unbounded. ``softcap`` > 0: logits pass
+    through ``softcap * tanh(s / softcap)``. ``sinks``: a per-query-head logit [Hq] (float32 or q's
+    dtype) added to every softmax denominator. ``max_seq_len``: a host upper bound of every seq_len
+    (sizes the split of the keys); None: the cache capacity (always correct, more idle blocks). A bound
+    below a real length is the caller's broken promise: keys past it may be ignored.
+
+    ``check=True`` reads seq_lens and block_table on the host (a synchronization; eager debugging) and
+    raises ValueError for a length above the capacity (max_pages * page_size, or page_size when
+    contiguous) or below Lq (0, an empty slot, is allowed), and for a block_table entry outside [0, P)
+    among the pages a sequence uses.
+    """
+    if check:
+        _check_cache_args("decode_attention", q, k_cache, seq_lens, block_table, append=False)
+    out, lse = _ops.decode_attention(
+        q, k_cache, v_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
+        window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0), sinks=sinks,
+        max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
+def kv_append(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    check: bool = False,
+) -> None:
+    """Write the keys and values of the Lq newest tokens into the cache, in place: k, v [B, Lq, Hkv, D]
+    (the caches' dtype) go to positions seq_lens[b] - Lq + t of sequence b. ``seq_lens`` are the
+    lengths after the append, the ones decode_attention then takes. Rows whose position falls outside
+    [0, capacity) or whose page is out of range are skipped (an empty slot, seq_lens 0, writes nothing).
+    No autograd. ``check=True``: as decode_attention's, over the pages the new rows go to.
+    """
+    if check:
+        _check_cache_args("kv_append", k, k_cache, seq_lens, block_table, append=True)
+    _ops.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)
+
+
+def static_cache_view(cache: torch.Tensor) -> torch.Tensor:
+    """transformers' static KV cache tensor (B, Hkv, max_len, D), e.g. a ``StaticCache`` layer's
+    ``keys`` / ``values``, as the [P, page_size, Hkv, D] cache that decode_attention and kv_append take
+    without a block_table (P = B pages of page_size = max_len rows): ``cache.transpose(1, 2)``, a view
+    (no copy; kv_append writes into the static cache itself)."""
+    if cache.dim() != 4:
+        raise ValueError(f"static_cache_view: cache must have 4 dimensions (B, Hkv, max_len, D), got {cache.dim()}")
+    return cache.transpose(1, 2)
+
+
+# ---- check=True -----------------------------------------------------------------------------------
+
+
+def _check_cache_args(op: str, new: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor,
+                      block_table: torch.Tensor | None, *, append: bool) -> None:
+    """The host check of check=True: seq_lens within [Lq, capacity] (or 0) and the used block_table
+    entries within [0, P). Arguments of the wrong rank or dtype are left to the op, which reports
+    them."""
+    if new.dim() != 4 or k_cache.dim() != 4 or seq_lens.dim() != 1 or seq_lens.is_floating_point():
+        return
+    paged = block_table is not None
+    if paged and (block_table.dim() != 2 or block_table.is_floating_point()):
+        return
+    q_len, pages, page_size = new.shape[1], k_cache.shape[0], k_cache.shape[1]
+    capacity = block_table.shape[1] * page_size if paged else page_size
+    where = (f"max_pages {block_table.shape[1]} x page_size {page_size}" if paged
+             else f"page_size {page_size}, the contiguous cache's length")
+    lens = seq_lens.detach().to("cpu", torch.int64)
+    for bad, why in (((lens < 0) | (lens > capacity), f"outside [0, {capacity}] (the capacity: {where})"),
+                     ((lens > 0) & (lens < q_len), f"below the {q_len} new tokens of dimension 1 of "
+                                                   f"{'k' if append else 'q'} (0: an empty slot)")):
+        if bad.any():
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{op}: seq_lens[{b}] = {int(lens[b])} is {why}")
+    if not paged:
+        return
+    table = block_table.detach().to("cpu", torch.int64)
+    col = torch.arange(table.shape[1]).view(1, -1)
+    end = (lens.clamp(0, capacity) + page_size - 1) // page_size  # pages holding keys 0 .. n - 1
+    first = (lens - q_len).clamp(0, capacity) // page_size if append else torch.zeros_like(lens)
+    used = (col >= first.view(-1, 1)) & (col < end.view(-1, 1))
+    bad = used & ((table < 0) | (table >= pages))
+    if bad.any():
+        b, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"{op}: block_table[{b}, {j}] = {int(table[b, j])} is not a page of the cache [0, {pages}) "
+                         f"(sequence {b} {'writes to' if append else 'reads'} it: seq_lens[{b}] = {int(lens[b])})")
+
+
+__all__ = ["decode_attention", "kv_append", "static_cache_view"]

@@ -1,0 +1,133 @@
+// The PyTorch binding of the decode family (include/kernelforge/decode.h): decode_attention (the Lq
+// newest tokens of each sequence against a paged or contiguous KV cache) and kv_append (their keys and
+// values written into that cache, in place). CUDA = our kernels, CPU = the float64 reference. Both are
+// inference ops: decode_attention's Autograd key falls through (inputs that require grad give outputs
+// that do not: no graph, no backward), kv_append has no autograd (a mutation of the caches). Fake
+// impls: python/kernelforge/decode.py.
+//
+// decode_attention: q [B, Lq, Hq, D]; k_cache / v_cache [P, page_size, Hkv, D]; seq_lens int32 [B]
+// (the new tokens included, read on the device only); block_table int32 [B, max_pages] or None
+// (contiguous: sequence b lives in page b). out [B, Lq, Hq, D] contiguous in q's dtype; lse float32
+// [B, Lq, Hq] (return_lse), otherwise an empty float32 [0] tensor (the schema keeps two outputs).
+// scale None: 1 / sqrt(D); window_left -1: unbounded; softcap 0: none. max_seq_len: a host upper bound
+// of every seq_len that sizes the key split, 0 = the cache capacity; SymInt so that torch.compile does
+// not specialize on it (the fake impl does not read it).
+//
+// kv_append: k, v [B, Lq, Hkv, D] written at positions seq_lens[b] - Lq + t of k_cache / v_cache
+// (seq_lens: the lengths after the append, as decode_attention takes them); returns nothing.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernelforge/decode.h"
+#include "kf_common.h"
+
+namespace {
+
+using namespace kftorch;
+
+kf::DecodeOptions make_options(std::optional<double> scale, int64_t window_left, double softcap, int64_t max_seq_len) {
+  kf::DecodeOptions o;
+  // scale 0 is the core's "1 / sqrt(D)"; an explicit 0 (or a negative value) is no softmax scale
+  if (scale.has_value() && !(std::isfinite(*scale) && *scale > 0.0))
+    TORCH_CHECK_VALUE(false, "decode_attention: scale must be a finite value > 0 or None (1 / sqrt(head dim)), got " +
+                                 std::to_string(*scale));
+  o.scale = scale.has_value() ? static_cast<float>(*scale) : 0.0f;
+  o.softcap = static_cast<float>(softcap);
+  o.window_left = window_left;
+  o.max_seq_len = max_seq_len;
+  return o;
+}
+
+std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, const Tensor& k_cache,
+                                                 const Tensor& v_cache, const Tensor& seq_lens,
+                                                 const OptTensor& block_table, std::optional<double> scale,
+                                                 int64_t window_left, double softcap, const OptTensor& sinks,
+                                                 int64_t max_seq_len, bool return_lse) {
+  const kf::DecodeOptions o = make_options(scale, window_left, softcap, max_seq_len);
+  if (cuda && needs_fallback("decode_attention", q)) {
+    auto res = decode_attention_impl(false, q.cpu(), k_cache.cpu(), v_cache.cpu(), seq_lens.cpu(), to_cpu(block_table),
+                                     scale, window_left, softcap, to_cpu(sinks), max_seq_len, return_lse);
+    return {std::get<0>(res).to(q.device()), std::get<1>(res).to(q.device())};
+  }
+  // The outputs' shapes are read from q: a q of the wrong rank is refused here (everything else is
+  // checked by the core). One std::string message: see kf_attention.cpp (GCC 13 + torch 2.11).
+  if (q.dim() != 4)
+    TORCH_CHECK_VALUE(false,
+                      "decode_attention: q must have 4 dimensions [B, Lq, Hq, D], got " + std::to_string(q.dim()));
+  Tensor out = at::empty(q.sizes(), q.options());
+  const std::vector<int64_t> lse_shape =
+      return_lse ? std::vector<int64_t>{q.size(0), q.size(1), q.size(2)} : std::vector<int64_t>{0};
+  Tensor lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+
+  const kf::TensorView qv = view(q), kv = view(k_cache), vv = view(v_cache), slv = view(seq_lens);
+  const kf::TensorView ov = view(out), lv = view(lse);
+  const OptView btv(block_table), sv(sinks);
+  kf::DecodeTensors t;
+  t.q = &qv;
+  t.k_cache = &kv;
+  t.v_cache = &vv;
+  t.seq_lens = &slv;
+  t.block_table = btv.get();
+  t.out = &ov;
+  t.lse = return_lse ? &lv : nullptr;
+  t.sinks = sv.get();
+  if (!cuda) {
+    check(kf::ref::decode_attention(t, o));
+    return {out, lse};
+  }
+  c10::cuda::CUDAGuard guard(q.device());
+  // Plan (host only: shapes, strides, options, max_seq_len), then the split-KV workspace from the
+  // caching allocator when the plan needs one: no host synchronization, stream-ordered on the current
+  // stream, so a CUDA graph captures the call and replays it for any new seq_lens.
+  kf::DecodePlan plan;
+  size_t bytes = 0;
+  check(kf::decode_attention_plan(t, o, &plan, &bytes));
+  Tensor ws = bytes > 0 ? workspace(q, bytes) : Tensor();
+  check(kf::decode_attention(plan, t, o, bytes > 0 ? ws.data_ptr() : nullptr, bytes, stream_of(q)));
+  return {out, lse};
+}
+
+void kv_append_impl(bool cuda, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k, const Tensor& v,
+                    const Tensor& seq_lens, const OptTensor& block_table) {
+  if (cuda && needs_fallback("kv_append", k_cache)) {
+    Tensor kc = k_cache.cpu(), vc = v_cache.cpu();
+    kv_append_impl(false, kc, vc, k.cpu(), v.cpu(), seq_lens.cpu(), to_cpu(block_table));
+    k_cache.copy_(kc);
+    v_cache.copy_(vc);
+    return;
+  }
+  const kf::TensorView kcv = view(k_cache), vcv = view(v_cache), kv = view(k), vv = view(v), slv = view(seq_lens);
+  const OptView btv(block_table);
+  kf::KvAppendTensors t;
+  t.k_cache = &kcv;
+  t.v_cache = &vcv;
+  t.k = &kv;
+  t.v = &vv;
+  t.seq_lens = &slv;
+  t.block_table = btv.get();
+  if (!cuda) {
+    check(kf::ref::kv_append(t));
+    return;
+  }
+  c10::cuda::CUDAGuard guard(k_cache.device());
+  check(kf::kv_append(t, stream_of(k_cache)));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
+  def_op<&decode_attention_impl>(
+      m,
+      "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seq_lens, Tensor? block_table, *, "
+      "float? scale, int window_left, float softcap, Tensor? sinks, SymInt max_seq_len, bool return_lse) "
+      "-> (Tensor out, Tensor lse)");
+  // Not differentiable: the Autograd key falls through to the CUDA / CPU kernel, whose outputs then do
+  // not require grad (without it, torch's fallback would attach a node that warns at backward).
+  m.impl("decode_attention", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
+  def_op<&kv_append_impl>(m,
+                          "kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor seq_lens, "
+                          "Tensor? block_table) -> ()");
+}
