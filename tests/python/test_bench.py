@@ -144,11 +144,12 @@ def test_decode_bytes_and_shapes():
         with pytest.raises(argparse.ArgumentTypeError):
             runner.parse_shapes(text)
     assert {(x.b, x.kv, x.page, x.lq) for x in s.shapes} == {
-        (1, 8192, 16, 1), (16, 4096, 16, 1), (64, 2048, 16, 1), (8, 32768, 16, 1), (16, 4096, 1, 1), (16, 4096, 16, 4)}
+        (1, 8192, 16, 1), (16, 4096, 16, 1), (64, 2048, 16, 1), (8, 32768, 16, 1), (16, 4096, 1, 1), (16, 4096, 16, 4),
+        (1, 8192, 0, 1), (16, 4096, 0, 1)}
     assert s.modes == ("fwd",) and s.bound == "memory" and s.dtypes == (torch.bfloat16, torch.float16)
     assert runner.modes_for(shape_rows(q4), list(report.MODES), s) == ["fwd", "fwd_graph", "fwd_call"]
     assert s.peer_applies("flash2", sh) and not s.peer_applies("flash2", q4) and s.peer_applies("cudnn", q4)
-    assert [c[0] for c in runner.plan_cases(["decode_attention"], None, ["bf16", "fp32"])] == ["decode_attention"] * 6
+    assert [c[0] for c in runner.plan_cases(["decode_attention"], None, ["bf16", "fp32"])] == ["decode_attention"] * 8
 
 
 def test_decode_bench_inputs_cpu():
