@@ -359,18 +359,23 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
     const float lse2 = den > 0.0f ? m_use + __log2f(den) : -INFINITY;
+    // columns c, c + 1 of row r: the warps' outputs weighted and normalized
+    auto merged = [&](int c) {
+      float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float2 v = *reinterpret_cast<const float2*>(mo + (w * kRows + r) * kD + c0 + c);
+        a0 += wgt[w] * v.x;
+        a1 += wgt[w] * v.y;
+      }
+      return make_float2(a0 * inv, a1 * inv);
+    };
     if (splits == 1) {
       uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.o_sb + t * p.o_st + h * p.o_sh;
 #pragma unroll
       for (int c = 0; c < kCols; c += 2) {
-        float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float2 v = *reinterpret_cast<const float2*>(mo + (w * kRows + r) * kD + c0 + c);
-          a0 += wgt[w] * v.x;
-          a1 += wgt[w] * v.y;
-        }
-        const uint32_t pk = pack2<T>(a0 * inv, a1 * inv);
+        const float2 a = merged(c);
+        const uint32_t pk = pack2<T>(a.x, a.y);
         out[c0 + c] = uint16_t(pk & 0xffffu);
         out[c0 + c + 1] = uint16_t(pk >> 16);
       }
@@ -379,16 +384,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t row = (int64_t(b) * p.q_len + t) * p.heads_q + h;
       float* dst = ws_o + (row * splits + split) * kD + c0;
 #pragma unroll
-      for (int c = 0; c < kCols; c += 2) {
-        float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float2 v = *reinterpret_cast<const float2*>(mo + (w * kRows + r) * kD + c0 + c);
-          a0 += wgt[w] * v.x;
-          a1 += wgt[w] * v.y;
-        }
-        *reinterpret_cast<float2*>(dst + c) = make_float2(a0 * inv, a1 * inv);
-      }
+      for (int c = 0; c < kCols; c += 2) *reinterpret_cast<float2*>(dst + c) = merged(c);
       if (c0 == 0) ws_lse[row * splits + split] = lse2;
     }
 #endif

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/launch.cuh"
+#include "common/vec.cuh"
 #include "decode/decode_problem.h"
 
 namespace kernelforge {
@@ -16,23 +17,8 @@ namespace decode {
 constexpr int kAppendThreads = 256;
 
 template <int kVec>
-struct AppendWord;
-template <>
-struct AppendWord<8> {
-  using type = uint4;
-};
-template <>
-struct AppendWord<2> {
-  using type = uint32_t;
-};
-template <>
-struct AppendWord<1> {
-  using type = uint16_t;
-};
-
-template <int kVec>
 __global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KvAppendParams p) {
-  using W = typename AppendWord<kVec>::type;
+  using W = typename RawVec<2 * kVec>::type;  // kVec 16-bit elements in one word
   const int per_row = p.head_dim / kVec;
   const int64_t idx = int64_t(blockIdx.x) * kAppendThreads + threadIdx.x;
   const int64_t rows = int64_t(p.batch) * p.q_len * p.heads_kv;
