@@ -1,0 +1,9 @@
+// The skinny linear kernel and its split-K reduction instantiated for __nv_bfloat16.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "linear/linear_launch.cuh"
+
+namespace kernelforge {
+template Status launch_linear<__nv_bfloat16>(const LinearPlan&, const LinearParams&, void*, cudaStream_t);
+}  // namespace kernelforge

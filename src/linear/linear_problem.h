@@ -1,0 +1,34 @@
+// Internal description of one linear call, shared by the CUDA launchers and the float64 reference.
+// validate_linear() fills it from the public TensorViews and is the only place that checks
+// arguments. Element (m, k) of x is at x + m * ldx + k; w (n, k) at w + n * ldw + k; y (m, n) at
+// y + m * ldy + n.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernelforge/linear.h"
+
+namespace kernelforge {
+
+struct LinearParams {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;  // nullptr: none
+  void* y = nullptr;
+  int64_t ldx = 0, ldw = 0, ldy = 0;
+  int32_t M = 0;
+  int64_t N = 0, K = 0;
+  // every x / w base 16-byte aligned and every row stride a multiple of 8 elements: 16-byte cp.async
+  bool vec16 = false;
+};
+
+// Checks every argument; `cuda` = false admits float32 / float64 and any M (the CPU reference).
+Status validate_linear(const char* name, bool cuda, const LinearTensors& t, LinearParams* p, DType* dtype);
+
+struct DeviceInfo;
+LinearPlan plan_linear(const LinearParams& p, const DeviceInfo& dev);
+Status check_linear_plan(const LinearPlan& plan, const LinearParams& p);
+size_t linear_workspace_bytes(const LinearPlan& plan, const LinearParams& p);
+
+}  // namespace kernelforge

@@ -1,0 +1,184 @@
+// The skinny linear kernel on the GPU against the float64 reference (kernelforge::ref::linear), the
+// planner and the argument checks.
+//
+// Every GPU case draws x and w in [-1, 1) (and a bias), runs the default plan and the same call with
+// K split 1, 3 and 16 ways on y poisoned with NaN, and checks that y's row padding stays untouched.
+// Cases: M 1, 7, 16; K 1, 7, 64, 4100 (a partial 16-byte chunk at the end), 5000 with an odd row
+// stride (the element-load path); N 1, 3, 127, 128, 4096; an unaligned x base; y rows padded.
+// Tolerance: K products in float32 of values rounded to the dtype: |err| <= K u_f32 sum |x w| (tiny)
+// plus y's one rounding (u |y|); sum |x w| <= K / 4 on average, so atol = 2^-20 K + u and rtol 2u.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/device.h"
+#include "kernelforge/linear.h"
+#include "linear/linear_problem.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace kftest;
+namespace kf = kernelforge;
+
+constexpr DType F16 = DType::kFloat16;
+constexpr DType BF16 = DType::kBFloat16;
+
+struct LinCase {
+  std::string name;
+  DType dtype = BF16;
+  int64_t M = 1, N = 128, K = 64;
+  bool bias = true;
+  Layout x_layout, w_layout, y_layout;
+};
+void PrintTo(const LinCase& c, std::ostream* os) { *os << c.name; }
+
+class LinearGpu : public ::testing::TestWithParam<LinCase> {};
+
+TEST_P(LinearGpu, MatchesReference) {
+  KF_NEED_GPU();
+  if (gpu_capability() < 80) GTEST_SKIP() << "linear needs sm_80";
+  const LinCase& c = GetParam();
+  Rng rng(hash_str(c.name));
+  HostTensor x = random_tensor(c.dtype, {c.M, c.K}, rng, -1.0, 1.0),
+             w = random_tensor(c.dtype, {c.N, c.K}, rng, -1.0, 1.0);
+  HostTensor b = random_tensor(c.dtype, {c.N}, rng, -1.0, 1.0), y_ref(c.dtype, {c.M, c.N});
+  {
+    const TensorView xv = x.view(), wv = w.view(), bv = b.view(), yv = y_ref.view();
+    kf::LinearTensors t;
+    t.x = &xv, t.w = &wv, t.bias = c.bias ? &bv : nullptr, t.y = &yv;
+    KF_ASSERT_OK(kf::ref::linear(t));
+  }
+  DeviceTensor dx(c.dtype, {c.M, c.K}, c.x_layout), dw(c.dtype, {c.N, c.K}, c.w_layout), db(c.dtype, {c.N}),
+      dy(c.dtype, {c.M, c.N}, c.y_layout);
+  ASSERT_TRUE(dx.ok() && dw.ok() && db.ok() && dy.ok());
+  dx.upload(x), dw.upload(w), db.upload(b);
+  const TensorView xv = dx.view(), wv = dw.view(), bv = db.view(), yv = dy.view();
+  kf::LinearTensors t;
+  t.x = &xv, t.w = &wv, t.bias = c.bias ? &bv : nullptr, t.y = &yv;
+  kf::LinearPlan plan;
+  size_t bytes = 0;
+  KF_ASSERT_OK(kf::linear_plan(t, &plan, &bytes));
+  std::vector<kf::LinearPlan> plans = {plan};
+  for (int s : {1, 3, 16}) {
+    kf::LinearPlan p = plan;
+    p.splits = s;
+    plans.push_back(p);
+  }
+  kf::LinearParams prm;
+  DType dt;
+  KF_ASSERT_OK(kf::validate_linear("linear", true, t, &prm, &dt));
+  const double u = c.dtype == BF16 ? 1.0 / 256 : 1.0 / 2048;
+  const Tol tol{2 * u, std::ldexp(double(c.K), -20) + u};
+  for (const kf::LinearPlan& p : plans) {
+    SCOPED_TRACE(kf::to_string(p));
+    dy.poison();
+    const size_t need = kf::linear_workspace_bytes(p, prm);
+    void* ws = nullptr;
+    if (need > 0) KF_CUDA_CHECK(cudaMalloc(&ws, need));
+    KF_ASSERT_OK(kf::linear(p, t, ws, need, nullptr));
+    KF_CUDA_CHECK(cudaDeviceSynchronize());
+    if (ws) cudaFree(ws);
+    EXPECT_TRUE(all_close("y", dy.download(), y_ref, tol));
+    EXPECT_TRUE(dy.check_untouched("y"));
+  }
+}
+
+std::vector<LinCase> lin_cases() {
+  std::vector<LinCase> v;
+  for (DType t : {BF16, F16}) {
+    const std::string ts = t == BF16 ? "bf16" : "fp16";
+    for (int64_t M : {1, 7, 16}) {
+      LinCase c;
+      c.dtype = t, c.M = M, c.N = 4096, c.K = 4096;
+      c.name = ts + "_m" + std::to_string(M) + "_n4096_k4096";
+      v.push_back(c);
+    }
+  }
+  LinCase c;
+  for (int64_t K : {1, 7, 64, 4100}) {
+    c.K = K, c.N = 127, c.M = 3;
+    c.name = "k" + std::to_string(K) + "_n127";
+    v.push_back(c);
+  }
+  c.K = 5000, c.N = 3, c.M = 16, c.x_layout = {3, 0}, c.w_layout = {1, 0}, c.name = "k5000_odd_strides";
+  v.push_back(c);
+  c = LinCase{};
+  c.K = 1024, c.N = 1, c.M = 5, c.bias = false, c.name = "n1_nobias";
+  v.push_back(c);
+  c = LinCase{};
+  c.K = 512, c.N = 300, c.M = 2, c.x_layout = {0, 1}, c.name = "x_unaligned";
+  v.push_back(c);
+  c = LinCase{};
+  c.K = 2048, c.N = 640, c.M = 9, c.x_layout = {8, 0}, c.w_layout = {8, 0}, c.y_layout = {5, 0}, c.name = "padded_rows";
+  v.push_back(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, LinearGpu, ::testing::ValuesIn(lin_cases()),
+                         [](const ::testing::TestParamInfo<LinCase>& i) { return i.param.name; });
+
+TEST(LinearPlan, SplitsFillTheGpu) {
+  kf::DeviceInfo h100;
+  h100.sm_count = 132, h100.capability = 90;
+  kf::LinearParams p;
+  p.M = 1, p.N = 4096, p.K = 4096;
+  const kf::LinearPlan a = kf::plan_linear(p, h100);  // 32 column tiles: split K to fill 264 slots
+  EXPECT_GE(a.splits, 4);
+  EXPECT_LE(a.splits, 16);
+  p.N = 128256, p.K = 2048;  // an LM head: 1002 column tiles, no split
+  EXPECT_EQ(kf::plan_linear(p, h100).splits, 1);
+  p.N = 4096, p.K = 64;  // one K tile: nothing to split
+  EXPECT_EQ(kf::plan_linear(p, h100).splits, 1);
+  EXPECT_EQ(kf::to_string(a).rfind("linear_skinny tile=128x64 warps=4 stages=4 splits=", 0), 0u);
+  kf::LinearPlan bad = a;
+  bad.block_k = 32;
+  KF_EXPECT_INVALID(kf::check_linear_plan(bad, p), "no such kernel");
+}
+
+kf::Status validate(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& y) {
+  kf::LinearTensors t;
+  t.x = &x, t.w = &w, t.bias = bias, t.y = &y;
+  kf::LinearParams p;
+  DType d;
+  return kf::validate_linear("linear", true, t, &p, &d);
+}
+
+TEST(LinearValidation, AcceptsAndRejects) {
+  const TensorView x = cuda_view(BF16, {4, 64}, 0, uintptr_t{1} << 40),
+                   w = cuda_view(BF16, {32, 64}, 0, uintptr_t{2} << 40),
+                   y = cuda_view(BF16, {4, 32}, 0, uintptr_t{3} << 40),
+                   b = cuda_view(BF16, {32}, 0, uintptr_t{4} << 40);
+  EXPECT_TRUE(validate(x, w, &b, y).ok());
+  KF_EXPECT_INVALID(validate(cuda_view(BF16, {4, 2, 64}), w, nullptr, y), "x must have 2 dimensions");
+  KF_EXPECT_INVALID(validate(x, cuda_view(BF16, {32, 63}, 0, uintptr_t{2} << 40), nullptr, y),
+                    "w must have x's K = 64");
+  KF_EXPECT_INVALID(validate(x, cuda_view(F16, {32, 64}, 0, uintptr_t{2} << 40), nullptr, y), "w must have x's dtype");
+  KF_EXPECT_INVALID(validate(x, w, nullptr, cuda_view(BF16, {4, 31}, 0, uintptr_t{3} << 40)),
+                    "y must have shape [4, 32]");
+  KF_EXPECT_INVALID(validate(x, w, &y, y), "bias must have 1 dimension");
+  KF_EXPECT_INVALID(validate(cuda_view(DType::kFloat32, {4, 64}), w, nullptr, y), "x must be float16 or bfloat16");
+  const kf::Status big =
+      validate(cuda_view(BF16, {17, 64}), w, nullptr, cuda_view(BF16, {17, 32}, 0, uintptr_t{3} << 40));
+  EXPECT_EQ(big.code(), kf::StatusCode::kNotSupported) << big.message();
+}
+
+TEST(LinearReference, SmallProduct) {
+  HostTensor x(DType::kFloat64, {2, 3}), w(DType::kFloat64, {2, 3}), b(DType::kFloat64, {2}),
+      y(DType::kFloat64, {2, 2});
+  const double xs[] = {1, 2, 3, -1, 0, 2}, ws[] = {1, 0, -1, 2, 1, 1};
+  for (int i = 0; i < 6; ++i) x.set(i, xs[i]), w.set(i, ws[i]);
+  b.set(0, 0.5), b.set(1, -1);
+  const TensorView xv = x.view(), wv = w.view(), bv = b.view(), yv = y.view();
+  kf::LinearTensors t;
+  t.x = &xv, t.w = &wv, t.bias = &bv, t.y = &yv;
+  KF_ASSERT_OK(kf::ref::linear(t));
+  EXPECT_EQ(y.get(0), -2 + 0.5);  // 1 - 3
+  EXPECT_EQ(y.get(1), 7 - 1);     // 2 + 2 + 3
+  EXPECT_EQ(y.get(2), -3 + 0.5);  // -1 - 2
+  EXPECT_EQ(y.get(3), 0 - 1);     // -2 + 2
+}
+
+}  // namespace
