@@ -3,12 +3,13 @@
 The ops, their check shapes (one per code path: one row, N = 1, odd N, long rows, ...; RoPE: GQA,
 MQA, decode, partial rotary, odd head_dim; cross-entropy: vocabularies from 7 to 262144; attention:
 every head dim pair, GQA / MQA, Sq != Sk both ways, ragged varlen; decode_attention: every head dim,
-GQA groups 1 .. 16, 1 .. 8 new tokens, ragged lengths with an empty sequence, 32 K keys) and variants
-(with / without weight and bias; AdaLN kinds and scale shapes; GELU erf / tanh, gate first / second;
-RoPE pairings, layouts and cos/sin tables; loss reductions and options; attention causal, window,
-softcap, sinks, layouts, lse; gradients of q, k, v, sinks with the deterministic backward; decode:
-page sizes, contiguous and static caches, window, softcap, sinks, lse) are the specs of
-kernelforge.specs. For each op, dtype, shape and variant, on fresh random data:
+GQA groups 1 .. 16, 1 .. 8 new tokens, ragged lengths with an empty sequence, 32 K keys; linear: 1 ..
+16 rows and one past them, odd N and K, K past a split, long N) and variants (with / without weight
+and bias; AdaLN kinds and scale shapes; GELU erf / tanh, gate first / second; RoPE pairings, layouts
+and cos/sin tables; loss reductions and options; attention causal, window, softcap, sinks, layouts,
+lse; gradients of q, k, v, sinks with the deterministic backward; decode: page sizes, contiguous and
+static caches, window, softcap, sinks, lse; linear: with / without bias, gradients of x, w, bias) are
+the specs of kernelforge.specs. For each op, dtype, shape and variant, on fresh random data:
 
   * the GPU result through the public API (kf.*, autograd for the gradients) is compared with
     (a) the op's own CPU implementation, the C++ float64 reference, run on the inputs upcast to

@@ -66,7 +66,7 @@ Status linear_plan(const LinearTensors& t, LinearPlan* plan, size_t* bytes) {
   if (plan == nullptr || bytes == nullptr)
     return Status::Invalid("linear_plan: plan and workspace_bytes must not be null");
   Prepared w;
-  Status s = prepare("linear_plan", t, &w);
+  Status s = prepare("linear", t, &w);
   if (!s.ok()) return s;
   *plan = plan_linear(w.p, *w.dev);
   *bytes = empty(w.p) ? 0 : linear_workspace_bytes(*plan, w.p);

@@ -17,8 +17,8 @@ import torch
 
 from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
-from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, DecodeShape, FlceShape, RopeShape, shape_label,
-                               shape_rows)
+from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, RopeShape,
+                               shape_label, shape_rows)
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
 
@@ -26,7 +26,8 @@ LLAMA = RopeShape(4, 4096, 32, 8, 128)
 CPU = torch.device("cpu")
 # one small shape of each kind, for inputs and smoke runs on the CPU
 SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
-         "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16)}
+         "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16),
+         "linear": LinearShape(3, 40, 64, True)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -89,10 +90,11 @@ def test_tolerance_table():
 
 
 def test_families_and_groups():
-    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode")
+    assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode", "linear")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
     assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention",)
-    assert OPS[-4:] == ("cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention")
+    assert GROUPS["linear"] == ("linear",)
+    assert OPS[-5:] == ("cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "linear")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
 
 
@@ -173,6 +175,48 @@ def test_decode_bench_inputs_cpu():
         got = s.peer("eager")(t)[0]
         assert got.shape == (sh.b, sh.lq, sh.hq, sh.d)
         assert (got.double() - want).abs().max().item() < 1e-5
+
+
+def test_linear_bytes_and_shapes():
+    """The weight once, x read, y written (and the bias): (N * K + M * (K + N) [+ N]) elements; FLOPs
+    2 * M * N * K; the shape form m{M}n{N}k{K}[-bias]; forward only, every default shape decode-sized
+    (fwd_graph, fwd_call) with the cublas and compile peers."""
+    s = SPECS["linear"]
+    sh = LinearShape(1, 4096, 4096)
+    assert s.traffic(sh, "fwd", 2) == (4096 * 4096 + 1 * (4096 + 4096)) * 2
+    assert s.traffic(LinearShape(16, 14336, 4096, True), "fwd", 2) == (14336 * 4096 + 16 * (4096 + 14336) + 14336) * 2
+    assert s.traffic(sh, "fwd_graph", 2) == s.traffic(sh, "fwd", 2)
+    assert s.flop_count(LinearShape(8, 6144, 4096), "fwd") == 2 * 8 * 6144 * 4096
+    assert str(sh) == "m1n4096k4096" and str(LinearShape(2, 3, 5, True)) == "m2n3k5-bias"
+    got = runner.parse_shapes("m1n4096k4096,M16N14336K4096-bias,m3n5k7")
+    assert got == [sh, LinearShape(16, 14336, 4096, True), LinearShape(3, 5, 7)]
+    assert shape_rows(got[1]) == 16 and shape_label(got[1]) == "m16n14336k4096-bias"
+    for text in ("m0n4096k4096", "m1n0k4", "m1n4k0", "m1n4096", "m1n4k4-bias2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            runner.parse_shapes(text)
+    assert {(x.m, x.n, x.k) for x in s.shapes} == {
+        (1, 4096, 4096), (16, 14336, 4096), (1, 14336, 4096), (4, 4096, 4096), (16, 4096, 14336), (1, 128256, 2048),
+        (8, 6144, 4096)}
+    assert s.modes == ("fwd",) and s.bound == "memory" and s.dtypes == (torch.bfloat16, torch.float16)
+    assert s.providers == ("kernelforge", "cublas", "compile")
+    assert all(runner.modes_for(shape_rows(x), list(report.MODES), s) == ["fwd", "fwd_graph", "fwd_call"]
+               for x in s.shapes)
+    assert [c[0] for c in runner.plan_cases(["linear"], None, ["bf16", "fp32"])] == ["linear"] * 7
+
+
+def test_linear_bench_inputs_cpu():
+    """x, w at nn.Linear's scale (y of std ~1), the bias with -bias; the cublas peer is F.linear and
+    agrees with the float64 reference."""
+    from kernelforge.specs.linear import linear_ref
+
+    s = SPECS["linear"]
+    for sh in (LinearShape(3, 40, 64), LinearShape(1, 7, 5, True)):
+        t = s.inputs(sh, torch.float32, CPU, torch.Generator().manual_seed(0))
+        assert t["x"].shape == (sh.m, sh.k) and t["w"].shape == (sh.n, sh.k)
+        assert (t["bias"] is not None) == sh.bias and (not sh.bias or t["bias"].shape == (sh.n,))
+        got = s.peer("cublas")(t)[0]
+        assert got.shape == (sh.m, sh.n)
+        assert (got.double() - linear_ref(t["x"], t["w"], t["bias"])).abs().max().item() < 1e-5
 
 
 def test_rope_bytes():
@@ -386,7 +430,7 @@ def test_bench_smoke_cpu(tmp_path, capsys):
 def test_bench_smoke_cpu_every_family(tmp_path):
     """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
     has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
-    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode"))
+    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "linear"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)
         ops = OPS
@@ -434,7 +478,8 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "log_softmax": ((3, 50),), "apply_rope": ((1, 3, 2, 1, 16, 8), (2, 4, 3, 3, 10, 10)),
                     "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7)),
                     "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128)),  # windows of 16..32
-                    "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20))}
+                    "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20)),
+                    "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9))}
 
 
 def _tally(kf, op, dtype):
@@ -493,6 +538,26 @@ def test_check_decode_catches(kf, broken):
 
     tally = _tally(types.SimpleNamespace(decode_attention=decode_attention), "decode_attention", torch.bfloat16)
     assert tally.failures
+
+
+@pytest.mark.parametrize("broken", ["bias_dropped", "transposed_rows", "weight_grad_scaled"])
+def test_check_linear_catches(kf, broken):
+    """The oracles catch a dropped bias, x's rows read in the wrong order and a weight gradient 1% off
+    (the forward exact)."""
+
+    def linear(x, w, bias=None):
+        if broken == "bias_dropped" and bias is not None:
+            bias = bias * 0
+        if broken == "transposed_rows" and x.shape[0] > 1:
+            x = x.flip(0)
+        if broken == "weight_grad_scaled":
+            w = w * 1.01 - (w * 0.01).detach()
+        return kf.linear(x, w, bias)
+
+    tally = _tally(types.SimpleNamespace(linear=linear), "linear", torch.bfloat16)
+    assert tally.failures
+    if broken == "weight_grad_scaled":
+        assert all("dw vs" in f for f in tally.failures), tally.failures[:4]
 
 
 @pytest.mark.parametrize("broken", ["pairing", "sin_sign", "inplace_skipped"])

@@ -16,22 +16,25 @@ peers are the specs of kernelforge.specs. Providers:
 
 decode_attention's eager peer is a plain PyTorch paged decode (gather, matmul, softmax, matmul), its
 cudnn and flash2 peers SDPA on a contiguous [B, Hkv, kv, D] cache (flash2: one new token per
-sequence only, it takes no mask).
+sequence only, it takes no mask). linear's cublas peer is torch.nn.functional.linear (nn.Linear's
+forward), compile torch.compile of it.
 
 No op list: the norm ops, silu_and_mul, geglu and apply_rope (scripts/gpu_run.sh's budget); name ops
-or groups (all, norm, activation, rope, softmax, loss, attention, decode) for the rest. Shapes: ROWSxHIDDEN
+or groups (all, norm, activation, rope, softmax, loss, attention, decode, linear) for the rest. Shapes: ROWSxHIDDEN
 (HIDDEN = the output width; the gated ops read [ROWS, 2I]), b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope (q,
 k as HF attention hands them over), t{T}h{H}v{V} for fused_linear_cross_entropy,
 b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] for attention (the anchors' form, c = causal),
-b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] for decode_attention (p0: a contiguous cache).
+b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] for decode_attention (p0: a contiguous cache),
+m{M}n{N}k{K}[-bias] for linear (x [M, K], w [N, K]).
 
 Attention is compute-bound (its spec's bound="compute"): its rows report TFLOP/s (the anchors'
 count, 4 * B * H * Sq * Sk * D, halved when causal) in a summary table of their own, no copy@size.
 
 Modes: fwd, fwdbwd, and for decode-sized rows (<= 64; apply_rope: batch * seq tokens;
-decode_attention: batch * new tokens) fwd_graph (CUDA-graph replay of 100 calls, divided) and
-fwd_call (wall clock around ~1000 eager calls + one sync, divided: the host path included).
-decode_attention's copy@size is measured at every shape (its few rows read the whole KV cache).
+decode_attention: batch * new tokens; linear: M) fwd_graph (CUDA-graph replay of 100 calls,
+divided) and fwd_call (wall clock around ~1000 eager calls + one sync, divided: the host path
+included). decode_attention's and linear's copy@size is measured at every shape (their few rows read
+the whole KV cache, the whole weight).
 
 Method (bench/timing.py): L2 flushed by a zero fill before each timed run, median of the runs, peers
 in the same run; GB/s of the minimum traffic, also as a percentage of the run's 1 GiB device-to-
@@ -103,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the same as a comma list, e.g. --ops activation or --ops rms_norm,swiglu")
     p.add_argument("--shapes", type=parse_shapes, default=None,
                    help="ROWSxHIDDEN list, e.g. 16384x4096,1x4096; apply_rope takes b{B}s{S}h{Hq}/{Hk}d{D} "
-                        "items, fused_linear_cross_entropy t{T}h{H}v{V}; each op runs the items of its kind "
+                        "items, fused_linear_cross_entropy t{T}h{H}v{V}, linear m{M}n{N}k{K}[-bias]; each op "
+                        "runs the items of its kind "
                         "(default: each op's spec shapes)")
     p.add_argument("--dtype", type=_csv_list(tuple(DTYPES), "dtype"), default=["bf16"],
                    help="bf16 | fp16 | fp32 (comma list allowed; default bf16)")
@@ -217,7 +221,8 @@ def main(args: argparse.Namespace) -> int:
     if unplanned:
         print(f"note: no shape for {', '.join(unplanned)} (--shapes items of its kind: ROWSxHIDDEN, "
               "b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope, t{T}h{H}v{V} for fused_linear_cross_entropy, "
-              "b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] for decode_attention; --rows): not run", flush=True)
+              "b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] for decode_attention, m{M}n{N}k{K}[-bias] for linear; "
+              "--rows): not run", flush=True)
     n_meas = sum(len(modes_for(shape_rows(dims), args.modes, SPECS[op]))
                  * len([p for p in providers if p in SPECS[op].providers
                         and (SPECS[op].peer_applies is None or SPECS[op].peer_applies(p, dims))])
@@ -249,8 +254,9 @@ def main(args: argparse.Namespace) -> int:
         if device.type == "cuda" and spec.bound == "memory":  # copy@size: a copy of the same bytes, timed the same way
             for m in ("fwd", "fwdbwd"):
                 nbytes = spec.traffic(dims, m, report.elt_size(dt))
-                # decode_attention reads the whole KV cache: its few rows still move megabytes
-                sized = shape_rows(dims) > DECODE_MAX_ROWS or spec.shape_kind == "decode"
+                # decode_attention reads the whole KV cache, linear the whole weight: their few rows
+                # still move megabytes
+                sized = shape_rows(dims) > DECODE_MAX_ROWS or spec.shape_kind in ("decode", "linear")
                 if m in args.modes and sized and nbytes not in info.copy_at:
                     try:
                         info.copy_at[nbytes] = measure_copy_at(nbytes, timer)

@@ -12,8 +12,8 @@ import re
 
 import torch
 
-from ..specs import (FAMILIES, SPECS, TOL, AttnShape, DecodeShape, FlceShape, OpSpec, RopeShape, base_mode,
-                     shape_label, shape_rows)
+from ..specs import (FAMILIES, SPECS, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape,
+                     base_mode, shape_label, shape_rows)
 from ..specs._spec import last_plan
 from .report import DTYPES, Result
 from .timing import Timer
@@ -25,6 +25,8 @@ FLCE_SHAPE_RE = re.compile(r"t(\d+)h(\d+)v(\d+)")
 ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(\d+))?(c)?(-varlen)?")
 # decode_attention: b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (p0: a contiguous cache)
 DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d+))?")
+# linear: m{M}n{N}k{K}[-bias]
+LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?")
 
 
 # ---- shapes and cases -----------------------------------------------------------------------------
@@ -33,7 +35,7 @@ DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d
 def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
     FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape;
-    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape."""
+    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias] a LinearShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -66,6 +68,13 @@ def parse_shapes(text: str) -> list[tuple]:
                                                  "Lq at most kv and the page size a power of two (p0: contiguous)")
             shapes.append(ds)
             continue
+        m = LINEAR_SHAPE_RE.fullmatch(item)
+        if m:
+            ls = LinearShape(int(m[1]), int(m[2]), int(m[3]), m[4] is not None)
+            if min(ls.m, ls.n, ls.k) == 0:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
+            shapes.append(ls)
+            continue
         m = ROPE_SHAPE_RE.fullmatch(item)
         if m:
             rs = RopeShape(*(int(v) for v in m.groups()))
@@ -82,7 +91,8 @@ def parse_shapes(text: str) -> list[tuple]:
                                              "nor b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] "
                                              "(attention), e.g. b4h32/8s4096d128c, nor "
                                              "b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (decode_attention), "
-                                             "e.g. b16h32/8kv4096d128p16")
+                                             "e.g. b16h32/8kv4096d128p16, nor m{M}n{N}k{K}[-bias] (linear), "
+                                             "e.g. m1n4096k4096")
         shapes.append((int(parts[0]), int(parts[1])))
     if not shapes:
         raise argparse.ArgumentTypeError("--shapes is empty")
@@ -94,6 +104,8 @@ def _kind(shape) -> str:
         return "attn"
     if isinstance(shape, DecodeShape):
         return "decode"
+    if isinstance(shape, LinearShape):
+        return "linear"
     return "rope" if isinstance(shape, RopeShape) else "flce" if isinstance(shape, FlceShape) else "rows"
 
 

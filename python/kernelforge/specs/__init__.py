@@ -5,15 +5,15 @@
     t = spec.inputs((16384, 4096), torch.bfloat16, "cuda", None)
     spec.traffic((16384, 4096), "fwd", 2)     # minimum bytes
 
-Families, in bench order: norm, activation, rope, softmax, loss, attention, decode. Importing this package needs no
-compiled extension; the kernelforge calls import it when they run.
+Families, in bench order: norm, activation, rope, softmax, loss, attention, decode, linear. Importing this
+package needs no compiled extension; the kernelforge calls import it when they run.
 """
 
 from __future__ import annotations
 
-from . import activation, attention, cross_entropy, decode, norm, rope, softmax
-from ._spec import (MODES, TOL, AttnShape, DecodeShape, FlceShape, OpSpec, RopeShape, Tol, base_mode, shape_label,
-                    shape_rows)
+from . import activation, attention, cross_entropy, decode, linear, norm, rope, softmax
+from ._spec import (MODES, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape, Tol, base_mode,
+                    shape_label, shape_rows)
 
 FAMILIES = {
     "norm": norm.SPECS,
@@ -23,6 +23,7 @@ FAMILIES = {
     "loss": cross_entropy.SPECS,
     "attention": attention.SPECS,
     "decode": decode.SPECS,
+    "linear": linear.SPECS,
 }
 SPECS: dict[str, OpSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 OPS = tuple(SPECS)
@@ -30,4 +31,4 @@ OPS = tuple(SPECS)
 GROUPS = {"all": OPS, **{f: tuple(s.name for s in specs) for f, specs in FAMILIES.items()}}
 
 __all__ = ["SPECS", "OPS", "GROUPS", "FAMILIES", "TOL", "Tol", "OpSpec", "RopeShape", "FlceShape", "AttnShape",
-           "DecodeShape", "MODES", "base_mode", "shape_label", "shape_rows"]
+           "DecodeShape", "LinearShape", "MODES", "base_mode", "shape_label", "shape_rows"]

@@ -1,7 +1,7 @@
 """The op spec: everything `kforge bench`, `kforge check` and the tests need to know about one op.
 
 An op is described once, in its family's module (specs/norm.py, activation.py, rope.py, softmax.py,
-cross_entropy.py, attention.py, decode.py): how to make inputs for a shape, the minimum bytes and
+cross_entropy.py, attention.py, decode.py, linear.py): how to make inputs for a shape, the minimum bytes and
 nominal FLOPs it must move and do, how kernelforge and the peers compute it, its float64 reference,
 the shapes the bench times and the shapes and variants `kforge check` runs. Adding an op is adding
 one OpSpec to its family's module (and its name to the family's SPECS tuple).
@@ -136,15 +136,28 @@ class DecodeShape(NamedTuple):
         return s + f"kv{self.kv}d{self.d}p{self.page}" + (f"q{self.lq}" if self.lq != 1 else "")
 
 
+class LinearShape(NamedTuple):
+    """A linear bench shape, written m{M}n{N}k{K}[-bias]: x [M, K] (M rows, the tokens of a decode
+    step), w [N, K] (nn.Linear's weight: N outputs, K inputs), bias [N] with -bias."""
+
+    m: int
+    n: int
+    k: int
+    bias: bool = False
+
+    def __str__(self) -> str:
+        return f"m{self.m}n{self.n}k{self.k}" + ("-bias" if self.bias else "")
+
+
 def shape_label(shape: tuple) -> str:
-    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's / DecodeShape's own form."""
-    return (str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape, DecodeShape))
+    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's / DecodeShape's / LinearShape's own form."""
+    return (str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape, DecodeShape, LinearShape))
             else f"{shape[0]}x{shape[1]}")
 
 
 def shape_rows(shape: tuple) -> int:
     """Rows of a bench shape (apply_rope: tokens B*S; the fused loss: tokens; attention: query
-    tokens, B*Sq; decode_attention: new tokens, B*Lq)."""
+    tokens, B*Sq; decode_attention: new tokens, B*Lq; linear: M)."""
     if isinstance(shape, RopeShape):
         return shape.b * shape.s
     if isinstance(shape, AttnShape):
@@ -153,6 +166,8 @@ def shape_rows(shape: tuple) -> int:
         return shape.b * shape.lq
     if isinstance(shape, FlceShape):
         return shape.t
+    if isinstance(shape, LinearShape):
+        return shape.m
     return shape[0]
 
 
@@ -164,8 +179,9 @@ Tensors = dict  # name -> tensor (or None for an absent optional tensor)
 @dataclass(frozen=True)
 class OpSpec:
     name: str  # kf.<name>: the bench and check case name
-    family: str  # norm | activation | rope | softmax | loss | attention | decode (the CLI's op groups)
-    shape_kind: str  # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode
+    family: str  # norm | activation | rope | softmax | loss | attention | decode | linear (the CLI's op groups)
+    # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode | linear
+    shape_kind: str
 
     # -- bench --
     inputs: Callable[[tuple, torch.dtype, Any, torch.Generator], Tensors]  # fresh random inputs + grads
