@@ -81,6 +81,14 @@ def kf():
     return kernelforge
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile tests start and end with dynamo's caches cleared (recompile counts are per test)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 # ---- the plan of the last kernelforge launch in the report of every failed test ------------------------
 # (a second pytest_runtest_makereport wrapper, named apart from the one above through specname)
 

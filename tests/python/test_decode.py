@@ -467,13 +467,6 @@ def test_check_flag(kf, device, dtype):
 COMPILE_DEVICES = [pytest.param("cpu", f64, id="cpu-float64"), CUDA[0]]
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("device,dtype", COMPILE_DEVICES)
 @torch._dynamo.config.patch(error_on_recompile=True)
 def test_compile_fullgraph_no_recompile(kf, fresh_dynamo, device, dtype):

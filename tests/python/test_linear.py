@@ -300,13 +300,6 @@ def test_gradcheck_cpu(kf):
 COMPILE_DEVICES = [CPU, CUDA[0]]
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("device,dtype", COMPILE_DEVICES)
 def test_compile_fullgraph(kf, fresh_dynamo, device, dtype):
     """torch.compile(fullgraph=True) of a block calling kf.linear (3-D x, bias, then a pointwise op):
