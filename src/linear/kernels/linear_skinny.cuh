@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams
     constexpr int kChunks = kBlockK / 8;  // 16-byte chunks per tile row
     constexpr int kStage = (16 + kBlockN) * kStride;
     static_assert(kBlockN == 32 * kWarps, "32 output columns per warp");
-    static_assert((kBlockN * kChunks) % kThreads == 0 && (16 * kChunks) % kThreads == 0, "tile split");
+    static_assert((kBlockN * kChunks) % kThreads == 0, "w tile split over the threads");
     extern __shared__ __align__(16) uint16_t smem[];
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -74,8 +74,9 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams
       uint16_t* sw = sx + 16 * kStride;
       if (p.vec16) {
 #pragma unroll
-        for (int i = 0; i < 16 * kChunks / kThreads; ++i) {
+        for (int i = 0; i < (16 * kChunks + kThreads - 1) / kThreads; ++i) {
           const int c = tid + i * kThreads;
+          if (c >= 16 * kChunks) break;
           const int r = c / kChunks, col = (c % kChunks) * 8;
           const int64_t kk = k + col;
           const int bytes = r < p.M && kk < ke ? int(min(int64_t(8), ke - kk)) * 2 : 0;
