@@ -142,6 +142,56 @@ def test_transformers_generate(kf, device, dtype):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_transformers_generate_decode_kernel(kf, monkeypatch, arch, device, dtype):
+    """Generation steps after the prompt (one new row against the cache, no padding, no gradient) run
+    kernelforge.decode_attention on the cache in place, with the layer's window, softcap and sinks; the
+    greedy tokens match the unpatched model's (CPU: exactly)."""
+    model = hf_model(arch, device, dtype)
+    ids = torch.randint(0, 96, (2, 7), device=device)
+    dec = importlib.import_module("kernelforge.decode")
+    calls = []
+    real = dec.decode_attention
+
+    def spy(q, *args, **kw):
+        calls.append((tuple(q.shape), kw.get("window_left"), kw.get("softcap"), kw.get("sinks") is not None))
+        return real(q, *args, **kw)
+
+    monkeypatch.setattr(dec, "decode_attention", spy)
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+        got = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    kf.unpatch(model)
+    assert len(calls) == 5 * 2  # 5 decode steps after the prompt, 2 layers
+    assert all(c[0] == (2, 1, 2, 64) for c in calls)
+    if arch == "gemma2":
+        assert {c[1] for c in calls} == {-1, 4} and all(c[2] == 5.0 for c in calls)  # window 5 on one layer
+    if arch == "gpt_oss":
+        assert all(c[3] for c in calls)
+    if dtype == torch.float32:
+        assert torch.equal(got, want)
+
+
+def test_decode_path_needs_no_grad_and_aligned_cache(kf):
+    """hf_attention's decode route: not taken when a gradient is needed or for more rows than a decode
+    step; the output equals kernelforge.attention's (bottom-right causal) on the same states."""
+    pa = importlib.import_module("kernelforge.patch.attention")
+    q = torch.randn(2, 1, 4, 64, dtype=torch.float64)
+    k, v = torch.randn(2, 9, 2, 64, dtype=torch.float64), torch.randn(2, 9, 2, 64, dtype=torch.float64)
+    out = pa._decode(q, k, v, True, (-1, -1), 0.0, None, None)
+    assert out is not None
+    torch.testing.assert_close(out, kf.attention(q, k, v, causal=True), rtol=1e-12, atol=1e-12)
+    out_w = pa._decode(q, k, v, True, (3, 0), 2.0, 0.1, None)
+    torch.testing.assert_close(out_w, kf.attention(q, k, v, causal=True, window=(3, 0), softcap=2.0, scale=0.1),
+                               rtol=1e-12, atol=1e-12)
+    assert pa._decode(q.requires_grad_(), k, v, True, (-1, -1), 0.0, None, None) is None
+    assert pa._decode(torch.randn(2, 17, 4, 64, dtype=torch.float64), torch.randn(2, 40, 2, 64, dtype=torch.float64),
+                      torch.randn(2, 40, 2, 64, dtype=torch.float64), True, (-1, -1), 0.0, None, None) is None
+    assert pa._decode(q.detach(), k, v, False, (-1, -1), 0.0, None, None) is None  # bidirectional: not a decode step
+
+
 def train_step(model, ids, mask=None, labels=None):
     """One training step (train mode): the loss and every parameter's gradient, float32 copies."""
     model.train()

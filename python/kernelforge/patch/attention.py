@@ -29,6 +29,9 @@ GQA) and returns ([B, Sq, Hq, Dv], None). It calls ``kernelforge.attention`` wit
   flash-attention's pad_input). Query rows are the last Sq positions of the mask.
 - ``cu_seq_lens_q`` / ``cu_seq_lens_k`` kwargs (padding-free batches): varlen over the flattened
   tokens; ``max_length_q`` / ``_k`` when they are ints, else the token count (no .item()).
+- decode steps (generation with a KV cache, no padding mask, no gradient: causal, Sq <= 16 new rows
+  against Sk > Sq keys) run ``kernelforge.decode_attention`` on the key / value states in place (one
+  contiguous cache page per sequence), with the same window, softcap, sinks and scale.
 
 Training: the gradients of query, key, value and s_aux flow through the kernel's backward (the
 padded path's gather / scatter and the dtype casts are ordinary differentiable torch ops).
@@ -59,8 +62,11 @@ import torch
 
 from ._runtime import announce_fallback
 
-# the module kernelforge.attention (the package binds the name `attention` to the function)
+# the modules kernelforge.attention and kernelforge.decode (the package binds the names to the functions)
 _attn = importlib.import_module("..attention", __package__)
+_dec = importlib.import_module("..decode", __package__)
+
+DECODE_MAX_ROWS = 16  # new rows per sequence up to which a causal step runs the decode kernel
 
 NAME = "kernelforge"
 STATE_ATTR = "_kf_attn_patch"  # on a patched transformers model: the attention implementation it had
@@ -200,6 +206,30 @@ def _padded(q, k, v, mask, **opts):
     return out.masked_fill_(~keep_q[:, :, None, None], 0)
 
 
+def _decode(q, k, v, causal: bool, window, softcap: float, scale, sinks):
+    """The decode kernel for a decode step (kernelforge.decode_attention), or None when it does not apply.
+
+    A decode step is causal with a few new rows (Sq <= DECODE_MAX_ROWS) against more cached keys, no
+    padding mask, no gradient to carry, equal head dims of 64, 128 or 256. The cache is read in
+    place: the [B, Sk, Hkv, D] views of transformers' key / value states are the kernel's contiguous
+    cache (sequence b in page b, every length Sk), so no copy is made; the kernel's 16-byte row loads
+    need every stride a multiple of 8 elements and an aligned start (storage offsets are checked: the
+    storage itself is allocator-aligned, and storage_offset is known under torch.compile too)."""
+    B, sq, _, d = q.shape
+    sk = k.shape[1]
+    if not causal or window[1] > 0 or not 1 <= sq <= DECODE_MAX_ROWS or sq >= sk or d not in (64, 128, 256):
+        return None
+    if v.shape[-1] != d or (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, sinks))):
+        return None
+    if q.device.type == "cuda" and any(
+            t.storage_offset() % 8 or t.stride(0) % 8 or t.stride(1) % 8 or t.stride(2) % 8 for t in (k, v)):
+        return None
+    seq_lens = torch.full((B,), sk, dtype=torch.int32, device=q.device)
+    return _dec.decode_attention(q, k, v, seq_lens, scale=scale, window_left=window[0], softcap=softcap,
+                                 sinks=sinks, max_seq_len=sk)
+
+
 def _max_length(m, total: int) -> int:
     return m if isinstance(m, int) and not isinstance(m, bool) else total
 
@@ -244,7 +274,12 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     opts = {"causal": bool(causal), "window": window, "softcap": float(softcap or 0.0), "scale": scaling,
             "sinks": sinks}
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if attention_mask is not None:
+    dec = None
+    if attention_mask is None and cu_q is None:
+        dec = _decode(q, k, v, opts["causal"], window, opts["softcap"], scaling, sinks)
+    if dec is not None:
+        out = dec
+    elif attention_mask is not None:
         out = _padded(q, k, v, attention_mask, **opts)
     elif cu_q is not None and cu_k is not None:
         tq, tk = q.shape[0] * q.shape[1], k.shape[0] * k.shape[1]
