@@ -5,8 +5,12 @@ Cases (kernelforge/models.py builds the models, random weights):
   llama_train    the same model, one training step (causal-LM loss, backward)
   vit_train      ViT-B/16-shaped encoder, one training step on 32 images of 224 x 224
   ltx            LTX-Video transformer denoising step: 28 blocks, 2688 video + 128 text tokens, batch 2
+  llama_generate the Llama-1B-shaped model generating 128 tokens after a 512-token prompt, batch 1,
+                 greedy (HF generate); reported per generated token, prefill included
 Providers: eager (the model as written), compile (torch.compile), kernelforge (kf.patch), and
-kernelforge_compile (torch.compile of the patched model). Each (case, provider) runs in a fresh
+kernelforge_compile (torch.compile of the patched model). For llama_generate, the compile providers
+use transformers' static cache with the model's forward compiled (HF's recipe for fast generation);
+eager and kernelforge its default dynamic cache. Each (case, provider) runs in a fresh
 Python process (no compile cache, allocator state or patch shared with another provider), which
 prints one JSON line: milliseconds per step (median of CUDA-event times after warm-up) and the peak
 memory. The parent prints the table (speed-up over eager and over compile), writes OUT/e2e.csv and
@@ -34,6 +38,7 @@ CASES = {  # case -> (models.py builder, training step?)
     "llama_train": ("llama", True),
     "vit_train": ("vit", True),
     "ltx": ("ltx", False),
+    "llama_generate": ("llama_generate", False),
 }
 PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
 
@@ -55,7 +60,12 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
     patched = 0
     if provider.startswith("kernelforge"):
         patched = len(kf.patch(module).patched)
-    run = torch.compile(module) if provider.endswith("compile") else module
+    if model.new_tokens and provider.endswith("compile"):  # generation: static cache, compiled forward
+        module.generation_config.cache_implementation = "static"
+        module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
+        run = module
+    else:
+        run = torch.compile(module) if provider.endswith("compile") else module
 
     def step():
         if not train:
@@ -75,8 +85,9 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
     setup_s = time.perf_counter() - t0
     times = [time_step_ms(step, device) for _ in range(iters)]
     peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else float("nan")
-    return {"case": case, "provider": provider, "ms": statistics.median(times), "peak_mib": peak,
-            "setup_s": setup_s, "patched_modules": patched, "what": model.what}
+    ms = statistics.median(times) / (model.new_tokens or 1)  # generation: per generated token
+    return {"case": case, "provider": provider, "ms": ms, "peak_mib": peak, "setup_s": setup_s,
+            "patched_modules": patched, "what": model.what}
 
 
 # ---- parent: every (case, provider) in its own process -------------------------------------------------

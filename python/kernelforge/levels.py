@@ -207,8 +207,9 @@ def plot(path: str, model_name: str, what: str, rows: list[Row]) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", type=csv_list(tuple(MODELS)), default=["lm", "vit", "gnn"],
-                   help=f"comma-separated, from {', '.join(MODELS)} (default lm,vit,gnn)")
+    steps = tuple(m for m in MODELS if m != "llama_generate")  # forward / training steps (not generate loops)
+    p.add_argument("--models", type=csv_list(steps), default=["lm", "vit", "gnn"],
+                   help=f"comma-separated, from {', '.join(steps)} (default lm,vit,gnn)")
     p.add_argument("--levels", type=csv_list(LEVELS), default=list(LEVELS), help="comma-separated levels")
     p.add_argument("--modes", type=csv_list(MODES), default=list(MODES), help="fwd, train or both")
     add_model_arguments(p)

@@ -38,6 +38,7 @@ class Model:
     what: str
     kind: str  # "llama", "vit", "gnn", "ltx": which levels apply
     loss: Callable | None = None  # (module, *inputs) -> scalar training loss; None: mean square of the output
+    new_tokens: int = 0  # generation models: tokens generated per step (forward generates them)
 
     def train_loss(self, module: nn.Module, *inputs) -> torch.Tensor:
         if self.loss is not None:
@@ -73,6 +74,21 @@ def _llama(size: str, device, dtype, small_lm: bool) -> Model:
 
     return Model(model, (ids,), forward, f"Llama ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), "
                  f"{batch} x {seq} tokens", "llama", loss)
+
+
+def _llama_generate(size: str, device, dtype) -> Model:
+    """The Llama-1B-shaped model generating: a 512-token prompt, 128 new tokens, greedy, batch 1 (small:
+    the 2-layer model, 16 + 4 tokens). forward runs the whole generate call."""
+    base = _llama(size, device, dtype, False)
+    prompt, new = (16, 4) if size == "small" else (512, 128)
+    ids = base.inputs[0][:1, :prompt].contiguous()
+    base.module.generation_config.pad_token_id = 0
+
+    def forward(m, ids):
+        return m.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+
+    return Model(base.module, (ids,), forward, f"{base.what.split(',')[0]}, generate: prompt {prompt}, "
+                 f"{new} new tokens, batch 1", "llama", None, new)
 
 
 def _vit(size: str, device, dtype) -> Model:
@@ -168,6 +184,7 @@ def _ltx(size: str, device, dtype) -> Model:
 MODELS = {
     "lm": lambda s, d, t: _llama(s, d, t, True),
     "llama": lambda s, d, t: _llama(s, d, t, False),
+    "llama_generate": _llama_generate,
     "vit": _vit,
     "gnn": _gnn,
     "ltx": _ltx,

@@ -33,6 +33,16 @@ def test_e2e_small(capsys, tmp_path, device):
         assert float(rows["kernelforge"]["peak_mib"]) > 0
 
 
+def test_worker_generate_per_token():
+    """llama_generate: the worker times whole generate calls and reports milliseconds per new token, for
+    the eager model and the patched one (whose decode steps run decode_attention)."""
+    pytest.importorskip("transformers")
+    for provider in ("eager", "kernelforge"):
+        r = E.run_worker("llama_generate", provider, "small", "cpu", 1, 1)
+        assert r["case"] == "llama_generate" and r["ms"] > 0 and "4 new tokens" in r["what"]
+        assert (r["patched_modules"] > 0) == (provider == "kernelforge")
+
+
 def test_worker_reports_one_step():
     """The worker computes in this process what the parent reads from a child's JSON line."""
     pytest.importorskip("transformers")
