@@ -174,6 +174,53 @@ def test_transformers_generate_decode_kernel(kf, monkeypatch, arch, device, dtyp
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gpt_oss"])
+@pytest.mark.parametrize("device,dtype", CASES)
+def test_continuous_batching_paged_kernelforge(kf, monkeypatch, arch, device, dtype):
+    """transformers' continuous batching (generate_batch) with "paged|kernelforge": the packed requests run
+    kernelforge.attention (varlen) over the paged cache's context rows, with the layer's window and
+    sinks; the greedy tokens equal "paged|eager"'s (CPU float32: exactly; CUDA bf16: the kernel ran and
+    every request produced its tokens)."""
+    from transformers import GenerationConfig  # noqa: PLC0415
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: PLC0415
+    from transformers.generation.continuous_batching import cache as cb_cache  # noqa: PLC0415
+
+    if device == "cpu":  # the cache sizes itself from free GPU memory; give the CPU run a budget
+        monkeypatch.setattr(cb_cache.PagedAttentionMemoryHandler, "get_available_memory", lambda self: 1 << 30)
+    pa = importlib.import_module("kernelforge.patch.attention")
+    assert pa.register_transformers()
+    calls = []
+    real = pa._attn.attention
+
+    def spy(q, *args, **kw):
+        calls.append(kw.get("window"))
+        return real(q, *args, **kw)
+
+    monkeypatch.setattr(pa._attn, "attention", spy)
+    model = hf_model(arch, device, dtype)
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [9] * 12]
+    gc = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = ContinuousBatchingConfig(block_size=16, num_blocks=16, max_batch_tokens=64)
+    got = {}
+    for impl in ("paged|eager", pa.PAGED_NAME):
+        model.set_attn_implementation(impl)
+        out = model.generate_batch(inputs=prompts, generation_config=gc, continuous_batching_config=cfg)
+        got[impl] = {k: list(r.generated_tokens) for k, r in out.items()}
+    assert calls, "paged|kernelforge did not reach kernelforge.attention"
+    if arch == "mistral":
+        assert (4, 0) in calls  # sliding window 5: the last 5 keys including the token's own
+    assert all(len(t) == 5 for t in got[pa.PAGED_NAME].values())
+    if dtype == torch.float32:
+        assert got[pa.PAGED_NAME] == got["paged|eager"]
+
+
+def test_paged_kernelforge_needs_the_paged_cache():
+    pa = importlib.import_module("kernelforge.patch.attention")
+    q = torch.randn(1, 2, 3, 64)
+    with pytest.raises(ValueError, match="paged cache"):
+        pa.hf_paged_attention(torch.nn.Module(), q, q, q, None)
+
+
 def test_decode_path_needs_no_grad_and_aligned_cache(kf):
     """hf_attention's decode route: not taken when a gradient is needed or for more rows than a decode
     step; the output equals kernelforge.attention's (bottom-right causal) on the same states."""

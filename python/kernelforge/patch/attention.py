@@ -4,7 +4,8 @@ is differentiable for q, k, v and sinks). Dropout in training, or a mask the ker
 runs the library's own attention, with a warning once (KF_STRICT=1: an error).
 
 transformers (5.x): ``"kernelforge"`` is registered in ``AttentionInterface`` (the attention function)
-and ``AttentionMaskInterface`` (the mask function); ``patch`` sets ``model.set_attn_implementation(
+and ``AttentionMaskInterface`` (the mask function), and ``"paged|kernelforge"`` for continuous batching
+(``generate_batch`` switches a "kernelforge" model to it; see ``hf_paged_attention``); ``patch`` sets ``model.set_attn_implementation(
 "kernelforge")`` on the outermost ``PreTrainedModel`` and ``unpatch`` restores the implementation it
 had. The mask function follows flash-attention's: for the plain patterns (causal, bidirectional and
 their sliding-window forms, with padding) it returns None or the 2-D padding mask [B, Lk] (the window
@@ -293,12 +294,67 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     return out.to(query.dtype), None
 
 
+PAGED_NAME = "paged|" + NAME
+
+
+def hf_paged_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                       sliding_window=None, softcap=None, s_aux=None, **kwargs):
+    """transformers' continuous batching (``generate_batch``) attention for "paged|kernelforge".
+
+    Continuous batching packs every scheduled request's new tokens into one row: query [1, Hq, T, D],
+    key / value [1, Hkv, T, D]. The paged cache writes the new keys and values into its pages and reads
+    back each request's whole context as packed rows [Tk, Hkv, D] (its read / write indices); the
+    requests are then varlen sequences (``cu_seq_lens_q`` / ``cu_seq_lens_k``, per layer type when the
+    model mixes sliding and full layers) and run kernelforge.attention(layout="varlen"), causal and
+    bottom-right aligned (each request's new tokens are the last of its keys), with the layer's sliding
+    window, softcap, sinks (``s_aux``) and scale. Returns [1, T, Hq, Dv]. What the kernel does not take
+    (dropout in training, CUDA float32, other head dims) runs transformers' "paged|sdpa", announced."""
+    cache = kwargs.pop("cache", None)
+    if cache is None:
+        raise ValueError(f"'{PAGED_NAME}' was called without continuous batching's paged cache: it expects the "
+                         "packed inputs generate_batch prepares; use 'kernelforge' for a standard forward")
+    window_size = getattr(module, "sliding_window", None) or sliding_window
+    layer_type = "sliding_attention" if window_size else "full_attention"
+    dtype = _attn.reference_dtype(query)
+    why = None
+    if dropout and module.training:
+        why = f"dropout={dropout} in training mode"
+    elif dtype is None:
+        why = f"{query.dtype} {query.device.type} tensors"
+    elif not _attn.head_dims_supported(query, value):
+        why = f"head dims {query.shape[-1]}/{value.shape[-1]}"
+    if why is not None:
+        from transformers.integrations.sdpa_paged import sdpa_attention_paged_forward  # noqa: PLC0415
+
+        _fallback(f"{type(module).__name__} paged attention", why, "transformers' paged|sdpa")
+        return sdpa_attention_paged_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                            scaling=scaling, cache=cache, **kwargs)
+    k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                        read_index=kwargs["read_index"], write_index=kwargs["write_index"])  # [Tk, Hkv, D]
+    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    max_q, max_k = kwargs.get("max_seqlen_q"), kwargs.get("max_seqlen_k")
+    if isinstance(cu_k, dict):
+        cu_k, max_k = cu_k[layer_type], max_k[layer_type] if isinstance(max_k, dict) else max_k
+    q = query[0].transpose(0, 1)  # [T, Hq, D]
+    if dtype != q.dtype:  # CPU float32: the float64 reference
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    sinks = s_aux
+    if sinks is not None and sinks.dtype not in (torch.float32, q.dtype):
+        sinks = sinks.float()
+    out = _attn.attention(q, k, v, causal=True, window=_window(window_size, True), softcap=float(softcap or 0.0),
+                          scale=scaling, sinks=sinks, cu_seqlens_q=cu_q.to(torch.int32),
+                          cu_seqlens_k=cu_k.to(torch.int32), max_seqlen_q=_max_length(max_q, q.shape[0]),
+                          max_seqlen_k=_max_length(max_k, k.shape[0]), layout="varlen")
+    return out.to(query.dtype).unsqueeze(0), None
+
+
 _REGISTERED = [False]
 
 
 def register_transformers() -> bool:
-    """Registers "kernelforge" in transformers' AttentionInterface and AttentionMaskInterface (once);
-    False when transformers is not importable."""
+    """Registers "kernelforge" in transformers' AttentionInterface and AttentionMaskInterface, and
+    "paged|kernelforge" (continuous batching) in AttentionInterface (once); False when transformers is
+    not importable."""
     if _REGISTERED[0]:
         return True
     try:
@@ -308,6 +364,7 @@ def register_transformers() -> bool:
         return False
     AttentionInterface.register(NAME, hf_attention)
     AttentionMaskInterface.register(NAME, mask_function)
+    AttentionInterface.register(PAGED_NAME, hf_paged_attention)
     _REGISTERED[0] = True
     return True
 
