@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/device.h"
-#include "decode/decode_problem.h"
+#include "decode/decode_plan.h"
 #include "kernelforge/decode.h"
 
 namespace kf = kernelforge;

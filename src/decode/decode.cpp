@@ -9,7 +9,7 @@
 
 #include "common/device.h"
 #include "common/dispatch.h"
-#include "decode/decode_problem.h"
+#include "decode/decode_plan.h"
 
 namespace kernelforge {
 

@@ -9,7 +9,7 @@
 #include "common/launch.cuh"
 #include "common/occupancy.h"
 #include "decode/decode_config.h"
-#include "decode/decode_problem.h"
+#include "decode/decode_plan.h"
 #include "decode/kernels/decode_attention.cuh"
 #include "decode/kernels/decode_merge.cuh"
 

@@ -7,13 +7,14 @@
 // CTA plus a fixed cost per CTA (the pipeline fill and the merge of the warps, about kCtaOverheadTiles
 // tiles), and the merge pass when s > 1; the smallest cost wins, the smaller s on ties. A split holds
 // at least kMinSplitKeys keys (shorter ones are all overhead).
+#include "decode/decode_plan.h"
+
 #include <cstdint>
 #include <string>
 
 #include "common/device.h"
 #include "common/math.h"
 #include "decode/decode_config.h"
-#include "decode/decode_problem.h"
 
 namespace kernelforge {
 

@@ -83,14 +83,4 @@ struct KvAppendParams {
 
 Status validate_kv_append(const char* name, bool cuda, const KvAppendTensors& t, KvAppendParams* p, DType* dtype);
 
-// ---- plan (decode_plan.cpp) ------------------------------------------------------------------------
-struct DeviceInfo;
-DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev);
-Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p);
-size_t decode_workspace_bytes(const DecodePlan& plan, const DecodeParams& p);
-// Row tiles per (sequence, kv head): ceil(rows / plan.rows).
-inline int32_t decode_row_tiles(const DecodePlan& plan, const DecodeParams& p) {
-  return (p.rows + plan.rows - 1) / plan.rows;
-}
-
 }  // namespace kernelforge

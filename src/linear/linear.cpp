@@ -9,7 +9,7 @@
 
 #include "common/device.h"
 #include "common/dispatch.h"
-#include "linear/linear_problem.h"
+#include "linear/linear_plan.h"
 
 namespace kernelforge {
 

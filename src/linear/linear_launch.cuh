@@ -11,7 +11,7 @@
 #include "linear/kernels/linear_reduce.cuh"
 #include "linear/kernels/linear_skinny.cuh"
 #include "linear/linear_config.h"
-#include "linear/linear_problem.h"
+#include "linear/linear_plan.h"
 
 namespace kernelforge {
 

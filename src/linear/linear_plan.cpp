@@ -3,13 +3,14 @@
 // model counts CTA waves (over two resident CTAs per SM) times the K tiles per CTA plus a fixed cost
 // per CTA (the ring's fill and the epilogue, about kCtaOverheadTiles tiles) and the reduction when
 // s > 1; the smallest cost wins, the smaller s on ties. A split covers at least kMinSplitTiles tiles.
+#include "linear/linear_plan.h"
+
 #include <cstdint>
 #include <string>
 
 #include "common/device.h"
 #include "common/math.h"
 #include "linear/linear_config.h"
-#include "linear/linear_problem.h"
 
 namespace kernelforge {
 

@@ -26,9 +26,4 @@ struct LinearParams {
 // Checks every argument; `cuda` = false admits float32 / float64 and any M (the CPU reference).
 Status validate_linear(const char* name, bool cuda, const LinearTensors& t, LinearParams* p, DType* dtype);
 
-struct DeviceInfo;
-LinearPlan plan_linear(const LinearParams& p, const DeviceInfo& dev);
-Status check_linear_plan(const LinearPlan& plan, const LinearParams& p);
-size_t linear_workspace_bytes(const LinearPlan& plan, const LinearParams& p);
-
 }  // namespace kernelforge

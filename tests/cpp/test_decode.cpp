@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "common/device.h"
-#include "decode/decode_problem.h"
+#include "decode/decode_plan.h"
 #include "kernelforge/decode.h"
 #include "test_util.h"
 

@@ -15,7 +15,7 @@
 
 #include "common/device.h"
 #include "kernelforge/linear.h"
-#include "linear/linear_problem.h"
+#include "linear/linear_plan.h"
 #include "test_util.h"
 
 namespace {
