@@ -204,7 +204,12 @@ def test_continuous_batching_paged_kernelforge(kf, monkeypatch, arch, device, dt
     got = {}
     for impl in ("paged|eager", pa.PAGED_NAME):
         model.set_attn_implementation(impl)
-        out = model.generate_batch(inputs=prompts, generation_config=gc, continuous_batching_config=cfg)
+        try:
+            out = model.generate_batch(inputs=prompts, generation_config=gc, continuous_batching_config=cfg)
+        except ValueError as e:  # newer transformers run continuous batching on their own implementations only
+            if impl == pa.PAGED_NAME and "not supported for continuous batching" in str(e):
+                pytest.skip(f"transformers {transformers.__version__} refuses custom continuous-batching attention")
+            raise
         got[impl] = {k: list(r.generated_tokens) for k, r in out.items()}
     assert calls, "paged|kernelforge did not reach kernelforge.attention"
     if arch == "mistral":
