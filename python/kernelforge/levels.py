@@ -26,6 +26,7 @@ the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import dataclasses
@@ -77,6 +78,8 @@ def apply_level(level: str, model: Model) -> Callable:
     if level == "triton":
         if model.kind != "llama":
             raise Unavailable("Liger-Kernel has no kernels for this model")
+        if any(p.device.type != "cuda" for p in m.parameters()):
+            raise Unavailable("Liger-Kernel's Triton kernels run on CUDA tensors only")
         try:
             from liger_kernel.transformers import apply_liger_kernel_to_llama  # noqa: PLC0415
         except ImportError:
@@ -115,7 +118,36 @@ class Row:
     status: str = "ok"
 
 
+@contextlib.contextmanager
+def _module_globals_restored(prefix: str):
+    """Puts back every global of the ``prefix*`` modules that the block rebinds.
+
+    Liger's apply_liger_kernel_to_* rebinds classes and functions in transformers' modeling modules, not
+    only on the model it is given; left in place, every later level in the process would run Liger's
+    kernels (and every model built later, CPU ones included)."""
+    saved = {name: dict(vars(mod)) for name, mod in list(sys.modules.items())
+             if mod is not None and (name == prefix or name.startswith(prefix + "."))}
+    try:
+        yield
+    finally:
+        for name, before in saved.items():
+            mod = sys.modules.get(name)
+            if mod is None:
+                continue
+            now = vars(mod)
+            for key, value in before.items():
+                if now.get(key, before) is not value:
+                    setattr(mod, key, value)
+
+
 def run_level(model: Model, level: str, mode: str, ref: torch.Tensor, device: str, warmup: int, iters: int) -> Row:
+    if level != "triton":
+        return _run_level(model, level, mode, ref, device, warmup, iters)
+    with _module_globals_restored("transformers"):
+        return _run_level(model, level, mode, ref, device, warmup, iters)
+
+
+def _run_level(model: Model, level: str, mode: str, ref: torch.Tensor, device: str, warmup: int, iters: int) -> Row:
     row = Row("", mode, level)
     m = dataclasses.replace(model, module=copy.deepcopy(model.module).train(mode == "train"))
     try:

@@ -45,6 +45,41 @@ def test_levels_cpu(capsys, tmp_path):
     assert (tmp_path / "levels_lm.png").stat().st_size > 0 and (tmp_path / "levels_gnn.png").stat().st_size > 0
 
 
+def test_triton_level_leaves_transformers_as_it_was():
+    """Liger rebinds transformers' modeling globals; the level puts them back, so later levels (and
+    models) in the process run without Liger."""
+    import sys  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    mod = types.ModuleType("transformers._kf_levels_probe")
+    mod.f = original = object()
+    sys.modules[mod.__name__] = mod
+    try:
+        with L._module_globals_restored("transformers"):
+            mod.f = object()
+        assert mod.f is original
+        with pytest.raises(RuntimeError), L._module_globals_restored("transformers"):
+            mod.f = object()
+            raise RuntimeError
+        assert mod.f is original
+    finally:
+        del sys.modules[mod.__name__]
+
+
+@pytest.mark.cuda
+def test_triton_level_then_kernelforge_level(tmp_path, capsys):
+    """With Liger installed, the triton level runs Liger and the kernelforge level after it runs without."""
+    pytest.importorskip("liger_kernel")
+    modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    before = dict(vars(modeling_llama))
+    rc, cap = _run(capsys, ["--models", "lm", "--size", "small", "--device", "cuda", "--levels",
+                            "eager,triton,kernelforge", "--modes", "fwd", "--iters", "1", "--warmup", "1",
+                            "--out", str(tmp_path)])
+    assert rc == 0, cap.err
+    assert all(vars(modeling_llama)[k] is v for k, v in before.items())
+    assert all(r["status"] == "ok" for r in _rows(tmp_path / "levels.csv")), cap.out
+
+
 @pytest.mark.cuda
 def test_levels_cuda(capsys, tmp_path):
     pytest.importorskip("transformers")
