@@ -1,0 +1,311 @@
+// Public entry points of the GEMM family: validate (gemm_validate.cpp), check the device, plan (cuBLASLt's
+// heuristic, cached per distinct problem), run (cublasLtMatmul with the fused epilogue; the family's own
+// kernels for K = 0 and for row sums without a product).
+//
+// cuBLASLt is column-major. out [M, N] row-major is the column-major N x M matrix D, so D = op(A) op(B)
+// with A <- b (m = N rows of D) and B <- a (n = M columns): a row-major b [N, K] is the column-major
+// K x N matrix taken transposed, a column-major one is N x K taken as is; a row-major a [M, K] is the
+// column-major K x M matrix taken as is, a column-major one M x K taken transposed. The bias (length m =
+// N) is cuBLASLt's per-row bias of D; a_sum, the sum of op(B) over k (length n = M), its BGRADB epilogue.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "common/device.h"
+#include "gemm/gemm_problem.h"
+
+namespace kernelforge {
+
+template <typename T>
+Status launch_gemm_fill(const GemmParams& p, GemmActivation act, const DeviceInfo& dev, cudaStream_t stream);
+template <typename T>
+Status launch_gemm_row_sum(const GemmParams& p, const DeviceInfo& dev, cudaStream_t stream);
+
+std::string to_string(const GemmPlan& plan) {
+  if (plan.algo_id < 0) return "gemm_none (no product: K = 0 or an empty output)";
+  return "gemm_cublaslt algo=" + std::to_string(plan.algo_id) + " tile=" + std::to_string(plan.tile) +
+         " stages=" + std::to_string(plan.stages) + " split_k=" + std::to_string(plan.split_k) +
+         " ws=" + std::to_string(plan.workspace);
+}
+
+namespace {
+
+// The largest workspace the heuristic may ask for: cuBLAS's recommendation on Hopper (split-K and
+// stream-K algorithms use it).
+constexpr size_t kMaxWorkspace = size_t(32) << 20;
+
+struct Prepared {
+  GemmParams p;
+  DType dtype = DType::kFloat16;
+  int device = 0;
+  const DeviceInfo* dev = nullptr;
+};
+
+Status prepare(const GemmTensors& t, GemmActivation act, Prepared* w) {
+  Status s = validate_gemm("gemm", true, t, act, &w->p, &w->dtype);
+  if (!s.ok()) return s;
+  if (!(s = check_device("gemm", t.a->device.index, w->dtype, &w->dev)).ok()) return s;
+  w->device = t.a->device.index;
+  return Status::Ok();
+}
+
+bool product(const GemmParams& p) { return p.M > 0 && p.N > 0 && p.K > 0; }
+
+Status lt_status(cublasStatus_t st, const char* what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Status::Cuda(std::string("gemm: cuBLASLt ") + what + " failed: " + cublasLtGetStatusString(st));
+}
+
+// One cuBLASLt handle per device, created on first use and kept for the process (the handle holds no
+// stream; cuBLASLt calls on one handle may come from several threads).
+Status handle_for(int device, cublasLtHandle_t* out) {
+  static std::mutex mu;
+  static std::map<int, cublasLtHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = handles.find(device);
+  if (it == handles.end()) {
+    cublasLtHandle_t h = nullptr;
+    Status s = lt_status(cublasLtCreate(&h), "cublasLtCreate");
+    if (!s.ok()) return s;
+    it = handles.emplace(device, h).first;
+  }
+  *out = it->second;
+  return Status::Ok();
+}
+
+cublasLtEpilogue_t epilogue_of(const GemmParams& p, GemmActivation act) {
+  const bool bias = p.bias != nullptr;
+  if (p.a_sum != nullptr) return CUBLASLT_EPILOGUE_BGRADB;
+  switch (act) {
+    case GemmActivation::kRelu:
+      return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    case GemmActivation::kGeluTanh:
+      if (p.aux != nullptr) return bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      return bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    case GemmActivation::kNone:
+      break;
+  }
+  return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+uint32_t alignment(const void* ptr) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(ptr);
+  return v % 16 == 0 ? 16 : v % 8 == 0 ? 8 : v % 4 == 0 ? 4 : 2;
+}
+
+// The descriptors of one call; the pointers of the epilogue are set too, so the same object runs it.
+struct Desc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  Desc() = default;
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  ~Desc() {
+    if (lc != nullptr) cublasLtMatrixLayoutDestroy(lc);
+    if (lb != nullptr) cublasLtMatrixLayoutDestroy(lb);
+    if (la != nullptr) cublasLtMatrixLayoutDestroy(la);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <typename V>
+Status set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& value, const char* what) {
+  return lt_status(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)), what);
+}
+
+Status make_desc(const GemmParams& p, DType dtype, GemmActivation act, Desc* d) {
+  const cudaDataType_t type = dtype == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  Status s = lt_status(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  if (!s.ok()) return s;
+  // A <- b: N x K taken as is when column-major, K x N transposed when row-major.
+  const cublasOperation_t ta = p.b.row_major ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = p.a.row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+  if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_TRANSA, ta, "TRANSA")).ok()) return s;
+  if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_TRANSB, tb, "TRANSB")).ok()) return s;
+  const cublasLtEpilogue_t epi = epilogue_of(p, act);
+  if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi, "EPILOGUE")).ok()) return s;
+  const void* bias = p.a_sum != nullptr ? p.a_sum : p.bias;
+  if (bias != nullptr) {
+    if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "BIAS_POINTER")).ok()) return s;
+    if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type, "BIAS_DATA_TYPE")).ok()) return s;
+  }
+  if (p.aux != nullptr) {
+    const int64_t ld = p.N;
+    if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, "AUX_POINTER")).ok()) return s;
+    if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld, "AUX_LD")).ok()) return s;
+    if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, type, "AUX_DATA_TYPE")).ok()) return s;
+  }
+  const uint64_t M = uint64_t(p.M), N = uint64_t(p.N), K = uint64_t(p.K);
+  s = lt_status(p.b.row_major ? cublasLtMatrixLayoutCreate(&d->la, type, K, N, p.b.ld)
+                              : cublasLtMatrixLayoutCreate(&d->la, type, N, K, p.b.ld),
+                "cublasLtMatrixLayoutCreate(b)");
+  if (!s.ok()) return s;
+  s = lt_status(p.a.row_major ? cublasLtMatrixLayoutCreate(&d->lb, type, K, M, p.a.ld)
+                              : cublasLtMatrixLayoutCreate(&d->lb, type, M, K, p.a.ld),
+                "cublasLtMatrixLayoutCreate(a)");
+  if (!s.ok()) return s;
+  return lt_status(cublasLtMatrixLayoutCreate(&d->lc, type, N, M, p.ldo), "cublasLtMatrixLayoutCreate(out)");
+}
+
+// What decides cuBLASLt's choice: shapes, layouts, strides, alignments, dtype and epilogue.
+std::string cache_key(const Prepared& w, GemmActivation act) {
+  const GemmParams& p = w.p;
+  std::string k;
+  for (int64_t v : {int64_t(w.device), int64_t(w.dtype), int64_t(epilogue_of(p, act)), p.M, p.N, p.K,
+                    int64_t(p.a.row_major), p.a.ld, int64_t(p.b.row_major), p.b.ld, p.ldo,
+                    int64_t(alignment(p.a.data)), int64_t(alignment(p.b.data)), int64_t(alignment(p.out)),
+                    int64_t(p.aux != nullptr ? alignment(p.aux) : 0),
+                    int64_t(p.bias != nullptr ? alignment(p.bias) : 0)})
+    k += std::to_string(v) + ",";
+  return k;
+}
+
+Status heuristic(const Prepared& w, GemmActivation act, GemmPlan* plan) {
+  const GemmParams& p = w.p;
+  static std::mutex mu;
+  static std::map<std::string, GemmPlan> cache;
+  const std::string key = cache_key(w, act);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      *plan = it->second;
+      return Status::Ok();
+    }
+  }
+  cublasLtHandle_t handle;
+  Status s = handle_for(w.device, &handle);
+  if (!s.ok()) return s;
+  Desc d;
+  if (!(s = make_desc(p, w.dtype, act, &d)).ok()) return s;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!(s = lt_status(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate")).ok()) return s;
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
+    return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+  };
+  cublasStatus_t st = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kMaxWorkspace));
+  if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(p.b.data));
+  if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.a.data));
+  if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.out));
+  if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(p.out));
+  cublasLtMatmulHeuristicResult_t result = {};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.la, d.lb, d.lc, d.lc, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (!(s = lt_status(st, "cublasLtMatmulAlgoGetHeuristic")).ok()) return s;
+  if (found == 0)
+    return Status::NotSupported("gemm: cuBLASLt has no algorithm for M=" + std::to_string(p.M) +
+                                " N=" + std::to_string(p.N) + " K=" + std::to_string(p.K) + " with epilogue " +
+                                std::to_string(int(epilogue_of(p, act))) +
+                                (p.aux != nullptr ? " (aux wants N % 8 == 0 and 16-byte alignment)" : ""));
+  GemmPlan out;
+  static_assert(sizeof(out.algo) == sizeof(result.algo), "cublasLtMatmulAlgo_t is 8 words");
+  std::memcpy(out.algo, &result.algo, sizeof(out.algo));
+  out.workspace = result.workspaceSize;
+  auto config = [&](cublasLtMatmulAlgoConfigAttributes_t attr, int* v) {
+    uint32_t x = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&result.algo, attr, &x, sizeof(x), &written) == CUBLAS_STATUS_SUCCESS)
+      *v = int(x);
+  };
+  config(CUBLASLT_ALGO_CONFIG_ID, &out.algo_id);
+  config(CUBLASLT_ALGO_CONFIG_TILE_ID, &out.tile);
+  config(CUBLASLT_ALGO_CONFIG_STAGES_ID, &out.stages);
+  config(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &out.split_k);
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = out;
+  *plan = out;
+  return Status::Ok();
+}
+
+Status check_workspace(const GemmPlan& plan, const void* workspace, size_t bytes) {
+  if (bytes < plan.workspace)
+    return Status::Invalid("gemm: workspace_bytes must be at least " + std::to_string(plan.workspace) +
+                           " for plan " + to_string(plan) + ", got " + std::to_string(bytes));
+  if (plan.workspace > 0 && workspace == nullptr)
+    return Status::Invalid("gemm: workspace must not be null: plan " + to_string(plan) + " needs " +
+                           std::to_string(plan.workspace) + " bytes");
+  if (plan.workspace > 0 && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return Status::Invalid("gemm: workspace must be 256-byte aligned");
+  return Status::Ok();
+}
+
+// The family's own kernels (gemm_<dtype>.cu) for the calls with no product.
+Status run_own(const Prepared& w, GemmActivation act, cudaStream_t stream) {
+  const GemmParams& p = w.p;
+  const bool bf16 = w.dtype == DType::kBFloat16;
+  if (p.M == 0) return Status::Ok();
+  if (p.K == 0)
+    return bf16 ? launch_gemm_fill<__nv_bfloat16>(p, act, *w.dev, stream)
+                : launch_gemm_fill<__half>(p, act, *w.dev, stream);
+  if (p.a_sum != nullptr)  // N = 0: no output, the row sums alone
+    return bf16 ? launch_gemm_row_sum<__nv_bfloat16>(p, *w.dev, stream)
+                : launch_gemm_row_sum<__half>(p, *w.dev, stream);
+  return Status::Ok();
+}
+
+Status run(const GemmPlan& plan, const Prepared& w, GemmActivation act, void* workspace, size_t bytes,
+           cudaStream_t stream) {
+  const GemmParams& p = w.p;
+  if (!product(p)) return run_own(w, act, stream);
+  if (plan.algo_id < 0) return Status::Invalid("gemm: plan " + to_string(plan) + " is for a call with no product");
+  Status s = check_workspace(plan, workspace, bytes);
+  if (!s.ok()) return s;
+  cublasLtHandle_t handle;
+  if (!(s = handle_for(w.device, &handle)).ok()) return s;
+  Desc d;
+  if (!(s = make_desc(p, w.dtype, act, &d)).ok()) return s;
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, plan.algo, sizeof(algo));
+  const float one = 1.0f, zero = 0.0f;
+  return lt_status(cublasLtMatmul(handle, d.op, &one, p.b.data, d.la, p.a.data, d.lb, &zero, p.out, d.lc, p.out,
+                                  d.lc, &algo, workspace, plan.workspace, stream),
+                   "cublasLtMatmul");
+}
+
+}  // namespace
+
+Status gemm_plan(const GemmTensors& t, GemmActivation act, GemmPlan* plan, size_t* bytes) {
+  if (plan == nullptr || bytes == nullptr) return Status::Invalid("gemm_plan: plan and workspace_bytes must not be null");
+  Prepared w;
+  Status s = prepare(t, act, &w);
+  if (!s.ok()) return s;
+  *plan = GemmPlan();
+  *bytes = 0;
+  if (!product(w.p)) return Status::Ok();
+  if (!(s = heuristic(w, act, plan)).ok()) return s;
+  *bytes = plan->workspace;
+  return Status::Ok();
+}
+
+Status gemm(const GemmPlan& plan, const GemmTensors& t, GemmActivation act, void* workspace, size_t bytes,
+            cudaStream_t stream) {
+  Prepared w;
+  Status s = prepare(t, act, &w);
+  if (!s.ok()) return s;
+  return run(plan, w, act, workspace, bytes, stream);
+}
+
+Status gemm(const GemmTensors& t, GemmActivation act, void* workspace, size_t* bytes, cudaStream_t stream) {
+  if (bytes == nullptr) return Status::Invalid("gemm: workspace_bytes must not be null");
+  Prepared w;
+  Status s = prepare(t, act, &w);
+  if (!s.ok()) return s;
+  GemmPlan plan;
+  if (product(w.p) && !(s = heuristic(w, act, &plan)).ok()) return s;
+  if (workspace == nullptr) {  // the size query
+    *bytes = plan.workspace;
+    return Status::Ok();
+  }
+  return run(plan, w, act, workspace, *bytes, stream);
+}
+
+}  // namespace kernelforge

@@ -1,0 +1,245 @@
+// The GEMM family (cuBLASLt with fused epilogues) on the GPU against the float64 reference
+// (kernelforge::ref::gemm), its argument checks and the reference itself.
+//
+// Every GPU case draws a, b and the bias in [-1, 1), runs the planned call on out / aux / a_sum poisoned
+// with NaN and checks the padding around out untouched. Cases: the three activations with and without
+// bias; aux (the pre-activation); a and b each row- or column-major (column-major: a transposed view,
+// as the backward's dx = dy W and dW = dy^T x pass them); a_sum (the bias gradient) with a column-major
+// a; odd sizes with 2-byte-aligned bases and rows; padded out rows; M = 1; K = 0, N = 0 and M = 0.
+// Tolerance: K products in float32 of values rounded to the dtype: |err| <= K u_f32 sum |a b| (tiny)
+// plus out's one rounding (u |out|), so atol = 2^-20 K + u and rtol 2u; cuBLASLt's GELU evaluates tanh
+// approximately: 2^-11 more atol with gelu_tanh.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gemm/gemm_problem.h"
+#include "kernelforge/gemm.h"
+#include "test_util.h"
+
+namespace {
+
+using namespace kftest;
+namespace kf = kernelforge;
+using Act = kf::GemmActivation;
+
+constexpr DType F16 = DType::kFloat16;
+constexpr DType BF16 = DType::kBFloat16;
+
+struct GemmCase {
+  std::string name;
+  DType dtype = BF16;
+  int64_t M = 64, N = 96, K = 80;
+  Act act = Act::kNone;
+  bool bias = true, aux = false, a_sum = false;
+  bool a_col = false, b_col = false;  // column-major operand (a transposed view)
+  Layout a_layout, b_layout, out_layout;
+};
+void PrintTo(const GemmCase& c, std::ostream* os) { *os << c.name; }
+
+// A [rows, cols] host matrix on the device, row-major, or column-major: stored as its transpose
+// [cols, rows] and viewed with strides (1, row stride of the stored transpose).
+struct Operand {
+  DeviceTensor dev;
+  bool col = false;
+  Operand(const HostTensor& h, bool col_major, Layout layout)
+      : dev(h.dtype, col_major ? std::vector<int64_t>{h.shape[1], h.shape[0]} : h.shape, layout), col(col_major) {
+    if (!col) {
+      dev.upload(h);
+      return;
+    }
+    HostTensor t(h.dtype, {h.shape[1], h.shape[0]});
+    for (int64_t r = 0; r < h.shape[0]; ++r)
+      for (int64_t c = 0; c < h.shape[1]; ++c) t.set(c * h.shape[0] + r, h.get(r * h.shape[1] + c));
+    dev.upload(t);
+  }
+  TensorView view() const {
+    TensorView v = dev.view();
+    if (col) {
+      std::swap(v.shape[0], v.shape[1]);
+      v.strides[1] = v.strides[0];
+      v.strides[0] = 1;
+    }
+    return v;
+  }
+};
+
+class GemmGpu : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmGpu, MatchesReference) {
+  KF_NEED_GPU();
+  const GemmCase& c = GetParam();
+  if (c.dtype == BF16 && gpu_capability() < 80) GTEST_SKIP() << "bfloat16 needs sm_80";
+  Rng rng(hash_str(c.name));
+  const HostTensor a = random_tensor(c.dtype, {c.M, c.K}, rng, -1.0, 1.0),
+                   b = random_tensor(c.dtype, {c.N, c.K}, rng, -1.0, 1.0),
+                   bias = random_tensor(c.dtype, {c.N}, rng, -1.0, 1.0);
+  HostTensor out_ref(c.dtype, {c.M, c.N}), aux_ref(c.dtype, {c.M, c.N}), sum_ref(c.dtype, {c.M});
+  {
+    const TensorView av = a.view(), bv = b.view(), biv = bias.view(), ov = out_ref.view(), xv = aux_ref.view(),
+                     sv = sum_ref.view();
+    kf::GemmTensors t;
+    t.a = &av, t.b = &bv, t.bias = c.bias ? &biv : nullptr, t.out = &ov;
+    t.aux = c.aux ? &xv : nullptr, t.a_sum = c.a_sum ? &sv : nullptr;
+    KF_ASSERT_OK(kf::ref::gemm(t, c.act));
+  }
+  Operand da(a, c.a_col, c.a_layout), db(b, c.b_col, c.b_layout);
+  DeviceTensor dbias(c.dtype, {c.N}), dout(c.dtype, {c.M, c.N}, c.out_layout), daux(c.dtype, {c.M, c.N}),
+      dsum(c.dtype, {c.M});
+  ASSERT_TRUE(da.dev.ok() && db.dev.ok() && dbias.ok() && dout.ok() && daux.ok() && dsum.ok());
+  dbias.upload(bias);
+  const TensorView av = da.view(), bv = db.view(), biv = dbias.view(), ov = dout.view(), xv = daux.view(),
+                   sv = dsum.view();
+  kf::GemmTensors t;
+  t.a = &av, t.b = &bv, t.bias = c.bias ? &biv : nullptr, t.out = &ov;
+  t.aux = c.aux ? &xv : nullptr, t.a_sum = c.a_sum ? &sv : nullptr;
+  kf::GemmPlan plan;
+  size_t bytes = 0;
+  KF_ASSERT_OK(kf::gemm_plan(t, c.act, &plan, &bytes));
+  SCOPED_TRACE(kf::to_string(plan));
+  void* ws = nullptr;
+  if (bytes > 0) KF_CUDA_CHECK(cudaMalloc(&ws, bytes));
+  KF_ASSERT_OK(kf::gemm(plan, t, c.act, ws, bytes, nullptr));
+  KF_CUDA_CHECK(cudaDeviceSynchronize());
+  if (ws) cudaFree(ws);
+  const double u = c.dtype == BF16 ? 1.0 / 256 : 1.0 / 2048;
+  const Tol tol{2 * u, std::ldexp(double(c.K), -20) + u + (c.act == Act::kGeluTanh ? 1.0 / 2048 : 0.0)};
+  EXPECT_TRUE(all_close("out", dout.download(), out_ref, tol));
+  EXPECT_TRUE(dout.check_untouched("out"));
+  if (c.aux) {
+    EXPECT_TRUE(all_close("aux", daux.download(), aux_ref, tol));
+  }
+  if (c.a_sum) {
+    EXPECT_TRUE(all_close("a_sum", dsum.download(), sum_ref, tol));
+  }
+
+  // The one-shot entry: size query, then the run, same result.
+  dout.poison();
+  size_t need = 0;
+  KF_ASSERT_OK(kf::gemm(t, c.act, nullptr, &need, nullptr));
+  EXPECT_EQ(need, bytes);
+  if (need > 0) KF_CUDA_CHECK(cudaMalloc(&ws, need));
+  KF_ASSERT_OK(kf::gemm(t, c.act, need > 0 ? ws : reinterpret_cast<void*>(uintptr_t{256}), &need, nullptr));
+  KF_CUDA_CHECK(cudaDeviceSynchronize());
+  if (need > 0) cudaFree(ws);
+  EXPECT_TRUE(all_close("out (one-shot)", dout.download(), out_ref, tol));
+}
+
+std::vector<GemmCase> gemm_cases() {
+  std::vector<GemmCase> v;
+  for (DType t : {BF16, F16}) {
+    const std::string ts = t == BF16 ? "bf16" : "fp16";
+    for (Act act : {Act::kNone, Act::kRelu, Act::kGeluTanh})
+      for (bool bias : {false, true}) {
+        GemmCase c;
+        c.dtype = t, c.act = act, c.bias = bias, c.M = 200, c.N = 256, c.K = 320;
+        c.name = ts + "_" + kf::to_string(act) + (bias ? "_bias" : "");
+        v.push_back(c);
+      }
+    GemmCase c;
+    c.dtype = t, c.act = Act::kGeluTanh, c.aux = true, c.M = 130, c.N = 136, c.K = 4096;
+    c.name = ts + "_gelu_bias_aux_k4096";
+    v.push_back(c);
+  }
+  for (bool a_col : {false, true})
+    for (bool b_col : {false, true}) {
+      GemmCase c;
+      c.a_col = a_col, c.b_col = b_col, c.act = Act::kRelu;
+      c.name = std::string("a_") + (a_col ? "col" : "row") + "_b_" + (b_col ? "col" : "row");
+      v.push_back(c);
+    }
+  GemmCase c;
+  c.name = "a_sum_weight_grad", c.a_col = true, c.b_col = true, c.bias = false, c.a_sum = true, c.M = 96, c.N = 64,
+  c.K = 1000;
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "odd_unaligned", c.M = 7, c.N = 129, c.K = 67, c.act = Act::kGeluTanh, c.a_layout = {1, 1},
+  c.b_layout = {3, 1}, c.out_layout = {1, 0};
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "padded_out", c.out_layout = {8, 0}, c.act = Act::kGeluTanh;
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "m1", c.M = 1, c.N = 4096, c.K = 4096;
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "k0_gelu_aux", c.K = 0, c.act = Act::kGeluTanh, c.aux = true;
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "k0_a_sum", c.K = 0, c.bias = false, c.a_sum = true;
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "n0_a_sum", c.N = 0, c.bias = false, c.a_sum = true, c.a_col = true;
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "m0", c.M = 0;
+  v.push_back(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmGpu, ::testing::ValuesIn(gemm_cases()),
+                         [](const ::testing::TestParamInfo<GemmCase>& i) { return i.param.name; });
+
+kf::Status validate(const TensorView& a, const TensorView& b, const TensorView* bias, const TensorView& out,
+                    Act act = Act::kNone, const TensorView* aux = nullptr, const TensorView* a_sum = nullptr) {
+  kf::GemmTensors t;
+  t.a = &a, t.b = &b, t.bias = bias, t.out = &out, t.aux = aux, t.a_sum = a_sum;
+  kf::GemmParams p;
+  DType d;
+  return kf::validate_gemm("gemm", true, t, act, &p, &d);
+}
+
+TEST(GemmValidation, AcceptsAndRejects) {
+  const TensorView a = cuda_view(BF16, {4, 64}, 0, uintptr_t{1} << 40),
+                   b = cuda_view(BF16, {32, 64}, 0, uintptr_t{2} << 40),
+                   out = cuda_view(BF16, {4, 32}, 0, uintptr_t{3} << 40),
+                   bias = cuda_view(BF16, {32}, 0, uintptr_t{4} << 40),
+                   sum = cuda_view(BF16, {4}, 0, uintptr_t{5} << 40);
+  EXPECT_TRUE(validate(a, b, &bias, out).ok());
+  EXPECT_TRUE(validate(a, b, &bias, out, Act::kGeluTanh, &out).ok());
+  TensorView at = cuda_view(BF16, {64, 4}, 0, uintptr_t{1} << 40);  // a column-major [4, 64] view
+  std::swap(at.shape[0], at.shape[1]);
+  at.strides[1] = 4, at.strides[0] = 1;
+  EXPECT_TRUE(validate(at, b, nullptr, out, Act::kNone, nullptr, &sum).ok());
+  KF_EXPECT_INVALID(validate(cuda_view(BF16, {4, 2, 64}), b, nullptr, out), "a must have 2 dimensions");
+  KF_EXPECT_INVALID(validate(a, cuda_view(BF16, {32, 63}, 0, uintptr_t{2} << 40), nullptr, out),
+                    "b must have a's K = 64");
+  KF_EXPECT_INVALID(validate(a, cuda_view(F16, {32, 64}, 0, uintptr_t{2} << 40), nullptr, out), "b must have a's dtype");
+  KF_EXPECT_INVALID(validate(a, b, nullptr, cuda_view(BF16, {4, 31}, 0, uintptr_t{3} << 40)),
+                    "out must have shape [4, 32]");
+  KF_EXPECT_INVALID(validate(cuda_view(DType::kFloat32, {4, 64}), b, nullptr, out), "a must be float16 or bfloat16");
+  TensorView strided = a;
+  strided.strides[0] = 128, strided.strides[1] = 2;
+  KF_EXPECT_INVALID(validate(strided, b, nullptr, out), "a must be row-major or column-major");
+  KF_EXPECT_INVALID(validate(a, b, nullptr, out, Act::kRelu, &out), "aux (the pre-activation");
+  KF_EXPECT_INVALID(validate(a, b, &bias, out, Act::kNone, nullptr, &sum), "a_sum (the bias gradient");
+  KF_EXPECT_INVALID(validate(a, b, &sum, out), "bias must have shape [32]");
+  TensorView out_t = out;
+  out_t.strides[0] = 1, out_t.strides[1] = 4;
+  KF_EXPECT_INVALID(validate(a, b, nullptr, out_t), "out must be row-major");
+}
+
+TEST(GemmReference, SmallProductWithEpilogues) {
+  HostTensor a(DType::kFloat64, {2, 3}), b(DType::kFloat64, {2, 3}), bias(DType::kFloat64, {2}),
+      out(DType::kFloat64, {2, 2}), aux(DType::kFloat64, {2, 2});
+  const double as[] = {1, 2, 3, -1, 0, 2}, bs[] = {1, 0, -1, 2, 1, 1};
+  for (int i = 0; i < 6; ++i) a.set(i, as[i]), b.set(i, bs[i]);
+  bias.set(0, 0.5), bias.set(1, -1);
+  const TensorView av = a.view(), bv = b.view(), biv = bias.view(), ov = out.view(), xv = aux.view();
+  kf::GemmTensors t;
+  t.a = &av, t.b = &bv, t.bias = &biv, t.out = &ov;
+  KF_ASSERT_OK(kf::ref::gemm(t, Act::kRelu));
+  EXPECT_EQ(out.get(0), 0.0);  // relu(1 - 3 + 0.5)
+  EXPECT_EQ(out.get(1), 6.0);  // 2 + 2 + 3 - 1
+  EXPECT_EQ(out.get(2), 0.0);  // relu(-1 - 2 + 0.5)
+  EXPECT_EQ(out.get(3), 0.0);  // relu(-2 + 0 + 2 - 1)
+  t.aux = &xv;
+  KF_ASSERT_OK(kf::ref::gemm(t, Act::kGeluTanh));
+  EXPECT_EQ(aux.get(0), -1.5);
+  const double x = -1.5, g = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  EXPECT_NEAR(out.get(0), g, 1e-15);
+}
+
+}  // namespace
