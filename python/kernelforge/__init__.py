@@ -8,7 +8,8 @@
     o = kf.attention(q, k, v, causal=True)  # flash attention forward, [B, S, H, D] (GQA, varlen, ...)
     kf.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)   # new keys/values into a paged cache
     o = kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table)  # decode against that cache
-    y = kf.linear(x, w, bias)     # nn.Linear's product: a skinny GEMM for <= 16 rows, else cuBLAS
+    y = kf.linear(x, w, bias)     # nn.Linear's product: a skinny GEMM for <= 16 rows, else cuBLASLt
+    y = kf.linear(x, w, bias, activation="gelu_tanh")  # the activation fused into the GEMM's epilogue
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
@@ -24,6 +25,7 @@ from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .decode import decode_attention, kv_append
+from .gemm import gemm
 from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
@@ -63,6 +65,7 @@ __all__ = [
     "decode_attention",
     "kv_append",
     "linear",
+    "gemm",
     "patch",
     "unpatch",
     "PatchReport",

@@ -206,7 +206,8 @@ TEST(GemmValidation, AcceptsAndRejects) {
   KF_EXPECT_INVALID(validate(cuda_view(BF16, {4, 2, 64}), b, nullptr, out), "a must have 2 dimensions");
   KF_EXPECT_INVALID(validate(a, cuda_view(BF16, {32, 63}, 0, uintptr_t{2} << 40), nullptr, out),
                     "b must have a's K = 64");
-  KF_EXPECT_INVALID(validate(a, cuda_view(F16, {32, 64}, 0, uintptr_t{2} << 40), nullptr, out), "b must have a's dtype");
+  KF_EXPECT_INVALID(validate(a, cuda_view(F16, {32, 64}, 0, uintptr_t{2} << 40), nullptr, out),
+                    "b must have a's dtype");
   KF_EXPECT_INVALID(validate(a, b, nullptr, cuda_view(BF16, {4, 31}, 0, uintptr_t{3} << 40)),
                     "out must have shape [4, 32]");
   KF_EXPECT_INVALID(validate(cuda_view(DType::kFloat32, {4, 64}), b, nullptr, out), "a must be float16 or bfloat16");

@@ -26,7 +26,7 @@ ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(
 # decode_attention: b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (p0: a contiguous cache)
 DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d+))?")
 # linear: m{M}n{N}k{K}[-bias]
-LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?")
+LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?(?:-(relu|gelu_tanh))?")
 
 
 # ---- shapes and cases -----------------------------------------------------------------------------
@@ -35,7 +35,7 @@ LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?")
 def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
     FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape;
-    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias] a LinearShape."""
+    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] a LinearShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -70,7 +70,7 @@ def parse_shapes(text: str) -> list[tuple]:
             continue
         m = LINEAR_SHAPE_RE.fullmatch(item)
         if m:
-            ls = LinearShape(int(m[1]), int(m[2]), int(m[3]), m[4] is not None)
+            ls = LinearShape(int(m[1]), int(m[2]), int(m[3]), m[4] is not None, m[5] or "")
             if min(ls.m, ls.n, ls.k) == 0:
                 raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
             shapes.append(ls)

@@ -5,13 +5,13 @@
     t = spec.inputs((16384, 4096), torch.bfloat16, "cuda", None)
     spec.traffic((16384, 4096), "fwd", 2)     # minimum bytes
 
-Families, in bench order: norm, activation, rope, softmax, loss, attention, decode, linear. Importing this
+Families, in bench order: norm, activation, rope, softmax, loss, attention, decode, linear, gemm. Importing this
 package needs no compiled extension; the kernelforge calls import it when they run.
 """
 
 from __future__ import annotations
 
-from . import activation, attention, cross_entropy, decode, linear, norm, rope, softmax
+from . import activation, attention, cross_entropy, decode, gemm, linear, norm, rope, softmax
 from ._spec import (MODES, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape, Tol, base_mode,
                     shape_label, shape_rows)
 
@@ -24,6 +24,7 @@ FAMILIES = {
     "attention": attention.SPECS,
     "decode": decode.SPECS,
     "linear": linear.SPECS,
+    "gemm": gemm.SPECS,
 }
 SPECS: dict[str, OpSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 OPS = tuple(SPECS)

@@ -137,16 +137,18 @@ class DecodeShape(NamedTuple):
 
 
 class LinearShape(NamedTuple):
-    """A linear bench shape, written m{M}n{N}k{K}[-bias]: x [M, K] (M rows, the tokens of a decode
-    step), w [N, K] (nn.Linear's weight: N outputs, K inputs), bias [N] with -bias."""
+    """A linear / gemm bench shape, written m{M}n{N}k{K}[-bias][-relu|-gelu_tanh]: x [M, K] (M rows:
+    tokens), w [N, K] (nn.Linear's weight: N outputs, K inputs), bias [N] with -bias, the activation
+    after it (gemm)."""
 
     m: int
     n: int
     k: int
     bias: bool = False
+    act: str = ""
 
     def __str__(self) -> str:
-        return f"m{self.m}n{self.n}k{self.k}" + ("-bias" if self.bias else "")
+        return f"m{self.m}n{self.n}k{self.k}" + ("-bias" if self.bias else "") + (f"-{self.act}" if self.act else "")
 
 
 def shape_label(shape: tuple) -> str:

@@ -1,0 +1,159 @@
+"""kernelforge.gemm and kernelforge.linear(..., activation=): cuBLASLt with fused epilogues on CUDA, the
+float64 C++ reference on CPU; forward and backward against float64 torch, transposed operands, the
+pre-activation and row-sum outputs, empty sizes, bad arguments, torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelforge as kf
+
+ACTS = ("none", "relu", "gelu_tanh")
+
+
+def _ref(x, w, b, act):
+    y = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if act == "relu":
+        return y.relu()
+    if act == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    return y
+
+
+def _grads(y, leaves, dy):
+    return torch.autograd.grad(y, [t for t in leaves if t is not None], dy)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_act_cpu_matches_float64(act, bias):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(6, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
+    y = kf.linear(x, w, b, activation=act)
+    ref = _ref(x, w, b, act)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(ref)
+    for got, want in zip(_grads(y, (x, w, b), dy), _grads(ref, (x, w, b), dy)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_gemm_outputs_cpu():
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(4, 9, dtype=torch.float64, generator=g)
+    b = torch.randn(5, 9, dtype=torch.float64, generator=g)
+    bias = torch.randn(5, dtype=torch.float64, generator=g)
+    out, aux, s = kf.gemm(a, b, bias, "gelu_tanh", aux=True)
+    torch.testing.assert_close(aux, a @ b.t() + bias)
+    torch.testing.assert_close(out, F.gelu(aux, approximate="tanh"))
+    assert s.shape == (0,)
+    # transposed views (stride 1 along the rows) are taken as they are; a_sum = the row sums of a
+    out, aux, s = kf.gemm(a.t().contiguous().t(), b.t().contiguous().t(), a_sum=True)
+    torch.testing.assert_close(out, a @ b.t())
+    torch.testing.assert_close(s, a.sum(1))
+    assert aux.shape == (0, 0)
+    # K = 0: out = act(bias)
+    out, _, _ = kf.gemm(a[:, :0], b[:, :0], bias, "relu")
+    torch.testing.assert_close(out, bias.relu().expand(4, 5))
+
+
+def test_errors():
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with pytest.raises(ValueError, match="erf GELU has no fused epilogue"):
+        kf.linear(x, w, activation="gelu")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        kf.linear(x, w, activation="tanh")
+    with pytest.raises(ValueError, match="gemm: activation must be 'none', 'relu' or 'gelu_tanh'"):
+        kf.gemm(x, w, activation="silu")
+    with pytest.raises(RuntimeError, match="b must have a's K = 8"):
+        kf.gemm(x, torch.randn(3, 7))
+    with pytest.raises(RuntimeError, match="aux \\(the pre-activation"):
+        kf.gemm(x, w, activation="relu", aux=True)
+    with pytest.raises(RuntimeError, match="a_sum \\(the bias gradient"):
+        kf.gemm(x, w, torch.randn(3), a_sum=True)
+    with pytest.raises(ValueError, match="a must have 2 dimensions"):
+        kf.gemm(torch.randn(2, 4, 8), w)
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------
+
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def _rel(got, want):
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("shape", [(2, 100, 256, 320), (1, 37, 129, 67), (4, 8, 72, 4096)])
+def test_linear_act_cuda(dtype, act, shape):
+    b_, s, n, k = shape
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(b_, s, k, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    w = (torch.randn(n, k, device="cuda", dtype=dtype, generator=g) / k**0.5).requires_grad_()
+    b = torch.randn(n, device="cuda", dtype=dtype, generator=g).requires_grad_()
+    y = kf.linear(x, w, b, activation=None if act == "none" else act)
+    assert y.shape == (b_, s, n) and y.dtype == dtype and y.is_contiguous()
+    ref = _ref(x, w, b, act)
+    assert torch.isfinite(y).all()
+    assert _rel(y, ref) < TOL[dtype]
+    dy = torch.randn_like(y)
+    for name, got, want in zip("xwb", _grads(y, (x, w, b), dy), _grads(ref, (x, w, b), dy.double())):
+        assert torch.isfinite(got).all(), name
+        assert _rel(got, want) < TOL[dtype] * 2, name
+
+
+@pytest.mark.cuda
+def test_gemm_cuda_transposed_and_sums():
+    g = torch.Generator(device="cuda").manual_seed(4)
+    a = torch.randn(300, 96, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16, generator=g)
+    for at in (a, a.t().contiguous().t()):
+        for bt in (b, b.t().contiguous().t()):
+            out, _, s = kf.gemm(at.t().contiguous().t() if at is a else at, bt)
+            assert _rel(out, a.double() @ b.double().t()) < 1e-2
+    # the weight-gradient form: dW = dy^T x with db = the row sums of dy^T, both transposed views
+    dy = torch.randn(300, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    dw, _, db = kf.gemm(dy.t(), a.t(), a_sum=True)
+    assert _rel(dw, dy.double().t() @ a.double()) < 1e-2
+    assert _rel(db, dy.double().sum(0)) < 1e-2
+
+
+@pytest.mark.cuda
+def test_gemm_cuda_empty_and_k0():
+    x = torch.randn(0, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = kf.linear(x, w, activation="gelu_tanh")
+    assert y.shape == (0, 32)
+    y.sum().backward()
+    assert w.grad is not None and (w.grad == 0).all()
+    bias = torch.randn(8, device="cuda", dtype=torch.float16)
+    out, aux, _ = kf.gemm(torch.randn(5, 0, device="cuda", dtype=torch.float16),
+                          torch.randn(8, 0, device="cuda", dtype=torch.float16), bias, "gelu_tanh", aux=True)
+    torch.testing.assert_close(aux, bias.expand(5, 8))
+    torch.testing.assert_close(out, F.gelu(bias.float(), approximate="tanh").half().expand(5, 8), rtol=4e-3, atol=4e-3)
+
+
+@pytest.mark.cuda
+def test_linear_act_compiles(fresh_dynamo):
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(96, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    f = torch.compile(lambda x, w, b: kf.linear(x, w, b, activation="gelu_tanh"), fullgraph=True)
+    y = f(x, w, b)
+    torch.testing.assert_close(y, kf.linear(x, w, b, activation="gelu_tanh"))
+    y.float().sum().backward()
+    assert x.grad is not None and w.grad is not None and b.grad is not None
+
+
+@pytest.mark.cuda
+def test_float32_cuda_refused_with_an_activation():
+    x, w = torch.randn(32, 16, device="cuda"), torch.randn(8, 16, device="cuda")
+    with pytest.raises(RuntimeError, match="a must be float16 or bfloat16"):
+        kf.linear(x, w, activation="relu")
+    torch.testing.assert_close(kf.linear(x, w), F.linear(x, w))  # no activation: torch's GEMM, by design
