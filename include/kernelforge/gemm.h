@@ -21,7 +21,7 @@
 //
 // Plan and run as in attention.h: gemm_plan() reads shapes, strides, alignment and the device, asks
 // cuBLASLt's heuristic once per distinct problem (cached) and returns the algorithm with the workspace
-// it needs (CUB's size-query convention).
+// it needs (CUB's size-query convention); see GemmPlan for the one-time timing of its candidates.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,24 +42,28 @@ const char* to_string(GemmActivation act);  // "none", "relu", "gelu_tanh"
 struct GemmTensors {
   const TensorView* a = nullptr;
   const TensorView* b = nullptr;
-  const TensorView* bias = nullptr;   // optional
+  const TensorView* bias = nullptr;  // optional
   const TensorView* out = nullptr;
   const TensorView* aux = nullptr;    // optional (with an activation)
   const TensorView* a_sum = nullptr;  // optional
 };
 
-// A cuBLASLt algorithm for one problem: the heuristic's first choice, kept opaque (cublasLtMatmulAlgo_t
-// is 8 64-bit words), with the fields worth printing.
+// A cuBLASLt algorithm for one problem, kept opaque (cublasLtMatmulAlgo_t is 8 64-bit words), with the
+// fields worth printing. The heuristic ranks up to 8 candidates without running them; the first run of a
+// problem outside a CUDA-graph capture times each once and the fastest is kept (`tuned`; until then the
+// plan is the heuristic's first choice with a workspace that fits every candidate). KF_GEMM_TUNE=0: the
+// heuristic's first choice, untimed.
 struct GemmPlan {
   uint64_t algo[8] = {};
-  int algo_id = -1;    // cuBLASLt's algorithm id; -1: no GEMM runs (K = 0 or an empty output)
-  int tile = 0;        // cublasLtMatmulTile_t
-  int stages = 0;      // cublasLtMatmulStages_t
-  int split_k = 1;     // K splits
+  bool tuned = false;
+  int algo_id = -1;  // cuBLASLt's algorithm id; -1: no GEMM runs (K = 0 or an empty output)
+  int tile = 0;      // cublasLtMatmulTile_t
+  int stages = 0;    // cublasLtMatmulStages_t
+  int split_k = 1;   // K splits
   size_t workspace = 0;
 };
 
-std::string to_string(const GemmPlan& plan);  // e.g. "gemm_cublaslt algo=66 tile=20 stages=0 split_k=1 ws=0"
+std::string to_string(const GemmPlan& plan);  // e.g. "gemm_cublaslt algo=66 tile=20 stages=0 split_k=1 ws=0 tuned"
 
 // ---- CUDA ------------------------------------------------------------------------------------
 Status gemm_plan(const GemmTensors& t, GemmActivation act, GemmPlan* plan, size_t* workspace_bytes);

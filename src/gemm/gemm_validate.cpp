@@ -55,11 +55,14 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
       return fail(std::string(arg) + " must have a's dtype (" + dtype_name(a.dtype) + "), got " + dtype_name(v.dtype));
     return Status::Ok();
   };
-  // A [rows, cols] operand: row-major (stride 1 along cols) or column-major (stride 1 along rows).
-  auto operand = [&](const TensorView& v, const char* arg, GemmMatrix* m) -> Status {
+  // A [rows, cols] operand: row-major (stride 1 along cols) or column-major (stride 1 along rows). A view
+  // that is both (a single row or column) takes `prefer_col`'s reading: cuBLASLt's bias-gradient
+  // epilogue (a_sum) wants a column-major a.
+  auto operand = [&](const TensorView& v, const char* arg, bool prefer_col, GemmMatrix* m) -> Status {
     const int64_t rows = v.shape[0], cols = v.shape[1];
+    const bool row_ok = cols <= 1 || v.strides[1] == 1, col_ok = rows <= 1 || v.strides[0] == 1;
     m->data = v.data;
-    if (cols <= 1 || v.strides[1] == 1) {
+    if (row_ok && !(prefer_col && col_ok)) {
       m->row_major = true;
       m->ld = rows > 1 ? v.strides[0] : (cols > 0 ? cols : 1);
       if (rows > 1 && cols > 0 && m->ld < cols)
@@ -67,7 +70,7 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
                     std::to_string(cols) + " columns)");
       return Status::Ok();
     }
-    if (rows <= 1 || v.strides[0] == 1) {
+    if (col_ok) {
       m->row_major = false;
       m->ld = cols > 1 ? v.strides[1] : (rows > 0 ? rows : 1);
       if (cols > 1 && rows > 0 && m->ld < rows)
@@ -97,15 +100,16 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
   const int64_t ldo = M > 1 ? out.strides[0] : (N > 0 ? N : 1);
   if (M > 1 && N > 0 && ldo < N)
     return fail("out's rows overlap (row stride " + std::to_string(ldo) + " < N = " + std::to_string(N) + ")");
-  if (!(s = operand(a, "a", &p->a)).ok()) return s;
-  if (!(s = operand(b, "b", &p->b)).ok()) return s;
+  if (!(s = operand(a, "a", t.a_sum != nullptr, &p->a)).ok()) return s;
+  if (!(s = operand(b, "b", false, &p->b)).ok()) return s;
   auto vector = [&](const TensorView* v, const char* arg, int64_t n, const char* what) -> Status {
     if (v == nullptr) return Status::Ok();
     Status st = basic(*v, arg, 1, what);
     if (!st.ok()) return st;
     if (v->shape[0] != n)
       return fail(std::string(arg) + " must have shape [" + std::to_string(n) + "], got " + shape_str(*v));
-    if (n > 1 && v->strides[0] != 1) return fail(std::string(arg) + " must be contiguous, got strides " + strides_str(*v));
+    if (n > 1 && v->strides[0] != 1)
+      return fail(std::string(arg) + " must be contiguous, got strides " + strides_str(*v));
     return Status::Ok();
   };
   if (!(s = vector(t.bias, "bias", N, "[N]")).ok()) return s;

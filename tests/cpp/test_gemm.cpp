@@ -2,7 +2,8 @@
 // (kernelforge::ref::gemm), its argument checks and the reference itself.
 //
 // Every GPU case draws a, b and the bias in [-1, 1), runs the planned call on out / aux / a_sum poisoned
-// with NaN and checks the padding around out untouched. Cases: the three activations with and without
+// with NaN (the first run of a problem also times cuBLASLt's candidates) and checks the padding around out
+// untouched, then the one-shot entry. Cases: the three activations with and without
 // bias; aux (the pre-activation); a and b each row- or column-major (column-major: a transposed view,
 // as the backward's dx = dy W and dW = dy^T x pass them); a_sum (the bias gradient) with a column-major
 // a; odd sizes with 2-byte-aligned bases and rows; padded out rows; M = 1; K = 0, N = 0 and M = 0.
@@ -12,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -115,11 +117,21 @@ TEST_P(GemmGpu, MatchesReference) {
     EXPECT_TRUE(all_close("a_sum", dsum.download(), sum_ref, tol));
   }
 
+  // The first run timed cuBLASLt's candidates: planning again gives the kept one, tuned, whose workspace
+  // is at most the untuned plan's (that one fits every candidate).
+  kf::GemmPlan again;
+  size_t again_bytes = 0;
+  KF_ASSERT_OK(kf::gemm_plan(t, c.act, &again, &again_bytes));
+  const char* tune = std::getenv("KF_GEMM_TUNE");
+  if (tune == nullptr || std::string(tune) != "0")
+    EXPECT_TRUE(again.tuned || again.algo_id < 0) << kf::to_string(again);
+  EXPECT_LE(again_bytes, bytes);
+
   // The one-shot entry: size query, then the run, same result.
   dout.poison();
   size_t need = 0;
   KF_ASSERT_OK(kf::gemm(t, c.act, nullptr, &need, nullptr));
-  EXPECT_EQ(need, bytes);
+  EXPECT_EQ(need, again_bytes);
   if (need > 0) KF_CUDA_CHECK(cudaMalloc(&ws, need));
   KF_ASSERT_OK(kf::gemm(t, c.act, need > 0 ? ws : reinterpret_cast<void*>(uintptr_t{256}), &need, nullptr));
   KF_CUDA_CHECK(cudaDeviceSynchronize());
@@ -153,6 +165,10 @@ std::vector<GemmCase> gemm_cases() {
   GemmCase c;
   c.name = "a_sum_weight_grad", c.a_col = true, c.b_col = true, c.bias = false, c.a_sum = true, c.M = 96, c.N = 64,
   c.K = 1000;
+  v.push_back(c);
+  c = GemmCase{};  // the weight gradient of a one-token step: a = dy^T is [N, 1]
+  c.name = "a_sum_one_token", c.a_col = true, c.b_col = true, c.bias = false, c.a_sum = true, c.M = 64, c.N = 64,
+  c.K = 1;
   v.push_back(c);
   c = GemmCase{};
   c.name = "odd_unaligned", c.M = 7, c.N = 129, c.K = 67, c.act = Act::kGeluTanh, c.a_layout = {1, 1},

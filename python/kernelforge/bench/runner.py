@@ -293,6 +293,8 @@ def run_case(op, dims, dt, modes, timer, info, providers, log, show_plan=False) 
         ref = None
         group = []
         for name, fn in fns.items():
+            if name in spec.peer_modes and bmode not in spec.peer_modes[name]:
+                continue  # e.g. a forward-only peer (torch._addmm_activation has no derivative)
             note = ""
             ms = peak = float("nan")
             try:

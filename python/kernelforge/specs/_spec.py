@@ -204,6 +204,7 @@ class OpSpec:
     # pinned to one backend, flex_attention)
     extra_peers: dict = field(default_factory=dict)
     peer_applies: Callable[[str, tuple], bool] | None = None  # (provider, shape) -> whether it runs the shape
+    peer_modes: dict = field(default_factory=dict)  # provider -> the base modes it has (absent: all the op's)
     modes: tuple[str, ...] = MODES  # what the op has (a forward-only op: ("fwd",))
     dtypes: tuple | None = None  # the dtypes the op takes (None: every bench / check dtype)
     # "memory": GB/s of the minimum traffic against a copy of the same bytes; "compute": TFLOP/s

@@ -12,7 +12,7 @@ are a GEMM each).
 Peers: ``eager`` torch.nn.functional.linear then the activation (cuBLAS GEMM with the bias, then a
 separate elementwise pass: what an unfused model runs), ``compile`` torch.compile of it (Inductor's
 fusion of the epilogue), ``addmm_act`` torch._addmm_activation (torch's own cuBLASLt call with the
-GELU / ReLU epilogue; activation shapes only).
+GELU / ReLU epilogue; activation shapes, forward only: it has no derivative).
 
 Check shapes are (M, N, K): one row, odd sizes (N and K not multiples of 8), a long K, a 3-D x.
 """
@@ -153,7 +153,7 @@ GEMM = OpSpec(
     inputs=_inputs, run=_kf_run, grad_inputs=("x", "w", "bias"), grad_outputs=("dy",), outputs=("y",),
     row_bytes=_bytes, flops=_flops, shapes=SHAPES, eager=_eager,
     providers=("kernelforge", "eager", "compile", "addmm_act"), extra_peers={"addmm_act": _addmm_act},
-    peer_applies=_peer_applies, modes=("fwd", "fwdbwd"), dtypes=(torch.bfloat16, torch.float16), bound="compute",
+    peer_applies=_peer_applies, peer_modes={"addmm_act": ("fwd",)}, modes=("fwd", "fwdbwd"), dtypes=(torch.bfloat16, torch.float16), bound="compute",
     check_shapes=CHECK_SHAPES, variants=VARIANTS, check_inputs=_check_inputs, check_run=_check_run,
     cpp_reference=_cpp_reference, reference=_reference, check_label=check_label, grad_tol_factor=2.0,
 )
