@@ -25,7 +25,9 @@
 #   KF_CTEST_ARGS="..."        extra arguments for ctest (e.g. "-R 'softmax|ce_'")
 #   KF_CTEST_JOBS=4            ctest -j (the GPU tests share the GPU; their host references use the cores)
 #   KF_PYTEST_JOBS=1           pytest -n when > 1 (pytest-xdist, if importable; 4 measured slower than serial)
-#   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything)
+#   KF_PYTEST_ARGS="..."       the pytest paths/options (default tests/python: everything; the whole suite
+#                              takes about 10 minutes on the H100, so split it over two calls by file)
+#   KF_PYTEST_BOX=320          seconds for the pytest step
 #   KF_SANITIZER_FILTER=...    gtest filter for the memcheck run (default '*Gpu*': every C++ GPU test,
 #                              which runs every candidate plan of every family)
 #   KF_RACECHECK_BOX=120       seconds for the racecheck step
@@ -234,7 +236,7 @@ XDIST=""
 if [[ ${KF_PYTEST_JOBS:-1} -gt 1 ]] && PYTHONPATH=$PYPATH python3 -c "import xdist" 2>/dev/null; then
   XDIST="-n ${KF_PYTEST_JOBS} --dist loadfile"
 fi
-want pytest && bg_step pytest 320 \
+want pytest && bg_step pytest "${KF_PYTEST_BOX:-320}" \
   "PYTHONPATH=\$PYPATH KF_REQUIRE_GPU=1 python3 -m pytest ${KF_PYTEST_ARGS:-tests/python} $XDIST -q -rfE -p no:cacheprovider"
 
 
