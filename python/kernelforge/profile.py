@@ -34,12 +34,12 @@ from .models import Model, add_model_arguments, resolve_device
 
 # (family, pattern on the lowercased kernel or operator name), first match wins.
 FAMILIES = (
-    ("attention", r"attn|attention|flash|fmha|cudnn|sdpa"),
-    ("norm", r"rms_?norm|layer_?norm|ada_norm|group_norm"),
+    ("attention", r"attn|attention|flash|fmha|cudnn|sdpa|kv_append"),
+    ("norm", r"rms_?norm|layer_?norm|ada_norm|group_norm|norm_(fwd|bwd)|norm_detail|ada_group_grads"),
     ("rope", r"rope|rotary"),
     ("softmax", r"softmax"),
     ("loss", r"cross_entropy|\bce_|nll_loss|flce"),
-    ("activation", r"swiglu|geglu|gelu|silu|act_and_mul|glu"),
+    ("activation", r"swiglu|geglu|gelu|silu|act_and_mul|glu|act_(fwd|bwd)|act_detail"),
     ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|\bmm\b|addmm|matmul|linear|bmm|sm90_|sm80_"),
     ("triton", r"^triton_"),
     ("memory", r"memcpy|memset|copy_|\bcat\b|contiguous"),

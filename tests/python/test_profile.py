@@ -18,6 +18,12 @@ def test_family_of():
     assert P.family_of("kernelforge::fused_linear_cross_entropy") == "loss"
     assert P.family_of("void kernelforge::ce_fwd_partial<float>(...)") == "loss"
     assert P.family_of("kernelforge::swiglu") == "activation"
+    # the kernels' own names, as the profiler shows them
+    assert P.family_of("void kernelforge::norm_detail::norm_fwd_row<__nv_bfloat16, 8>(...)") == "norm"
+    assert P.family_of("void kernelforge::norm_detail::reduce_columns<float>(...)") == "norm"
+    assert P.family_of("void kernelforge::act_detail::act_bwd<__nv_bfloat16>(...)") == "activation"
+    assert P.family_of("void kernelforge::kv_append_kernel<__half>(...)") == "attention"
+    assert P.family_of("void kernelforge::skinny::linear_skinny_kernel<__nv_bfloat16>(...)") == "matmul"
     assert P.family_of("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNN") == "matmul"
     assert P.family_of("aten::addmm") == "matmul"
     assert P.family_of("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128") == "attention"
