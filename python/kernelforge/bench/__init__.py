@@ -17,17 +17,18 @@ peers are the specs of kernelforge.specs. Providers:
 decode_attention's eager peer is a plain PyTorch paged decode (gather, matmul, softmax, matmul), its
 cudnn and flash2 peers SDPA on a contiguous [B, Hkv, kv, D] cache (flash2: one new token per
 sequence only, it takes no mask). linear's cublas peer is torch.nn.functional.linear (nn.Linear's
-forward), compile torch.compile of it.
+forward), compile torch.compile of it. gemm (kf.linear with an activation) runs against eager (F.linear,
+then the activation), compile, and torch._addmm_activation (forward only).
 
 No op list: the norm ops, silu_and_mul, geglu and apply_rope (scripts/gpu_run.sh's budget); name ops
-or groups (all, norm, activation, rope, softmax, loss, attention, decode, linear) for the rest. Shapes: ROWSxHIDDEN
+or groups (all, norm, activation, rope, softmax, loss, attention, decode, linear, gemm) for the rest. Shapes: ROWSxHIDDEN
 (HIDDEN = the output width; the gated ops read [ROWS, 2I]), b{B}s{S}h{Hq}/{Hk}d{D} for apply_rope (q,
 k as HF attention hands them over), t{T}h{H}v{V} for fused_linear_cross_entropy,
 b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] for attention (the anchors' form, c = causal),
 b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] for decode_attention (p0: a contiguous cache),
-m{M}n{N}k{K}[-bias] for linear (x [M, K], w [N, K]).
+m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] for linear and gemm (x [M, K], w [N, K]).
 
-Attention is compute-bound (its spec's bound="compute"): its rows report TFLOP/s (the anchors'
+Attention and gemm are compute-bound (their specs' bound="compute"): their rows report TFLOP/s (the anchors'
 count, 4 * B * H * Sq * Sk * D, halved when causal) in a summary table of their own, no copy@size.
 
 Modes: fwd, fwdbwd, and for decode-sized rows (<= 64; apply_rope: batch * seq tokens;
