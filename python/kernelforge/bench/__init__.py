@@ -28,8 +28,9 @@ b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] for attention (the anchors'
 b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] for decode_attention (p0: a contiguous cache),
 m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] for linear and gemm (x [M, K], w [N, K]).
 
-Attention and gemm are compute-bound (their specs' bound="compute"): their rows report TFLOP/s (the anchors'
-count, 4 * B * H * Sq * Sk * D, halved when causal) in a summary table of their own, no copy@size.
+Attention and gemm are compute-bound (their specs' bound="compute"): their rows report TFLOP/s (attention:
+the anchors' count, 4 * B * H * Sq * Sk * D, halved when causal; gemm: 2 M N K forward, 6 M N K forward +
+backward) in a summary table of their own, no copy@size.
 
 Modes: fwd, fwdbwd, and for decode-sized rows (<= 64; apply_rope: batch * seq tokens;
 decode_attention: batch * new tokens; linear: M) fwd_graph (CUDA-graph replay of 100 calls,
