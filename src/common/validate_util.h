@@ -78,5 +78,27 @@ inline std::string strided_view_error(const TensorView& t, const char* name) {
   return "";
 }
 
+// An operand's rank, then its place next to the call's first tensor `ref` (named `ref_name`): the same
+// device (a CUDA one when `cuda`) and dtype. "" when it holds; otherwise the message, starting with `name`.
+inline std::string rank_error(const TensorView& t, const char* name, int ndim, const char* form) {
+  if (t.ndim == ndim) return "";
+  return std::string(name) + " must have " + std::to_string(ndim) + (ndim == 1 ? " dimension " : " dimensions ") +
+         form + ", got " + std::to_string(t.ndim) + " dimensions " + shape_str(t);
+}
+inline std::string placement_error(const TensorView& t, const char* name, const TensorView& ref, const char* ref_name,
+                                   bool cuda) {
+  const bool same =
+      t.device.type == ref.device.type && (ref.device.type != DeviceType::kCUDA || t.device.index == ref.device.index);
+  if (!same)
+    return std::string(name) + " must be on " + ref_name + "'s device (" + device_str(ref.device) + "), got " +
+           device_str(t.device);
+  if (cuda && t.device.type != DeviceType::kCUDA)
+    return std::string(name) + " must be a CUDA tensor, got " + device_str(t.device);
+  if (t.dtype != ref.dtype)
+    return std::string(name) + " must have " + ref_name + "'s dtype (" + dtype_name(ref.dtype) + "), got " +
+           dtype_name(t.dtype);
+  return "";
+}
+
 }  // namespace validate_util
 }  // namespace kernelforge

@@ -9,7 +9,6 @@ namespace kernelforge {
 
 namespace {
 
-using validate_util::device_str;
 using validate_util::shape_str;
 using validate_util::strides_str;
 
@@ -35,25 +34,14 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
     return fail("activation must be none, relu or gelu_tanh");
   const TensorView &a = *t.a, &b = *t.b, &out = *t.out;
   auto basic = [&](const TensorView& v, const char* arg, int ndim, const char* form) -> Status {
-    if (v.ndim != ndim)
-      return fail(std::string(arg) + " must have " + std::to_string(ndim) +
-                  (ndim == 1 ? " dimension " : " dimensions ") + form + ", got " + std::to_string(v.ndim) +
-                  " dimensions " + shape_str(v));
-    for (int d = 0; d < v.ndim; ++d) {
-      if (v.shape[d] < 0) return fail(std::string(arg) + " has a negative size " + shape_str(v));
-      if (v.strides[d] < 0) return fail(std::string(arg) + " must not have negative strides, got " + strides_str(v));
+    std::string e = validate_util::rank_error(v, arg, ndim, form);
+    for (int d = 0; d < v.ndim && e.empty(); ++d) {
+      if (v.shape[d] < 0) e = std::string(arg) + " has a negative size " + shape_str(v);
+      if (v.strides[d] < 0) e = std::string(arg) + " must not have negative strides, got " + strides_str(v);
     }
-    if (v.numel() > 0 && v.data == nullptr) return fail(std::string(arg) + " has a null data pointer");
-    const bool same =
-        v.device.type == a.device.type && (a.device.type != DeviceType::kCUDA || v.device.index == a.device.index);
-    if (!same)
-      return fail(std::string(arg) + " must be on a's device (" + device_str(a.device) + "), got " +
-                  device_str(v.device));
-    if (cuda && v.device.type != DeviceType::kCUDA)
-      return fail(std::string(arg) + " must be a CUDA tensor, got " + device_str(v.device));
-    if (v.dtype != a.dtype)
-      return fail(std::string(arg) + " must have a's dtype (" + dtype_name(a.dtype) + "), got " + dtype_name(v.dtype));
-    return Status::Ok();
+    if (e.empty() && v.numel() > 0 && v.data == nullptr) e = std::string(arg) + " has a null data pointer";
+    if (e.empty()) e = validate_util::placement_error(v, arg, a, "a", cuda);
+    return e.empty() ? Status::Ok() : fail(e);
   };
   // A [rows, cols] operand: row-major (stride 1 along cols) or column-major (stride 1 along rows). A view
   // that is both (a single row or column) takes `prefer_col`'s reading: cuBLASLt's bias-gradient

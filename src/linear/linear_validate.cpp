@@ -9,7 +9,6 @@ namespace kernelforge {
 
 namespace {
 
-using validate_util::device_str;
 using validate_util::shape_str;
 using validate_util::strides_str;
 
@@ -20,22 +19,10 @@ Status validate_linear(const char* name, bool cuda, const LinearTensors& t, Line
   if (t.x == nullptr || t.w == nullptr || t.y == nullptr) return fail("x, w and y must not be null");
   const TensorView &x = *t.x, &w = *t.w, &y = *t.y;
   auto basic = [&](const TensorView& v, const char* arg, int ndim, const char* form) -> Status {
-    if (v.ndim != ndim)
-      return fail(std::string(arg) + " must have " + std::to_string(ndim) +
-                  (ndim == 1 ? " dimension " : " dimensions ") + form + ", got " + std::to_string(v.ndim) +
-                  " dimensions " + shape_str(v));
-    const std::string e = validate_util::strided_view_error(v, arg);
-    if (!e.empty()) return fail(e);
-    const bool same =
-        v.device.type == x.device.type && (x.device.type != DeviceType::kCUDA || v.device.index == x.device.index);
-    if (!same)
-      return fail(std::string(arg) + " must be on x's device (" + device_str(x.device) + "), got " +
-                  device_str(v.device));
-    if (cuda && v.device.type != DeviceType::kCUDA)
-      return fail(std::string(arg) + " must be a CUDA tensor, got " + device_str(v.device));
-    if (v.dtype != x.dtype)
-      return fail(std::string(arg) + " must have x's dtype (" + dtype_name(x.dtype) + "), got " + dtype_name(v.dtype));
-    return Status::Ok();
+    std::string e = validate_util::rank_error(v, arg, ndim, form);
+    if (e.empty()) e = validate_util::strided_view_error(v, arg);
+    if (e.empty()) e = validate_util::placement_error(v, arg, x, "x", cuda);
+    return e.empty() ? Status::Ok() : fail(e);
   };
   Status s = basic(x, "x", 2, "[M, K]");
   if (!s.ok()) return s;

@@ -123,8 +123,9 @@ TEST_P(GemmGpu, MatchesReference) {
   size_t again_bytes = 0;
   KF_ASSERT_OK(kf::gemm_plan(t, c.act, &again, &again_bytes));
   const char* tune = std::getenv("KF_GEMM_TUNE");
-  if (tune == nullptr || std::string(tune) != "0")
+  if (tune == nullptr || std::string(tune) != "0") {
     EXPECT_TRUE(again.tuned || again.algo_id < 0) << kf::to_string(again);
+  }
   EXPECT_LE(again_bytes, bytes);
 
   // The one-shot entry: size query, then the run, same result.

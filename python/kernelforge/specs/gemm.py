@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ._spec import LinearShape, OpSpec, check_out, f64, grads_of, kf, poison, randn
+from .linear import _names
 
 # ---- float64 reference ----------------------------------------------------------------------------
 
@@ -113,10 +114,6 @@ def _check_inputs(shape, v, dtype, device):
     if v.get("nobias"):
         t["bias"] = None
     return t
-
-
-def _names(t) -> list[str]:
-    return [k for k in ("x", "w", "bias") if t[k] is not None]
 
 
 def _check_run(kfm, t, v):
