@@ -15,6 +15,7 @@
 #include "common/device.h"
 #include "decode/decode_plan.h"
 #include "kernelforge/decode.h"
+#include "sweep_common.cuh"
 
 namespace kf = kernelforge;
 
@@ -28,27 +29,7 @@ kf::TensorView view(void* p, kf::DType t, std::vector<int64_t> shape) {
   return v;
 }
 
-void* flush_buf = nullptr;
-const size_t kFlush = 256u << 20;
-
-template <typename F>
-float median_us(F&& f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < 33; ++i) {
-    cudaMemsetAsync(flush_buf, i, kFlush);
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    if (i >= 3) t.push_back(ms * 1000.0f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using kfdev::median_us;
 
 struct Shape {
   int64_t B, kv, page, Lq;
@@ -59,7 +40,6 @@ struct Shape {
 int main(int argc, char** argv) {
   std::vector<int> extra;
   for (int i = 1; i < argc; ++i) extra.push_back(std::atoi(argv[i]));
-  cudaMalloc(&flush_buf, kFlush);
   const int64_t Hq = 32, Hkv = 8, D = 128;
   const Shape shapes[] = {{1, 8192, 16, 1},  {16, 4096, 16, 1}, {64, 2048, 16, 1}, {8, 32768, 16, 1}, {16, 4096, 1, 1},
                           {16, 4096, 16, 4}, {1, 8192, 1, 1},   {1, 32768, 16, 1}, {128, 1024, 16, 1}};

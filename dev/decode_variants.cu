@@ -14,32 +14,13 @@
 #include "decode/decode_config.h"
 #include "decode/kernels/decode_attention.cuh"
 #include "decode/kernels/decode_merge.cuh"
+#include "sweep_common.cuh"
 
 namespace kf = kernelforge;
 
 namespace {
 
-void* flush_buf = nullptr;
-const size_t kFlush = 128u << 20;
-
-template <typename F>
-float median_us(F&& f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < 33; ++i) {
-    cudaMemsetAsync(flush_buf, 0, kFlush);
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    if (i >= 3) t.push_back(ms * 1000.0f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using kfdev::median_us;
 
 template <int kWarps, int kStages>
 void variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, double bytes) {
@@ -67,7 +48,6 @@ void variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, double bytes
 }  // namespace
 
 int main() {
-  cudaMalloc(&flush_buf, kFlush);
   struct Shape {
     int B, kv, page;
   };

@@ -13,32 +13,13 @@
 
 #include "linear/kernels/linear_reduce.cuh"
 #include "linear/kernels/linear_skinny.cuh"
+#include "sweep_common.cuh"
 
 namespace kf = kernelforge;
 
 namespace {
 
-void* flush_buf = nullptr;
-const size_t kFlush = 128u << 20;
-
-template <typename F>
-float median_us(F&& f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < 33; ++i) {
-    cudaMemsetAsync(flush_buf, 0, kFlush);
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    if (i >= 3) t.push_back(ms * 1000.0f);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using kfdev::median_us;
 
 template <int kBlockN, int kBlockK, int kWarps, int kStages>
 void variant(const kf::LinearParams& p, float* ws) {
@@ -65,7 +46,6 @@ void variant(const kf::LinearParams& p, float* ws) {
 }  // namespace
 
 int main() {
-  cudaMalloc(&flush_buf, kFlush);
   struct Shape {
     int M;
     long N, K;

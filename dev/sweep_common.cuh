@@ -1,4 +1,4 @@
-// What the plan sweeps (dev/sweep_<family>.cu) share: a CUDA error check, a comma-list parser and the
+// What the lab programs (dev/sweep_<family>.cu and the probes) share: a CUDA error check, a comma-list parser and the
 // timer. Timing: before each timed call a 256 MB write flushes L2 (50 MB on the H100), then CUDA
 // events around the one call; the median of `reps` calls after `warmup` untimed ones.
 #pragma once
@@ -73,5 +73,16 @@ struct Timer {
     return 1000.0 * ms[ms.size() / 2];
   }
 };
+
+// Median microseconds of 30 calls of `f` after 3 warm-up calls, L2 flushed before each, on one timer
+// shared by the program (the probes' shorthand for Timer::median_us).
+template <typename F>
+float median_us(F&& f) {
+  static Timer timer;
+  return float(timer.median_us(30, 3, [&] {
+    f();
+    return true;
+  }));
+}
 
 }  // namespace kfdev

@@ -7,6 +7,7 @@
 #include "kernelforge/attention.h"
 #include "kernelforge/cross_entropy.h"
 #include "kernelforge/decode.h"
+#include "kernelforge/gemm.h"
 #include "kernelforge/linear.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
