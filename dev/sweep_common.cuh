@@ -1,5 +1,5 @@
-// What the lab programs (dev/sweep_<family>.cu and the probes) share: a CUDA error check, a comma-list parser and the
-// timer. Timing: before each timed call a 256 MB write flushes L2 (50 MB on the H100), then CUDA
+// What the lab programs (dev/sweep_<family>.cu and the probes) share: a CUDA error check, a comma-list
+// parser and the timer. Timing: before each timed call a 256 MB write flushes L2 (50 MB on the H100), then CUDA
 // events around the one call; the median of `reps` calls after `warmup` untimed ones.
 #pragma once
 
