@@ -347,6 +347,33 @@ def test_diffusers_modules_match_original(kf, device, dtype):
         assert kf.unpatch(m) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_diffusers_gelu_tanh_fuses_a_plain_projection(kf, device, dtype, monkeypatch):
+    """GELU(approximate="tanh") over a plain nn.Linear runs as one GEMM with the GELU in its epilogue; a
+    hooked projection (LoRA, quantization and hooks look like this) is still called, then kernelforge.gelu."""
+    import sys  # noqa: PLC0415
+
+    PA = sys.modules["kernelforge.patch.activation"]  # (kernelforge.gemm / .activation are also function names)
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("float32 CUDA: the projection stays torch's, then kernelforge.gelu")
+    calls = []
+    real = PA._linear_act
+    monkeypatch.setattr(PA, "_linear_act", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    A = _activations()
+    m = A.GELU(H, I, approximate="tanh").to(device=device, dtype=dtype)
+    x = R.rand((2, 5, H), dtype, device, scale=2.0)
+    kf.patch(m, attention=False)
+    _check_module(kf, m, x, dtype, "gelu_tanh fused")
+    assert calls and set(calls) == {"gelu_tanh"}
+    calls.clear()
+    seen = []
+    m.proj.register_forward_hook(lambda mod, i, o: seen.append(o.shape))
+    y = m(x)
+    assert not calls and seen == [(2, 5, I)] and y.shape == (2, 5, I)
+    kf.unpatch(m)
+
+
 @pytest.mark.parametrize("device,dtype", MODEL_CASES)
 def test_diffusers_ltx_video(kf, device, dtype):
     """LTX-Video's feed-forward is FeedForward(activation_fn="gelu-approximate"): GELU(approximate="tanh")."""

@@ -13,7 +13,8 @@ its name:
 - transformers fc1 / act / fc2 MLPs (ViTMLP, Dinov2MLP, CLIPMLP, SiglipMLP and the ~75 classes written
   the same way, the activation ``activation_fn`` or ``activation``) with a GELU activation:
   ``fc2(gelu(fc1(x), approximate))``
-- diffusers ``GELU``: ``gelu(proj(x), approximate)``
+- diffusers ``GELU``: ``gelu(proj(x), approximate)``; with approximate="tanh" and a plain ``nn.Linear`` proj,
+  one GEMM with the bias and the GELU in its epilogue (kernelforge.linear(..., activation="gelu_tanh"))
 - diffusers ``GEGLU``: ``hidden, gate = proj(x).chunk(2, -1); hidden * gelu(gate)`` (exact GELU)
   -> ``gelu_and_mul(proj(x), "none", gate_first=False)``
 - diffusers ``SwiGLU``: ``hidden, gate = proj(x).chunk(2, -1); hidden * silu(gate)``
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import activation as _act
+from ..gemm import linear_act as _linear_act
 from ._match import diffusers_class, hooked, qualname, same_as
 from ._registry import STATE_ATTR, Replacement, register_replacement, register_unsupported
 from ._runtime import original, warn_fallback
@@ -357,7 +359,23 @@ def _match_diffusers_gelu(m: nn.Module):
     return True
 
 
+def _fusable_linear(proj: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``proj(x)`` is exactly F.linear(x, proj.weight, proj.bias) in a dtype and on a device the GEMM
+    family takes: a plain nn.Linear (no subclass, hook or instance forward: LoRA, quantized and hooked
+    projections keep being called), its parameters in x's dtype and on x's device."""
+    if type(proj) is not nn.Linear or hooked(proj) or "forward" in proj.__dict__:
+        return False
+    ok_dtypes = (torch.float16, torch.bfloat16) if x.is_cuda else (torch.float16, torch.bfloat16, torch.float32,
+                                                                    torch.float64)
+    if x.dtype not in ok_dtypes or x.dim() < 1:
+        return False
+    return all(p is None or (p.dtype == x.dtype and p.device == x.device) for p in (proj.weight, proj.bias))
+
+
 def _diffusers_gelu_forward(self, hidden_states):
+    if self.approximate == "tanh" and _fusable_linear(self.proj, hidden_states):
+        # the projection and its tanh-GELU as one GEMM: bias and GELU in cuBLASLt's epilogue (gemm.py)
+        return _linear_act(hidden_states, self.proj.weight, self.proj.bias, "gelu_tanh")
     h = self.proj(hidden_states)
     why = _kernel_unsupported(h)
     if why is not None:
