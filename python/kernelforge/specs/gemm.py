@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ._spec import LinearShape, OpSpec, check_out, f64, grads_of, kf, poison, randn
-from .linear import _names
+from .linear import _names, _with_grads
 
 # ---- float64 reference ----------------------------------------------------------------------------
 
@@ -130,19 +130,11 @@ def _check_run(kfm, t, v):
 
 def _cpp_reference(a, v):
     """The ops on float64 CPU tensors: the C++ reference through kf.linear's autograd."""
-    names = _names(a)
-    for k in names:
-        a[k].requires_grad_(True)
-    y = kf().linear(a["x"], a["w"], a["bias"], activation=v.get("act") or "none")
-    return {"y": y.detach(), **grads_of([y], [a["dy"]], a, names, a)}
+    return _with_grads(a, lambda a: kf().linear(a["x"], a["w"], a["bias"], activation=v.get("act") or "none"))
 
 
 def _reference(a, v):
-    names = _names(a)
-    for k in names:
-        a[k].requires_grad_(True)
-    y = gemm_ref(a["x"], a["w"], a["bias"], v.get("act", ""))
-    return {"y": y.detach(), **grads_of([y], [a["dy"]], a, names, a)}
+    return _with_grads(a, lambda a: gemm_ref(a["x"], a["w"], a["bias"], v.get("act", "")))
 
 
 GEMM = OpSpec(

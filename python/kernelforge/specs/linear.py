@@ -112,21 +112,22 @@ def _check_run(kfm, t, v):
     return {"y": y.detach(), **grads_of([y], [t["dy"]], leaves, names, t)}
 
 
-def _cpp_reference(a, v):
-    """The op on float64 CPU tensors: the C++ reference, and its autograd (torch's GEMMs in float64)."""
+def _with_grads(a, y_of):
+    """y = y_of(a) with a's x, w (and bias) as leaves, and their gradients for a["dy"]: the float64 oracles."""
     names = _names(a)
     for k in names:
         a[k].requires_grad_(True)
-    y = torch.ops.kernelforge.linear(a["x"], a["w"], a["bias"])
+    y = y_of(a)
     return {"y": y.detach(), **grads_of([y], [a["dy"]], a, names, a)}
+
+
+def _cpp_reference(a, v):
+    """The op on float64 CPU tensors: the C++ reference, and its autograd (torch's GEMMs in float64)."""
+    return _with_grads(a, lambda a: torch.ops.kernelforge.linear(a["x"], a["w"], a["bias"]))
 
 
 def _reference(a, v):
-    names = _names(a)
-    for k in names:
-        a[k].requires_grad_(True)
-    y = linear_ref(a["x"], a["w"], a["bias"])
-    return {"y": y.detach(), **grads_of([y], [a["dy"]], a, names, a)}
+    return _with_grads(a, lambda a: linear_ref(a["x"], a["w"], a["bias"]))
 
 
 LINEAR = OpSpec(
