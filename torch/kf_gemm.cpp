@@ -58,17 +58,13 @@ std::tuple<Tensor, Tensor, Tensor> gemm_impl(bool cuda, const Tensor& a_in, cons
   }
   c10::cuda::CUDAGuard guard(a.device());
   // Plan (host only; cuBLASLt's heuristic once per distinct problem), then its workspace from the
-  // caching allocator: stream-ordered, no host synchronization, so a CUDA graph captures the call.
+  // caching allocator (its blocks are 512-byte aligned, the core asks 256): stream-ordered, no host
+  // synchronization, so a CUDA graph captures the call.
   kf::GemmPlan plan;
   size_t bytes = 0;
   check(kf::gemm_plan(t, act, &plan, &bytes));
-  Tensor ws = bytes > 0 ? workspace(a, bytes + 256) : Tensor();
-  void* ws_ptr = nullptr;
-  if (bytes > 0) {  // 256-byte aligned (the caching allocator's blocks are; the offset keeps it explicit)
-    const uintptr_t p = reinterpret_cast<uintptr_t>(ws.data_ptr());
-    ws_ptr = reinterpret_cast<void*>((p + 255) / 256 * 256);
-  }
-  check(kf::gemm(plan, t, act, ws_ptr, bytes, stream_of(a)));
+  Tensor ws = bytes > 0 ? workspace(a, bytes) : Tensor();
+  check(kf::gemm(plan, t, act, bytes > 0 ? ws.data_ptr() : nullptr, bytes, stream_of(a)));
   return {out, aux, sum};
 }
 

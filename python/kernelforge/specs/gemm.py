@@ -24,8 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._spec import LinearShape, OpSpec, check_out, f64, grads_of, kf, poison, randn
-from .linear import _names, _with_grads
+from ._spec import LinearShape, OpSpec, f64, kf, randn
+from .linear import _check_run, _with_grads
 
 # ---- float64 reference ----------------------------------------------------------------------------
 
@@ -114,18 +114,6 @@ def _check_inputs(shape, v, dtype, device):
     if v.get("nobias"):
         t["bias"] = None
     return t
-
-
-def _check_run(kfm, t, v):
-    """y and the gradients of x, w (and bias) through kf.linear(..., activation)."""
-    names = _names(t)
-    leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
-    x = leaves["x"]
-    shape = (x.shape[0], t["w"].shape[0])
-    poison([shape], x.dtype, x.device)
-    y = kfm.linear(x, leaves["w"], leaves.get("bias"), activation=v.get("act"))
-    check_out("y", y, shape, x.dtype)
-    return {"y": y.detach(), **grads_of([y], [t["dy"]], leaves, names, t)}
 
 
 def _cpp_reference(a, v):

@@ -101,13 +101,15 @@ def _names(t) -> list[str]:
 
 
 def _check_run(kfm, t, v):
-    """y and the gradients of x, w (and bias) through kf.linear's autograd."""
+    """y and the gradients of x, w (and bias) through kf.linear's autograd (with the variant's activation,
+    if any: the gemm spec's variants)."""
     names = _names(t)
     leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
     x = leaves["x"]
     shape = (x.shape[0], t["w"].shape[0])
     poison([shape], x.dtype, x.device)
-    y = kfm.linear(x, leaves["w"], leaves.get("bias"))
+    act = {"activation": v["act"]} if "act" in v else {}
+    y = kfm.linear(x, leaves["w"], leaves.get("bias"), **act)
     check_out("y", y, shape, x.dtype)
     return {"y": y.detach(), **grads_of([y], [t["dy"]], leaves, names, t)}
 

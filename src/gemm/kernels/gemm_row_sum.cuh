@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "common/launch.cuh"
+#include "common/vec.cuh"
 #include "gemm/gemm_problem.h"
-#include "gemm/kernels/gemm_math.cuh"
 
 namespace kernelforge {
 
@@ -18,9 +18,9 @@ __global__ void gemm_row_sum(GemmParams p) {
   const T* a = static_cast<const T*>(p.a.data);
   for (int64_t m = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; m < p.M; m += warps) {
     float sum = 0.0f;
-    for (int64_t k = lane; k < p.K; k += 32) sum += gemm_load(a + (p.a.row_major ? m * p.a.ld + k : m + k * p.a.ld));
+    for (int64_t k = lane; k < p.K; k += 32) sum += to_float(a[p.a.row_major ? m * p.a.ld + k : m + k * p.a.ld]);
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) static_cast<T*>(p.a_sum)[m] = gemm_store<T>(sum);
+    if (lane == 0) static_cast<T*>(p.a_sum)[m] = from_float<T>(sum);
   }
 }
 
