@@ -143,6 +143,37 @@ std::tuple<Tensor, Tensor, Tensor> cross_entropy_autograd(const Tensor& logits, 
   return {r[0], r[1], r[2]};
 }
 
+// ---- vocabulary-parallel shards -------------------------------------------------------------------
+// The logits are classes [class_start, class_start + V) of num_classes (cross_entropy.h). The forward
+// gives the shard's row_loss (z-loss 0: it needs the global lse) and lse; the caller combines them over
+// the shards (kernelforge/distributed.py). The backward takes the global lse and the per-row loss
+// gradient and writes dlogits, which may be logits itself (in place: the chunks of the fused linear
+// form). No autograd of their own: the Python autograd function calls them.
+std::tuple<Tensor, Tensor> cross_entropy_shard_impl(const Tensor& logits_in, const Tensor& target, int64_t class_start,
+                                                    int64_t num_classes, int64_t ignore_index, double smoothing,
+                                                    double softcap) {
+  kf::CrossEntropyOptions o = options(ignore_index, smoothing, 0.0, softcap, kf::Reduction::kNone);
+  o.class_start = class_start;
+  o.num_classes = num_classes;
+  const Tensor logits = rows(logits_in);
+  const int64_t t = logits.dim() >= 1 ? logits.size(0) : 0;
+  Tensor row_loss = f32_empty(logits, {t}), lse = f32_empty(logits, {t});
+  Tensor loss = f32_empty(logits, {}), valid = f32_empty(logits, {});
+  ce_forward_into("cross_entropy_shard", logits, target, o, row_loss, lse, loss, valid);
+  return {row_loss, lse};
+}
+
+void cross_entropy_shard_backward_impl(const Tensor& dloss, const Tensor& logits, const Tensor& target,
+                                       const Tensor& lse, int64_t class_start, int64_t num_classes,
+                                       int64_t ignore_index, double smoothing, double z_loss, double softcap,
+                                       const Tensor& dlogits) {
+  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, kf::Reduction::kNone);
+  o.class_start = class_start;
+  o.num_classes = num_classes;
+  const Tensor valid = at::ones({}, logits.options().dtype(at::kFloat));  // unused by reduction "none"
+  ce_backward_into("cross_entropy_shard_backward", dloss.to(at::kFloat), logits, target, lse, valid, o, dlogits);
+}
+
 // ---- fused_linear_cross_entropy -----------------------------------------------------------------
 // loss of logits = hidden @ weight^T (+ bias) without the [T, V] logits: for each chunk of C tokens
 //   logits_c = hidden_c @ weight^T (+ bias)             cuBLAS, [C, V] in the weight's dtype
@@ -450,6 +481,15 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
       m,
       "cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, Tensor valid, int ignore_index, "
       "float label_smoothing, float z_loss_scale, float softcap, str reduction) -> Tensor");
+  def_op<&cross_entropy_shard_impl>(
+      m,
+      "cross_entropy_shard(Tensor logits, Tensor target, int class_start, int num_classes, int ignore_index, "
+      "float label_smoothing, float softcap) -> (Tensor, Tensor)");
+  def_op<&cross_entropy_shard_backward_impl>(
+      m,
+      "cross_entropy_shard_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, int class_start, "
+      "int num_classes, int ignore_index, float label_smoothing, float z_loss_scale, float softcap, "
+      "Tensor(a!) dlogits) -> ()");
   def_op<&flce_impl, &flce_autograd>(
       m,
       "fused_linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, int ignore_index, "

@@ -26,6 +26,15 @@
 // lse and gradient row are NaN (a device-side check without a host sync; the loss becomes NaN);
 // the CPU reference returns an error naming the row.
 //
+// Vocabulary-parallel shards (tensor parallelism: each rank holds the logits of classes
+// [class_start, class_start + V) of num_classes N): targets are global class indices in [0, N),
+// t_local = t - class_start, z_t counts only when t_local is in [0, V), and eps / V becomes eps / N.
+// The forward then gives the shard's terms: lse is the shard's log-sum-exp and
+//   row_loss = lse - (1 - eps) z_t [t in shard] - (eps / N) sum_{j in shard} z_j + z * lse^2,
+// so lse + z * lse^2 - row_loss is the part of the loss that adds up over the shards. The backward
+// takes the global lse (combined over the shards by the caller: two all-reduces of [T] floats) and
+// writes the shard's columns of the global gradient.
+//
 // Traffic: the forward reads the logits once; the backward reads them once more and writes the
 // gradient once (3 passes in all).
 #pragma once
@@ -47,6 +56,8 @@ struct CrossEntropyOptions {
   double z_loss_scale = 0.0;     // >= 0
   double softcap = 0.0;          // 0: none; > 0: softcap * tanh(x / softcap)
   Reduction reduction = Reduction::kMean;
+  int64_t class_start = 0;  // a vocabulary shard: the logits hold classes [class_start, class_start + V)
+  int64_t num_classes = 0;  //   of num_classes (0: the logits hold every class, num_classes = V)
 };
 
 // ---- CUDA ------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
     y = kf.rms_norm(x, weight, eps=1e-6)
     h = kf.silu_and_mul(gate_up)  # silu(gate_up[..., :I]) * gate_up[..., I:]
     q, k = kf.apply_rope(q, k, cos, sin)  # HF Llama rotate-half RoPE on q and k in one call
+    loss = kf.vocab_parallel_cross_entropy(logits_shard, target, group)  # tensor-parallel lm_head loss
     p = kf.softmax(scores, dim=-1)  # torch.softmax semantics, one fused kernel per direction
     o = kf.attention(q, k, v, causal=True)  # flash attention forward, [B, S, H, D] (GQA, varlen, ...)
     kf.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)   # new keys/values into a paged cache
@@ -25,6 +26,8 @@ from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .decode import decode_attention, kv_append
+from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
+from .distributed import _install_registration as _install_dtensor_rules
 from .gemm import gemm
 from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
@@ -33,6 +36,8 @@ from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"
+
+_install_dtensor_rules()  # DTensor sharding rules, registered when torch.distributed.tensor is imported
 
 
 def last_plan() -> str:
@@ -58,6 +63,8 @@ __all__ = [
     "ltx_video_rope",
     "cross_entropy",
     "fused_linear_cross_entropy",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_fused_linear_cross_entropy",
     "softmax",
     "log_softmax",
     "attention",

@@ -45,6 +45,18 @@ def _cross_entropy_backward_fake(dloss, logits, target, lse, valid, ignore_index
     return logits.new_empty(logits.shape)
 
 
+@torch.library.register_fake("kernelforge::cross_entropy_shard")
+def _cross_entropy_shard_fake(logits, target, class_start, num_classes, ignore_index, label_smoothing, softcap):
+    rows = logits.shape[0] if logits.dim() >= 1 else 0
+    return logits.new_empty((rows,), dtype=torch.float32), logits.new_empty((rows,), dtype=torch.float32)
+
+
+@torch.library.register_fake("kernelforge::cross_entropy_shard_backward")
+def _cross_entropy_shard_backward_fake(dloss, logits, target, lse, class_start, num_classes, ignore_index,
+                                       label_smoothing, z_loss_scale, softcap, dlogits):
+    return None
+
+
 @torch.library.register_fake("kernelforge::fused_linear_cross_entropy")
 def _flce_fake(hidden, weight, target, bias, ignore_index, label_smoothing, z_loss_scale, softcap, reduction,
                chunk_tokens):

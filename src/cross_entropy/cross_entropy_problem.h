@@ -23,6 +23,8 @@ struct CeParams {
   bool target64 = true;
   int64_t rows = 0;
   int64_t vocab = 0;
+  int64_t class_start = 0;  // global index of column 0 (vocabulary-parallel shards; 0 otherwise)
+  int64_t classes = 0;      // global number of classes N (= vocab unless a shard)
   // options
   int64_t ignore_index = -100;
   float smoothing = 0.f;  // label_smoothing

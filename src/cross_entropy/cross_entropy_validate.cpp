@@ -84,6 +84,11 @@ struct Checker {
       return fail("softcap must be finite and > 0 (or 0 / None: no softcap), got " + std::to_string(o.softcap));
     if (o.reduction != Reduction::kNone && o.reduction != Reduction::kMean && o.reduction != Reduction::kSum)
       return fail("reduction must be none (0), mean (1) or sum (2), got " + std::to_string(int(o.reduction)));
+    const int64_t classes = o.num_classes == 0 ? vocab : o.num_classes;
+    if (o.class_start < 0 || o.num_classes < 0 || o.class_start > classes - vocab)
+      return fail("a vocabulary shard must lie inside the classes: class_start (" + std::to_string(o.class_start) +
+                  ") >= 0 and class_start + vocab (" + std::to_string(o.class_start + vocab) + ") <= num_classes (" +
+                  std::to_string(classes) + "; 0 means vocab)");
     // target
     if (c.target == nullptr) return fail("target must not be null");
     const TensorView& t = *c.target;
@@ -107,6 +112,8 @@ struct Checker {
     p->target64 = t.dtype == DType::kInt64;
     p->rows = rows;
     p->vocab = vocab;
+    p->class_start = o.class_start;
+    p->classes = classes;
     p->ignore_index = o.ignore_index;
     p->smoothing = float(o.label_smoothing);
     p->z_loss = float(o.z_loss_scale);

@@ -67,11 +67,12 @@ Status cross_entropy(const TensorView& logits, const TensorView& target, const C
     const double l = row_lse(z);
     double r = 0;
     if (t != p.ignore_index) {
-      if (t < 0 || t >= p.vocab) return out_of_range(c.name, i, t, p.vocab);
+      if (t < 0 || t >= p.classes) return out_of_range(c.name, i, t, p.classes);
+      const int64_t tl = t - p.class_start;  // a vocabulary shard holds z_t only for its own classes
       double sz = 0;
       for (double v : z) sz += v;
-      r = l - (1 - eps) * z[size_t(t)];
-      if (eps > 0) r -= eps / double(p.vocab) * sz;
+      r = l - (1 - eps) * (tl >= 0 && tl < p.vocab ? z[size_t(tl)] : 0.0);
+      if (eps > 0) r -= eps / double(p.classes) * sz;
       if (zl > 0) r += zl * l * l;
       total += r;
       count += 1;
@@ -100,6 +101,7 @@ Status cross_entropy_backward(const TensorView& dloss, const TensorView& logits,
   if (!s.ok()) return s;
   const double eps = opts.label_smoothing, zl = opts.z_loss_scale, cap = opts.softcap;
   const double count = double(*p.valid);  // the forward's count (a chunk of a longer call may pass the total)
+  const bool sharded = p.class_start != 0 || p.classes != p.vocab;
   std::vector<double> z;
   for (int64_t i = 0; i < p.rows; ++i) {
     const int64_t t = target_at(p, i);
@@ -107,15 +109,17 @@ Status cross_entropy_backward(const TensorView& dloss, const TensorView& logits,
       for (int64_t j = 0; j < p.vocab; ++j) store_from_double(p.dlogits, dt, i * p.dld + j, 0.0);
       continue;
     }
-    if (t < 0 || t >= p.vocab) return out_of_range(c.name, i, t, p.vocab);
+    if (t < 0 || t >= p.classes) return out_of_range(c.name, i, t, p.classes);
+    const int64_t tl = t - p.class_start;
     const double g = opts.reduction == Reduction::kNone   ? double(p.dloss[i * p.dloss_stride])
                      : opts.reduction == Reduction::kMean ? double(p.dloss[0]) / count
                                                           : double(p.dloss[0]);
     row_z(p, dt, i, z);  // read the whole row before writing: dlogits may be logits
-    const double l = row_lse(z);
+    // A shard's softmax needs the lse over every class (the caller's, combined over the shards).
+    const double l = sharded ? double(p.lse[i]) : row_lse(z);
     for (int64_t j = 0; j < p.vocab; ++j) {
       const double pj = std::exp(z[size_t(j)] - l);
-      double d = g * (pj * (1 + 2 * zl * l) - (j == t ? 1 - eps : 0.0) - eps / double(p.vocab));
+      double d = g * (pj * (1 + 2 * zl * l) - (j == tl ? 1 - eps : 0.0) - eps / double(p.classes));
       if (cap > 0) d *= 1 - (z[size_t(j)] / cap) * (z[size_t(j)] / cap);
       store_from_double(p.dlogits, dt, i * p.dld + j, d);
     }

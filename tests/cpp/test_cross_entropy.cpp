@@ -16,8 +16,9 @@
 // layouts contiguous, row-padded, odd row stride, unaligned base pointer (one element past 16 B),
 // and mixed (aligned logits, unaligned gradient). Options: label smoothing, z-loss, softcap, int32
 // targets, an ignore_index inside the vocabulary, each reduction (mean / sum / none, with a strided
-// dloss for none). Each case runs the public entries (the default plan) and then every candidate plan
-// of the planner (16-byte vectors, scalar head + vectors, one element: whichever the layout allows)
+// dloss for none), vocabulary-parallel shards (class_start / num_classes: the first, a middle and
+// the last shard, targets inside and outside). Each case runs the public entries (the default plan) and then every
+// candidate plan of the planner (16-byte vectors, scalar head + vectors, one element: whichever the layout allows)
 // through launch_with_plan. Special cases (out-of-range targets, every row ignored, determinism,
 // many rows) are in test_cross_entropy_special.cpp. Tests skip without a GPU, and fail instead when
 // KF_REQUIRE_GPU=1.
@@ -55,11 +56,13 @@ TEST_P(CeGpu, ForwardBackward) {
   const int64_t T = this->T(), V = this->V();
   const LayoutKind lk = layout();
   const Opt& op = opt();
-  const CrossEntropyOptions o = op.opts();
+  const CrossEntropyOptions o = op.opts(V);
   const CeTol tol = ce_tolerance(dt);
   Rng rng(seed("fwd+bwd"));
   const HostTensor x = random_logits(dt, T, V, op.sigma, rng);
-  const HostTensor tgt = make_targets(op.target, T, V, op.ignore, rng);
+  const HostTensor tgt = op.shard()
+                             ? make_targets(op.target, T, o.num_classes, op.ignore, rng, op.before, op.before + V)
+                             : make_targets(op.target, T, V, op.ignore, rng);
 
   // reference forward
   HostTensor rl(F32, {T}), lse(F32, {T}), loss(F32, {}), valid(F32, {});
@@ -215,6 +218,14 @@ INSTANTIATE_TEST_SUITE_P(Options, CeGpu,
                                             ::testing::Values(LayoutKind::kContiguous, LayoutKind::kOddStride,
                                                               LayoutKind::kUnaligned),
                                             ::testing::ValuesIn(kOpts)),
+                         case_name);
+
+// Vocabulary-parallel shards (class_start, num_classes) on small, boundary and large shapes.
+const Shape kShardShapes[] = {{7, 13}, {3, 16385}, {257, 130}, {2, 64128}};
+INSTANTIATE_TEST_SUITE_P(Shards, CeGpu,
+                         ::testing::Combine(KF_CE_DTYPES, ::testing::ValuesIn(kShardShapes),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kUnaligned),
+                                            ::testing::ValuesIn(kShardOpts)),
                          case_name);
 
 // A few option sets on the large vocabularies (many segments per row).

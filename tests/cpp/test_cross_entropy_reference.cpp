@@ -456,4 +456,75 @@ TEST(CeReference, BackwardRecomputesLse) {
   EXPECT_TRUE(bit_equal("gradient", d2, d1));
 }
 
+// Vocabulary-parallel shards: the logits of 17 classes split into [0, 6), [6, 11) and [11, 17). Each
+// shard's forward gives its lse and row_loss; combined as the header says (lse = log sum_r exp lse_r,
+// loss = lse + z lse^2 - sum_r (lse_r - row_loss_r)) they give the full forward, and each shard's
+// backward with the combined lse gives the full gradient's columns. Targets fall in every shard, an
+// ignored row included.
+TEST(CeReference, ShardsCombineToTheFullLoss) {
+  const int64_t m = 5, v = 17;
+  const int64_t cuts[] = {0, 6, 11, 17};
+  Rng rng(77);
+  HostTensor x(F64, {m, v});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, rng.normal(3.0));
+  const HostTensor t = make(I64, {m}, {0, 8, -100, 16, 5});
+  for (const CrossEntropyOptions& full_o : {opts(0, 0, 0, Reduction::kNone), opts(0.1, 1e-3, 4.0, Reduction::kNone)}) {
+    SCOPED_TRACE("eps " + std::to_string(full_o.label_smoothing));
+    Fwd full(m);
+    KF_ASSERT_OK(full.run(x.view(), t.view(), full_o));
+    HostTensor dloss = make(F32, {m}, {0.5, 2.0, -1.5, 1.0, -0.25});
+    HostTensor want(F64, {m, v});
+    KF_ASSERT_OK(ref::cross_entropy_backward(dloss.view(), x.view(), t.view(), full.lse.view(), full.valid.view(),
+                                             full_o, want.view()));
+    std::vector<double> sum_exp(m, 0.0), linear(m, 0.0);
+    std::vector<HostTensor> parts;
+    for (int s = 0; s < 3; ++s) {
+      const int64_t w = cuts[s + 1] - cuts[s];
+      HostTensor xs(F64, {m, w});
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < w; ++j) xs.set(i * w + j, x.get(i * v + cuts[s] + j));
+      CrossEntropyOptions o = full_o;
+      o.z_loss_scale = 0;  // the z-loss needs the global lse: added after combining
+      o.class_start = cuts[s], o.num_classes = v;
+      Fwd f(m);
+      KF_ASSERT_OK(f.run(xs.view(), t.view(), o));
+      for (int64_t i = 0; i < m; ++i) {
+        sum_exp[i] += std::exp(double(f.lse.get(i)));
+        linear[i] += double(f.lse.get(i)) - double(f.row_loss.get(i));
+      }
+      parts.push_back(xs);
+    }
+    HostTensor lse(F32, {m});
+    for (int64_t i = 0; i < m; ++i) {
+      const double l = std::log(sum_exp[i]);
+      lse.set(i, l);
+      EXPECT_NEAR(l, full.lse.get(i), 1e-5) << "lse row " << i;
+      if (t.get(i) == -100) continue;
+      EXPECT_NEAR(l - linear[i] + full_o.z_loss_scale * l * l, full.row_loss.get(i), 1e-5) << "row_loss row " << i;
+    }
+    for (int s = 0; s < 3; ++s) {
+      const int64_t w = cuts[s + 1] - cuts[s];
+      CrossEntropyOptions o = full_o;
+      o.class_start = cuts[s], o.num_classes = v;
+      HostTensor d(F64, {m, w});
+      KF_ASSERT_OK(ref::cross_entropy_backward(dloss.view(), parts[s].view(), t.view(), lse.view(), full.valid.view(),
+                                               o, d.view()));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < w; ++j)
+          EXPECT_NEAR(d.get(i * w + j), want.get(i * v + cuts[s] + j), 1e-5)
+              << "shard " << s << " (" << i << ", " << j << ")";
+    }
+  }
+}
+
+TEST(CeReference, ShardOutOfRangeTargetNamesTheClasses) {
+  HostTensor x = make(F64, {1, 3}, {1, 2, 3}), t = make(I64, {1}, {9});
+  CrossEntropyOptions o = opts(0, 0, 0);
+  o.class_start = 3, o.num_classes = 9;  // classes [0, 9): 9 is outside
+  Fwd f(1);
+  const Status s = f.run(x.view(), t.view(), o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("outside [0, 9)"), std::string::npos) << s.message();
+}
+
 }  // namespace

@@ -112,13 +112,17 @@ struct Opt {
   DType target = I64;
   int64_t ignore = -100;
   double sigma = 3.0;  // logits ~ N(0, sigma)
-  CrossEntropyOptions opts() const {
+  // A vocabulary-parallel shard: the logits are classes [before, before + V) of before + V + after.
+  int64_t before = 0, after = 0;
+  bool shard() const { return before != 0 || after != 0; }
+  CrossEntropyOptions opts(int64_t vocab) const {
     CrossEntropyOptions o;
     o.ignore_index = ignore;
     o.label_smoothing = eps;
     o.z_loss_scale = zl;
     o.softcap = cap;
     o.reduction = red;
+    if (shard()) o.class_start = before, o.num_classes = before + vocab + after;
     return o;
   }
 };
@@ -146,6 +150,18 @@ const Opt kOpts[] = {
     make_opt("ignore1_sum", 0, 1e-4, 0, Reduction::kSum, I64, 1),  // ignore_index inside [0, V)
 };
 const Opt kBigOpts[] = {kOpts[6], kOpts[5], kOpts[3]};  // all_mean, softcap_none, zloss_sum
+Opt make_shard_opt(const char* name, Opt o, int64_t before, int64_t after) {
+  o.name = name;
+  o.before = before, o.after = after;
+  return o;
+}
+// Vocabulary-parallel shards: a middle shard (targets in it, before it and after it), the first and
+// the last shard of their vocabularies.
+const Opt kShardOpts[] = {
+    make_shard_opt("shard_all_none", kOpts[8], 37, 1000),
+    make_shard_opt("shard_first_smooth", kOpts[2], 0, 211),
+    make_shard_opt("shard_last_softcap_sum", make_opt("", 0, 1e-4, 30, Reduction::kSum), 5, 0),
+};
 
 using Case = std::tuple<DType, Shape, LayoutKind, Opt>;
 inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.rows << "x" << s.vocab; }
@@ -276,13 +292,21 @@ class CeGpuBase {
   }
   // Row 0 targets the last class, row 1 class 0, every 5th row from row 3 is ignored, the rest are
   // random classes.
-  static HostTensor make_targets(DType t, int64_t rows, int64_t vocab, int64_t ignore, Rng& rng) {
+  // Targets in [0, classes), with the shard's [lo, hi) ends (the whole range by default), class 0 and
+  // the last class among them, and every fifth row ignored; half of a shard's rows target it.
+  static HostTensor make_targets(DType t, int64_t rows, int64_t classes, int64_t ignore, Rng& rng, int64_t lo = 0,
+                                 int64_t hi = -1) {
+    if (hi < 0) hi = classes;
     HostTensor h(t, {rows});
     for (int64_t i = 0; i < rows; ++i) {
-      int64_t c = static_cast<int64_t>(rng.uniform(0.0, static_cast<double>(vocab)));
-      if (c >= vocab) c = vocab - 1;
-      if (i == 0) c = vocab - 1;
-      if (i == 1) c = 0;
+      const bool in = i % 2 == 0;
+      const double a = in ? double(lo) : 0.0, b = in ? double(hi) : double(classes);
+      int64_t c = static_cast<int64_t>(rng.uniform(a, b));
+      if (c >= int64_t(b)) c = int64_t(b) - 1;
+      if (i == 0) c = hi - 1;
+      if (i == 1) c = lo;
+      if (i == 2 && rows > 3) c = 0;
+      if (i == 4 && rows > 5) c = classes - 1;
       if (i % 5 == 3) c = ignore;
       h.set(i, static_cast<double>(c));
     }

@@ -367,6 +367,22 @@ TEST(CeValidation, LabelSmoothingRange) {
   KF_EXPECT_INVALID(c.fwd(), "label_smoothing must be in [0, 1], got -0.25");
 }
 
+TEST(CeValidation, VocabularyShardRange) {
+  struct Bad {
+    int64_t start, classes;
+  };
+  for (Bad b : {Bad{-1, 20}, Bad{11, 20}, Bad{0, 9}, Bad{5, -3}, Bad{1, 0}}) {  // vocab 10
+    SCOPED_TRACE(std::to_string(b.start) + " of " + std::to_string(b.classes));
+    Call c;
+    c.o.class_start = b.start, c.o.num_classes = b.classes;
+    KF_EXPECT_INVALID(c.fwd(), "cross_entropy: a vocabulary shard must lie inside the classes: class_start (");
+    KF_EXPECT_INVALID(c.bwd(), "cross_entropy_backward: a vocabulary shard must lie inside the classes");
+  }
+  Call c;
+  c.o.class_start = 12, c.o.num_classes = 20;
+  KF_EXPECT_INVALID(c.fwd(), "class_start (12) >= 0 and class_start + vocab (22) <= num_classes (20; 0 means vocab)");
+}
+
 TEST(CeValidation, ZLossScale) {
   for (double z : {-1e-4, double(INFINITY), double(NAN)}) {
     SCOPED_TRACE(z);

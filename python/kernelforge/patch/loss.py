@@ -42,6 +42,7 @@ and applies the softcap in float32. In float32 both agree to rounding.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from dataclasses import dataclass
@@ -126,10 +127,41 @@ def _shift_labels(labels, ignore_index=-100, shift_labels=None) -> torch.Tensor:
     return shift_labels
 
 
+def _column_parallel(head) -> "tuple | None":
+    """(mesh, input layouts) when lm_head is tensor-parallel by vocabulary: its weight (and bias) a DTensor
+    sharded by rows over a 1-D mesh and its only hooks the ones ``parallelize_module`` installs for one
+    ``ColwiseParallel`` style (the hidden states' layout in, the logits' out); else None."""
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor in this process
+        return None
+    from torch.distributed.tensor import DTensor, Shard  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import ColwiseParallel  # noqa: PLC0415
+
+    w, b = head.weight, head.bias
+    if not isinstance(w, DTensor) or w.device_mesh.ndim != 1 or tuple(w.placements) != (Shard(0),):
+        return None
+    if b is not None and not (isinstance(b, DTensor) and tuple(b.placements) == (Shard(0),)):
+        return None
+    if head._backward_hooks or head._backward_pre_hooks or len(head._forward_pre_hooks) != 1 \
+            or len(head._forward_hooks) != 1:
+        return None
+    def style_partial(hook, fn):  # distribute_module's hooks close over partial(<the style's fn>, layouts, ...)
+        for cell in getattr(hook, "__closure__", None) or ():
+            c = cell.cell_contents
+            if isinstance(c, functools.partial) and c.func is fn:
+                return c
+        return None
+
+    pre = style_partial(next(iter(head._forward_pre_hooks.values())), ColwiseParallel._prepare_input_fn)
+    post = style_partial(next(iter(head._forward_hooks.values())), ColwiseParallel._prepare_output_fn)
+    if pre is None or post is None or not pre.args:
+        return None
+    return w.device_mesh, tuple(pre.args[0])  # the hidden states' layout (Replicate, or Shard(1) for SP)
+
+
 def _head_unsupported(head) -> str | None:
     if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
         return f"lm_head is {type(head).__name__}, not a plain torch.nn.Linear"
-    if hooked(head):
+    if hooked(head) and _column_parallel(head) is None:
         return "lm_head has hooks (the fused loss does not call lm_head)"
     if "forward" in head.__dict__:
         return "lm_head's forward is overridden on the instance (e.g. by an accelerate hook)"
@@ -171,19 +203,52 @@ def _fused_loss(deferred: _Deferred, cap, labels, vocab_size, num_items_in_batch
     why = _fused_unsupported(h, weight, bias, target, vocab_size, cap)
     if why is not None:
         return why
+    tp = _column_parallel(deferred.head)
+    if tp is not None:
+        h = _replicated(tp, h)
+        target = target.full_tensor() if type(target).__name__ == "DTensor" else target
     target = target.reshape(-1).to(h.device)
     rows = h.reshape(-1, h.shape[-1])
     if rows.shape[0] != target.shape[0]:
         raise ValueError(f"Expected input batch_size ({rows.shape[0]}) to match target batch_size "
                          f"({target.shape[0]}).")
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    op = sys.modules["kernelforge"].fused_linear_cross_entropy  # looked up at call time
-    loss = op(rows, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=cap)
+    if tp is not None:  # lm_head sharded by vocabulary: each rank's shard, the loss over the group
+        loss = _vocab_parallel_loss(tp, rows, weight, bias, target, ignore_index, reduction, cap)
+    else:
+        op = sys.modules["kernelforge"].fused_linear_cross_entropy  # looked up at call time
+        loss = op(rows, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=cap)
     if reduction == "sum":
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     return loss
+
+
+def _replicated(tp, h):
+    """The hidden states as every rank of a column-parallel lm_head sees them before its GEMM: laid out as its
+    input style says (e.g. sequence-sharded), gathered, local."""
+    from torch.distributed.tensor import DTensor, Replicate  # noqa: PLC0415
+
+    mesh, layouts = tp
+    if not isinstance(h, DTensor) and layouts == (Replicate(),):
+        return h
+    x = h if isinstance(h, DTensor) else DTensor.from_local(h, mesh, layouts, run_check=False)
+    return x.redistribute(mesh, [Replicate()]).to_local()
+
+
+def _vocab_parallel_loss(tp, rows, weight, bias, target, ignore_index, reduction, cap):
+    """The loss of a column-parallel lm_head from the replicated hidden states (_replicated) and each rank's
+    rows of the weight, through ``kernelforge.vocab_parallel_fused_linear_cross_entropy`` (no logits, gathered
+    or not)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
+
+    mesh = tp[0]
+    _, offset = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
+    op = sys.modules["kernelforge"].vocab_parallel_fused_linear_cross_entropy  # looked up at call time
+    return op(rows, weight.to_local(), target, bias.to_local() if bias is not None else None, mesh.get_group(),
+              class_start=int(offset[0]), num_classes=int(weight.shape[0]), ignore_index=ignore_index,
+              reduction=reduction, softcap=cap)
 
 
 class _Run:

@@ -1,5 +1,6 @@
 // Cross-entropy backward, one pass over the logits:
-//   dlogits_j = G (p_j (1 + 2 z_loss lse) - (1 - eps) [j == t] - eps / V) * (softcap ? 1 - (z_j / c)^2 : 1)
+//   dlogits_j = G (p_j (1 + 2 z_loss lse) - (1 - eps) [j == t] - eps / N) * (softcap ? 1 - (z_j / c)^2 : 1)
+//   (N = V and j the class index, or in a vocabulary shard N the global class count and j + class_start)
 // with p_j = 2^(u_j - lse * log2 e), G the row's loss gradient (dloss[i], or dloss / valid for the
 // mean). Minimum traffic: read and write the logits once, 2 * M * V * sizeof(T) bytes (dlogits may be
 // the logits themselves: each element is read and then written by the same thread). An ignored row
@@ -57,10 +58,11 @@ __global__ void __launch_bounds__(kCeThreads) ce_bwd(const CeParams p, const int
     const float lse = p.lse[row];
     const float lse2 = lse * kLog2e;
     const float gp = p.z_loss > 0.f ? g * (1.f + 2.f * p.z_loss * lse) : g;  // coefficient of p_j
-    const float gs = g * p.smoothing / float(p.vocab);                       // subtracted everywhere
+    const float gs = g * p.smoothing / float(p.classes);                     // subtracted everywhere
     const float gt = g * (1.f - p.smoothing);                                // subtracted at the target
-    const int tt = (t >= 0 && t < p.vocab) ? int(t) : -1;
-    const float bad = (tt < 0) ? NAN : 0.f;  // out-of-range target: NaN row (documented)
+    const int64_t tl = t - p.class_start;  // the target's column; -1 (no column) when in another shard
+    const int tt = (tl >= 0 && tl < p.vocab) ? int(tl) : -1;
+    const float bad = (t < 0 || t >= p.classes) ? NAN : 0.f;  // out-of-range target: NaN row (documented)
     const float inv_cap = kSoftcap ? 1.f / p.softcap : 0.f;
     // dlogits_j of one logit x_j (the formula above)
     auto grad = [&](float xj, int j) {

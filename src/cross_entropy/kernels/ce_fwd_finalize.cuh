@@ -1,6 +1,7 @@
 // Cross-entropy forward, step 2 of 3: per-row loss. One thread per row combines the row's segment
 // partials into lse = ln 2 * (m + log2 s), reads the target logit (one scalar load) and writes
-//   row_loss = lse - (1 - eps) z_t - eps / V * sum z + z_loss * lse^2  (0 for an ignored row)
+//   row_loss = lse - (1 - eps) z_t - eps / N * sum z + z_loss * lse^2  (0 for an ignored row; N = V and
+//   z_t always read unless the logits are a vocabulary shard)
 // and lse; each block writes (sum of its row losses, its valid rows) to the workspace.
 // Minimum traffic: 16 bytes per segment read, 8 bytes per row written; one logit per row.
 // Why: the per-row step of every forward plan; a target out of range makes the row NaN (no host sync).
@@ -39,13 +40,16 @@ __global__ void __launch_bounds__(kCeFinalizeBlock)
       const int64_t t = ce_target(p, i);
       if (t != p.ignore_index) {
         valid = 1.f;
-        if (t < 0 || t >= p.vocab) {  // no defined loss: a NaN row (documented device-side check)
+        const int64_t tl = t - p.class_start;  // the target's column in this (shard of the) vocabulary
+        if (t < 0 || t >= p.classes) {         // no defined loss: a NaN row (documented device-side check)
           loss = lse = NAN;
         } else {
           const T* x = static_cast<const T*>(p.logits) + i * p.ld;
-          const float zt = ce_cap<kSoftcap>(to_float(x[t]), p.softcap, kSoftcap ? 1.f / p.softcap : 0.f);
+          const float zt = (tl >= 0 && tl < p.vocab)
+                               ? ce_cap<kSoftcap>(to_float(x[tl]), p.softcap, kSoftcap ? 1.f / p.softcap : 0.f)
+                               : 0.f;
           loss = lse - (1.f - p.smoothing) * zt;
-          if (p.smoothing > 0.f) loss -= p.smoothing / float(p.vocab) * sz;
+          if (p.smoothing > 0.f) loss -= p.smoothing / float(p.classes) * sz;
           if (p.z_loss > 0.f) loss += p.z_loss * lse * lse;
         }
       }
