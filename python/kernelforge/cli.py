@@ -10,11 +10,14 @@
                   [--modes fwd,train] [--size full|small] [--device cuda|cpu] [--iters N] [--out DIR]
     kforge e2e    [--cases llama_train,llama_prefill,vit_train,ltx] [--providers ...] [--size full|small]
                   [--iters N] [--out DIR]         (also `kforge bench e2e ...`)
+    kforge dist   [--gpus 2] [--cases fsdp_train,tp_train,vp_ce] [--providers ...] [--size full|small]
+                  [--device cuda|cpu] [--iters N] [--out DIR]
 
 bench and check read the op specs of kernelforge.specs; they need a CUDA GPU and the built
 extension, and without one they say so and exit with status 2. profile runs a model step before and
 after kf.patch, levels one model at each optimization level, e2e whole model steps with each provider
-in its own process (all three on the CPU too).
+in its own process (all three on the CPU too), dist the multi-GPU steps (FSDP2, tensor parallelism, the
+vocabulary-parallel loss), each provider in its own torchrun job.
 Also runnable as `python -m kernelforge.cli`.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     from kernelforge import bench, check  # noqa: PLC0415
     from kernelforge import e2e  # noqa: PLC0415
+    from kernelforge import e2e_dist  # noqa: PLC0415
     from kernelforge import levels as lev  # noqa: PLC0415
     from kernelforge import profile as prof  # noqa: PLC0415
 
@@ -52,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(e2e.__doc__ or "").split("\n\n")[0])
     e2e.add_arguments(e)
     e.set_defaults(func=e2e.main)
+    d = sub.add_parser("dist", help="multi-GPU training steps and the vocab-parallel loss, each provider its own job",
+                       description=(e2e_dist.__doc__ or "").split("\n\n")[0])
+    e2e_dist.add_arguments(d)
+    d.set_defaults(func=e2e_dist.main)
     return p
 
 
