@@ -276,22 +276,6 @@ def _tiny_llama(dtype):
     return LlamaForCausalLM(cfg).to(DEV, dtype)
 
 
-def _tp_plan(model, lm_head_out):
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    plan = {"lm_head": ColwiseParallel(output_layouts=lm_head_out, use_local_output=False)
-            if lm_head_out is not None else ColwiseParallel(output_layouts=Replicate())}
-    for i in range(len(model.model.layers)):
-        p = f"model.layers.{i}."
-        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
-            plan[p + name] = ColwiseParallel()
-        for name in ("self_attn.o_proj", "mlp.down_proj"):
-            plan[p + name] = RowwiseParallel()
-    del Shard
-    return plan
-
-
 def _grad_norm(model):
     total = torch.zeros((), dtype=torch.float64, device=DEV)
     for p in model.parameters():
@@ -301,7 +285,9 @@ def _grad_norm(model):
 
 
 def _train(model, ids, steps, lr=0.05):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    # foreach=False: under TP some parameters are DTensors and some plain (norms, embeddings), which the
+    # CUDA multi-tensor path refuses to mix
+    opt = torch.optim.SGD(model.parameters(), lr=lr, foreach=False)
     losses, norms = [], []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -316,8 +302,9 @@ def _train(model, ids, steps, lr=0.05):
 def check_train():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+
+    from kernelforge.e2e_dist import llama_tp_plan  # the plan `kforge dist` times
 
     dtype = torch.bfloat16 if DEV.type == "cuda" else torch.float32
     steps = 3
@@ -331,19 +318,20 @@ def check_train():
         return init_device_mesh(DEV.type, (dp, tp), mesh_dim_names=("dp", "tp"))["tp"]
 
     def fsdp(model, mesh=None):
+        mesh = mesh or init_device_mesh(DEV.type, (WORLD,))  # fully_shard's default is the current accelerator
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
 
-    def tensor_parallel(model, mesh, lm_head_out=None):
-        return parallelize_module(model, mesh, _tp_plan(model, lm_head_out))
+    def tensor_parallel(model, mesh, loss_parallel=False):
+        return parallelize_module(model, mesh, llama_tp_plan(model, loss_parallel))
 
     setups = {
         "FSDP2": lambda m: fsdp(m),
         "FSDP2, patched after sharding": lambda m: fsdp(m),
         f"TP={tp}": lambda m: tensor_parallel(m, tp_mesh()),
-        f"TP={tp} loss_parallel": lambda m: tensor_parallel(m, tp_mesh(), Shard(-1)),
+        f"TP={tp} loss_parallel": lambda m: tensor_parallel(m, tp_mesh(), loss_parallel=True),
         f"FSDP2 {dp} x TP={tp}": None,
     }
     for name, setup in setups.items():
