@@ -144,6 +144,13 @@ def check_ops():
     run("rms_norm x Shard(-1) -> redistributed", lambda x, w: kf.rms_norm(x, w, eps=1e-6), [x, w], [Shard(2), R],
         kept=False)
     cases += 1
+    # torch.compile of DTensor code that calls the ops (fullgraph: no graph break at a kernelforge op)
+    def block(x, w):
+        return kf.silu_and_mul(kf.rms_norm(x, w, eps=1e-6)) * 2
+
+    torch._dynamo.reset()
+    run("compiled rms_norm + silu_and_mul", torch.compile(block, fullgraph=True), [x, w], [Shard(1), R])
+    cases += 1
     say(f"ops: {cases} DTensor cases agree with the full-tensor op (forward and backward) on {WORLD} ranks")
 
 
