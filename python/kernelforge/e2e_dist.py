@@ -5,6 +5,8 @@ Cases:
   fsdp_train  the Llama-3.2-1B-shaped model (kernelforge/models.py), one training step (causal-LM loss,
               backward) under FSDP2 (``fully_shard`` on every decoder layer and the root), 4 x 2048 tokens
               per GPU
+  fsdp_train_keep  the same with reshard_after_forward=False: the parameters gathered in the forward
+              are kept for the backward (half the all-gathers, more memory)
   tp_train    the same model with tensor parallelism over all the GPUs (llama_tp_plan: q/k/v/gate/up
               column-parallel, o/down row-parallel, the lm_head column-parallel), 4 x 2048 tokens per step
   vp_ce       the loss of a vocabulary-parallel lm_head (hidden 2048, vocabulary 128256 split over the
@@ -19,7 +21,7 @@ Each job prints one JSON line from rank 0: milliseconds per step (the slowest ra
 times after warm-up), tokens per second over all GPUs and the largest per-GPU peak memory. The parent
 prints the table (speed-up over eager and over compile), writes OUT/dist.csv and OUT/dist.png.
 
-    kforge dist [--gpus 2] [--cases fsdp_train,tp_train,vp_ce] [--providers ...] [--size full|small]
+    kforge dist [--gpus 2] [--cases fsdp_train,fsdp_train_keep,tp_train,vp_ce] [--providers ...] [--size full|small]
                 [--device cuda|cpu] [--warmup N] [--iters N] [--out DIR]
 """
 
@@ -38,7 +40,8 @@ from .models import Progress, add_model_arguments, csv_list, resolve_device
 
 TRAIN_PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
 CE_PROVIDERS = ("eager", "loss_parallel", "kernelforge")
-CASES = {"fsdp_train": TRAIN_PROVIDERS, "tp_train": TRAIN_PROVIDERS, "vp_ce": CE_PROVIDERS}
+CASES = {"fsdp_train": TRAIN_PROVIDERS, "fsdp_train_keep": TRAIN_PROVIDERS, "tp_train": TRAIN_PROVIDERS,
+         "vp_ce": CE_PROVIDERS}
 
 
 def llama_tp_plan(model, loss_parallel: bool = False) -> dict:
@@ -93,14 +96,15 @@ def _train_step(case, provider, size, device, dtype, world):
         for layer in model.model.layers:
             layer.compile()
     mesh = init_device_mesh(device.type, (world,))
-    if case == "fsdp_train":
+    if case.startswith("fsdp_train"):
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
+        keep = case == "fsdp_train_keep"
         for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=not keep)
+        fully_shard(model, mesh=mesh, reshard_after_forward=not keep)
         tokens = ids.numel() * world
-        what = f"{what} per GPU, FSDP2 over {world} GPUs"
+        what = f"{what} per GPU, FSDP2 over {world} GPUs" + (" (reshard_after_forward=False)" if keep else "")
     else:
         from torch.distributed.tensor.parallel import parallelize_module  # noqa: PLC0415
 
