@@ -243,7 +243,8 @@ def _dtensor_vocab_shard(t):
     return t.to_local(), mesh.get_group(), int(offset[-1]), int(t.shape[-1])
 
 
-def _local(t):
+def _full(t):
+    """A DTensor's whole value (the targets are replicated: no communication then), else t."""
     return t.full_tensor() if type(t).__name__ == "DTensor" else t
 
 
@@ -335,7 +336,7 @@ def vocab_parallel_cross_entropy(
             raise ValueError(f"{name}: DTensor logits carry their group and class range; do not pass group, "
                              "class_start or num_classes")
         logits, group, class_start, num_classes = shard
-        target = _local(target)
+        target = _full(target)
     if logits.dim() < 1 or tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"{name}: target must have the shape of logits without its last (class) dimension, "
                          f"{tuple(logits.shape[:-1])}; got {tuple(target.shape)}")

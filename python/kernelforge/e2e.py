@@ -173,6 +173,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="e2e_out", help="folder of e2e.csv and e2e.png")
 
 
+def run_all(runs: list, spawn, args: argparse.Namespace, device: str, desc: str) -> list[dict]:
+    """spawn(case, provider, args, device) for every (case, provider) of runs, with a progress bar; a job past
+    args.timeout becomes an error row."""
+    progress = Progress(len(runs), desc)
+    results = []
+    for case, provider in runs:
+        progress.start(f"{case} {provider}")
+        try:
+            results.append(spawn(case, provider, args, device))
+        except subprocess.TimeoutExpired:
+            results.append({"case": case, "provider": provider, "error": f"timed out after {args.timeout:.0f} s"})
+        progress.finish(f"{case} {provider}")
+    progress.close()
+    return results
+
+
 def main(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
@@ -180,17 +196,7 @@ def main(args: argparse.Namespace) -> int:
     if device is None:
         return 2
     os.makedirs(args.out, exist_ok=True)
-    runs = [(c, p) for c in args.cases for p in args.providers]
-    progress = Progress(len(runs), "kforge e2e")
-    results = []
-    for case, provider in runs:
-        progress.start(f"{case} {provider}")
-        try:
-            results.append(_spawn(case, provider, args, device))
-        except subprocess.TimeoutExpired:
-            results.append({"case": case, "provider": provider, "error": f"timed out after {args.timeout:.0f} s"})
-        progress.finish(f"{case} {provider}")
-    progress.close()
+    results = run_all([(c, p) for c in args.cases for p in args.providers], _spawn, args, device, "kforge e2e")
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     write_csv(os.path.join(args.out, "e2e.csv"), results, device_name, torch.__version__)
     whats = {r["case"]: r["what"] for r in results if "what" in r}

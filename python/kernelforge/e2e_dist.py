@@ -35,8 +35,8 @@ import subprocess
 import sys
 import time
 
-from .e2e import plot, table_lines, write_csv
-from .models import Progress, add_model_arguments, csv_list, resolve_device
+from .e2e import plot, run_all, table_lines, write_csv
+from .models import add_model_arguments, csv_list, resolve_device
 
 TRAIN_PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
 CE_PROVIDERS = ("eager", "loss_parallel", "kernelforge")
@@ -84,7 +84,6 @@ def _llama(size: str, device, dtype):
 
 
 def _train_step(case, provider, size, device, dtype, world):
-    import torch  # noqa: PLC0415
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
     import kernelforge as kf  # noqa: PLC0415
@@ -235,7 +234,7 @@ def _spawn(case: str, provider: str, args: argparse.Namespace, device: str) -> d
     if proc.returncode != 0 or not lines:
         err = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln] or \
             (proc.stderr.strip().splitlines() or ["no output"])
-        return {"case": case, "provider": provider, "error": f"exit {proc.returncode}: {err[-1][:200]}"}
+        return {"case": case, "provider": provider, "error": f"exit {proc.returncode}: {' | '.join(err[-3:])[:600]}"}
     return json.loads(lines[-1])
 
 
@@ -262,16 +261,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     runs = [(c, p) for c in args.cases for p in CASES[c] if args.providers is None or p in args.providers]
-    progress = Progress(len(runs), "kforge dist")
-    results = []
-    for case, provider in runs:
-        progress.start(f"{case} {provider}")
-        try:
-            results.append(_spawn(case, provider, args, device))
-        except subprocess.TimeoutExpired:
-            results.append({"case": case, "provider": provider, "error": f"timed out after {args.timeout:.0f} s"})
-        progress.finish(f"{case} {provider}")
-    progress.close()
+    results = run_all(runs, _spawn, args, device, "kforge dist")
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     write_csv(os.path.join(args.out, "dist.csv"), results, f"{args.gpus} x {device_name}", torch.__version__)
     print(f"kforge dist on {args.gpus} x {device_name} (torch {torch.__version__}), each provider in its own job")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import warnings
 
 import torch

@@ -145,3 +145,21 @@ def test_kernelforge_import_does_not_import_dtensor():
     code = "import sys, kernelforge; print('torch.distributed.tensor' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr[-2000:]
+
+
+def test_kforge_dist_cpu(tmp_path):
+    """`kforge dist` end to end on the CPU (small sizes, 2 ranks): every job runs and writes its row."""
+    import csv
+
+    cmd = [sys.executable, "-m", "kernelforge.cli", "dist", "--size", "small", "--device", "cpu", "--warmup", "1",
+           "--iters", "1", "--cases", "fsdp_train,tp_train,vp_ce", "--providers", "eager,kernelforge,loss_parallel",
+           "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    rows = list(csv.DictReader(open(tmp_path / "dist.csv"))) if (tmp_path / "dist.csv").exists() else []
+    errors = [f"{x['case']} {x['provider']}: {x['status']}" for x in rows if x["status"] != "ok"]
+    assert r.returncode == 0, f"exit {r.returncode}; failed jobs: {errors}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert [(x["case"], x["provider"], x["status"]) for x in rows] == [
+        ("fsdp_train", "eager", "ok"), ("fsdp_train", "kernelforge", "ok"), ("tp_train", "eager", "ok"),
+        ("tp_train", "kernelforge", "ok"), ("vp_ce", "eager", "ok"), ("vp_ce", "loss_parallel", "ok"),
+        ("vp_ce", "kernelforge", "ok")]
+    assert all(float(x["ms_per_step"]) > 0 for x in rows)
