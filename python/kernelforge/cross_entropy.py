@@ -107,7 +107,15 @@ def cross_entropy(
     0 for ignored rows). ``return_lse=True`` also returns the float32 log-sum-exp of every row
     (of the softcapped logits). A target outside [0, V) that is not ``ignore_index`` gives a
     NaN loss on the GPU (checked on the device: no host sync) and an error on the CPU.
+    DTensor logits sharded on the class dimension (a vocabulary-parallel lm_head's) run
+    ``kernelforge.vocab_parallel_cross_entropy``: no logits are gathered.
     """
+    if type(logits).__name__ == "DTensor":
+        from .distributed import vocab_parallel_cross_entropy  # noqa: PLC0415
+
+        return vocab_parallel_cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                            reduction=reduction, z_loss_scale=z_loss_scale, softcap=softcap,
+                                            return_lse=return_lse)
     if logits.dim() < 1 or tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"cross_entropy: target must have the shape of logits without its last (class) dimension, "
@@ -148,8 +156,17 @@ def fused_linear_cross_entropy(
     Gradients of hidden, weight and bias. For "mean"/"sum" they are computed in the forward (the
     chunk's logits are not needed again) and scaled by the loss gradient in the backward; a second
     backward through the same graph (``retain_graph=True``) is an error. "none" recomputes the
-    chunks in the backward (one more GEMM per chunk).
+    chunks in the backward (one more GEMM per chunk). A DTensor ``weight`` sharded by rows over a
+    1-D mesh (a column-parallel lm_head) runs ``kernelforge.vocab_parallel_fused_linear_cross_entropy``
+    on each rank's rows.
     """
+    if type(weight).__name__ == "DTensor":  # a vocabulary-parallel lm_head: each rank's rows, no logits gathered
+        from .distributed import _dtensor_fused_linear_cross_entropy  # noqa: PLC0415
+
+        return _dtensor_fused_linear_cross_entropy(hidden, weight, target, bias, ignore_index=ignore_index,
+                                                   label_smoothing=label_smoothing, reduction=reduction,
+                                                   z_loss_scale=z_loss_scale, softcap=softcap,
+                                                   chunk_tokens=chunk_tokens)
     if hidden.dim() < 1 or tuple(target.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(
             f"fused_linear_cross_entropy: target must have the shape of hidden without its last dimension, "

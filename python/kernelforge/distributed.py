@@ -500,6 +500,29 @@ def vocab_parallel_fused_linear_cross_entropy(
     return loss.view(target.shape) if reduction == "none" else loss
 
 
+def _dtensor_fused_linear_cross_entropy(hidden, weight, target, bias=None, **kwargs):
+    """kernelforge.fused_linear_cross_entropy with a DTensor weight sharded by rows (vocabulary) over a 1-D
+    mesh: each rank's rows through vocab_parallel_fused_linear_cross_entropy (hidden and target replicated:
+    plain tensors or replicated DTensors)."""
+    from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
+
+    name = "fused_linear_cross_entropy"
+    mesh, placements = weight.device_mesh, tuple(weight.placements)
+    if mesh.ndim != 1 or placements != (Shard(0),):
+        raise ValueError(f"{name}: a DTensor weight must be sharded by rows (Shard(0), the vocabulary) over a 1-D "
+                         f"mesh, got placements {placements} on a {mesh.ndim}-D mesh")
+    if bias is not None and not (type(bias).__name__ == "DTensor" and tuple(bias.placements) == (Shard(0),)):
+        raise ValueError(f"{name}: with a DTensor weight the bias must be None or a DTensor sharded alike (Shard(0))")
+    for t, what in ((hidden, "hidden"), (target, "target")):
+        if type(t).__name__ == "DTensor" and any(p != Replicate() for p in t.placements):
+            raise ValueError(f"{name}: {what} must be replicated over the weight's mesh, got {t.placements}")
+    _, offset = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
+    return vocab_parallel_fused_linear_cross_entropy(
+        _full(hidden), weight.to_local(), _full(target), bias.to_local() if bias is not None else None,
+        mesh.get_group(), class_start=int(offset[0]), num_classes=int(weight.shape[0]), **kwargs)
+
+
 __all__ = [
     "register_dtensor_sharding",
     "vocab_parallel_cross_entropy",

@@ -235,7 +235,15 @@ def check_ce():
     got.backward()
     close("ce DTensor loss", got.float(), want.float(), tol, rt)
     close("ce DTensor dlogits", full(xd.grad).float(), ref_x.grad.float(), tol)
-    n += 1
+    xd.grad = None
+    got = kf.cross_entropy(xd, t, label_smoothing=0.1)  # kf.cross_entropy routes sharded DTensor logits
+    (gx,) = torch.autograd.grad(got, xd)
+    ref_x.grad = None
+    want = kf.cross_entropy(ref_x, t, label_smoothing=0.1)
+    want.backward()
+    close("kf.cross_entropy DTensor loss", got.float(), want.float(), tol, rt)
+    close("kf.cross_entropy DTensor dlogits", full(gx).float(), ref_x.grad.float(), tol)
+    n += 2
     # the fused linear form
     h = torch.randn(T, Hh, device=DEV).to(dt)
     w = (torch.randn(V, Hh, device=DEV) * 0.3).to(dt)
@@ -264,6 +272,19 @@ def check_ce():
                 close(what + " dbias", bs.grad.float(), br.grad[s0:s1].float(), tol * 8,
                       2 * rt)
             n += 1
+    # kf.fused_linear_cross_entropy with a DTensor lm_head weight sharded by rows
+    hr, wr = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    want = kf.cross_entropy((hr.float() @ wr.float().t()).to(dt), t)
+    want.float().backward()
+    wd = distribute_tensor(w.detach().clone(), mesh, [Shard(0)]).requires_grad_()
+    hs = h.detach().clone().requires_grad_()
+    got = kf.fused_linear_cross_entropy(hs, wd, t)
+    got.backward()
+    close("kf.fused_linear_cross_entropy DTensor weight loss", got, want.float(), tol * 4, rt)
+    close("kf.fused_linear_cross_entropy DTensor weight dhidden", hs.grad.float(), hr.grad.float(), tol * 8, 2 * rt)
+    close("kf.fused_linear_cross_entropy DTensor weight dweight", full(wd.grad).float(), wr.grad.float(), tol * 8,
+          2 * rt)
+    n += 1
     say(f"ce: {n} vocab-parallel cases agree with kernelforge.cross_entropy of the full logits on {WORLD} ranks; "
         f"the communication is two all-reduces of {T} and {2 * T} floats")
 
