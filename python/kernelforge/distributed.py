@@ -368,7 +368,8 @@ def _logits(h, w, b):
 
 class _VocabParallelFLCE(torch.autograd.Function):
     """Mean / sum: the gradients are computed in the forward (each chunk's logits are overwritten by their
-    gradient right away) and scaled by the loss gradient in the backward. None: the backward recomputes."""
+    gradient right away) and scaled by the loss gradient in the backward (once: a second backward through the
+    same graph, like "none", recomputes the chunks with the saved global lse)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, group, start, n, ignore_index, eps, z, cap, reduction, chunk):
@@ -407,10 +408,7 @@ class _VocabParallelFLCE(torch.autograd.Function):
         if ctx.grads is not None:  # mean / sum: every row's loss gradient is the same scalar
             dh, dw, db = ctx.grads
             ctx.grads = None
-            if dh is None and dw is None and db is None and any(ctx.needs_input_grad[:3]):
-                raise RuntimeError("vocab_parallel_fused_linear_cross_entropy: backward through the graph a second "
-                                   "time (retain_graph=True) is not supported")
-            s = dloss[0]  # mean / sum: the gradient _reduce gives every row is one value (1/valid or 1)
+            s = dloss[:1].sum()  # mean / sum: _reduce gives every row one gradient (1/valid or 1); 0 rows: 0
             return (_scaled(dh, s, hidden), _scaled(dw, s, weight), _scaled(db, s, bias),
                     None, None, None, None, None, None, None, None, None, None)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -471,7 +469,7 @@ def vocab_parallel_fused_linear_cross_entropy(
     ``chunk_tokens`` (0: at most 512 MiB of logits per chunk on each rank), two all-reduces of the chunk's
     [C] floats each, and one all-reduce of the hidden states' gradient. The loss is float32, on every rank.
     Differentiable w.r.t. hidden, weight and bias; for "mean"/"sum" the gradients are computed in the
-    forward (no second backward through the same graph), "none" recomputes the chunks in the backward.
+    forward, "none" (and a second backward through the same graph) recomputes the chunks in the backward.
     """
     name = "vocab_parallel_fused_linear_cross_entropy"
     _check_reduction(name, reduction)

@@ -92,6 +92,27 @@ def test_one_rank_fused_matches(kf, one_rank_group):
     torch.testing.assert_close(gw2, gw, rtol=1e-5, atol=1e-5)
 
 
+def test_one_rank_fused_edges(kf, one_rank_group):
+    """No tokens; [B, S, H] hidden states; a second backward through the same graph (retain_graph: the
+    chunks are recomputed, the gradients add up)."""
+    w = torch.randn(10, 4, requires_grad=True)
+    loss = kf.vocab_parallel_fused_linear_cross_entropy(torch.randn(0, 4), w, torch.zeros(0, dtype=torch.long),
+                                                        reduction="sum")
+    loss.backward()
+    assert loss.item() == 0 and w.grad.abs().sum().item() == 0
+    h = torch.randn(2, 3, 4, requires_grad=True)
+    t = torch.randint(0, 10, (2, 3))
+    want = kf.cross_entropy(h @ w.t(), t, label_smoothing=0.1)
+    (gh,) = torch.autograd.grad(want, h)
+    loss = kf.vocab_parallel_fused_linear_cross_entropy(h, w, t, label_smoothing=0.1)
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    loss.backward(retain_graph=True)
+    g1 = h.grad.clone()
+    torch.testing.assert_close(g1, gh, rtol=1e-5, atol=1e-6)
+    (loss * 3).backward()
+    torch.testing.assert_close(h.grad, 4 * g1, rtol=1e-5, atol=1e-6)
+
+
 def test_errors(kf, one_rank_group):
     x, t = torch.randn(4, 8), torch.randint(0, 8, (4,))
     with pytest.raises(ValueError, match="reduction must be"):
