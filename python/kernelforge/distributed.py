@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ._ops import _ops
+from .cross_entropy import _softcap
 
 # ---- DTensor sharding rules ------------------------------------------------------------------------------------
 
@@ -227,20 +228,19 @@ def _shard_range(local_vocab: int, group, class_start, num_classes) -> tuple[int
     return int(class_start), int(num_classes)
 
 
-def _dtensor_vocab_shard(t):
-    """For a DTensor sharded on its last dimension over a 1-D mesh: (local tensor, group, class_start,
-    num_classes); None for anything else."""
-    if type(t).__name__ != "DTensor":
-        return None
+def _vocab_shard(t, dim: int, what: str):
+    """A DTensor sharded on the class dimension `dim` over a 1-D mesh: (local tensor, group, class_start,
+    num_classes); a clear error for any other placement."""
     from torch.distributed.tensor import Shard  # noqa: PLC0415
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 
-    mesh, placements = t.device_mesh, t.placements
-    if mesh.ndim != 1 or not (isinstance(placements[0], Shard) and placements[0].dim in (-1, t.ndim - 1)):
-        raise ValueError(f"vocab-parallel cross-entropy: DTensor logits must be sharded on the class (last) "
-                         f"dimension over a 1-D mesh, got placements {placements} on a {mesh.ndim}-D mesh")
+    mesh, placements = t.device_mesh, tuple(t.placements)
+    dim %= t.ndim
+    if mesh.ndim != 1 or not (isinstance(placements[0], Shard) and placements[0].dim % t.ndim == dim):
+        raise ValueError(f"{what} must be sharded on the class dimension ({dim}) over a 1-D mesh, got "
+                         f"placements {placements} on a {mesh.ndim}-D mesh")
     _, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
-    return t.to_local(), mesh.get_group(), int(offset[-1]), int(t.shape[-1])
+    return t.to_local(), mesh.get_group(), int(offset[dim]), int(t.shape[dim])
 
 
 def _full(t):
@@ -297,14 +297,6 @@ def _check_reduction(name, reduction):
         raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _cap(name, softcap):
-    if softcap is None:
-        return 0.0
-    if not softcap > 0:
-        raise ValueError(f"{name}: softcap must be None or > 0, got {softcap!r}")
-    return float(softcap)
-
-
 def vocab_parallel_cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -330,12 +322,11 @@ def vocab_parallel_cross_entropy(
     """
     name = "vocab_parallel_cross_entropy"
     _check_reduction(name, reduction)
-    shard = _dtensor_vocab_shard(logits)
-    if shard is not None:
+    if type(logits).__name__ == "DTensor":
         if group is not None or class_start is not None or num_classes is not None:
             raise ValueError(f"{name}: DTensor logits carry their group and class range; do not pass group, "
                              "class_start or num_classes")
-        logits, group, class_start, num_classes = shard
+        logits, group, class_start, num_classes = _vocab_shard(logits, -1, f"{name}: DTensor logits")
         target = _full(target)
     if logits.dim() < 1 or tuple(target.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"{name}: target must have the shape of logits without its last (class) dimension, "
@@ -344,7 +335,7 @@ def vocab_parallel_cross_entropy(
     rows = logits.reshape(-1, logits.shape[-1])
     t = target.reshape(-1)
     loss_rows, lse = _VocabParallelCE.apply(rows, t, group, start, n, int(ignore_index), float(label_smoothing),
-                                            float(z_loss_scale), _cap(name, softcap))
+                                            float(z_loss_scale), _softcap(softcap))
     loss = _reduce(loss_rows, t, ignore_index, reduction)
     loss = loss.view(target.shape) if reduction == "none" else loss
     loss = loss.to(logits.dtype)
@@ -492,7 +483,7 @@ def vocab_parallel_fused_linear_cross_entropy(
     t = target.reshape(-1).to(rows.device)
     chunk = _chunk_tokens(rows.shape[0], weight.shape[0], hidden.element_size(), int(chunk_tokens))
     loss_rows = _VocabParallelFLCE.apply(rows, weight, bias, t, group, start, n, int(ignore_index),
-                                         float(label_smoothing), float(z_loss_scale), _cap(name, softcap),
+                                         float(label_smoothing), float(z_loss_scale), _softcap(softcap),
                                          reduction, chunk)
     loss = _reduce(loss_rows, t, ignore_index, reduction)
     return loss.view(target.shape) if reduction == "none" else loss
@@ -502,23 +493,16 @@ def _dtensor_fused_linear_cross_entropy(hidden, weight, target, bias=None, **kwa
     """kernelforge.fused_linear_cross_entropy with a DTensor weight sharded by rows (vocabulary) over a 1-D
     mesh: each rank's rows through vocab_parallel_fused_linear_cross_entropy (hidden and target replicated:
     plain tensors or replicated DTensors)."""
-    from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
+    from torch.distributed.tensor import Replicate  # noqa: PLC0415
 
     name = "fused_linear_cross_entropy"
-    mesh, placements = weight.device_mesh, tuple(weight.placements)
-    if mesh.ndim != 1 or placements != (Shard(0),):
-        raise ValueError(f"{name}: a DTensor weight must be sharded by rows (Shard(0), the vocabulary) over a 1-D "
-                         f"mesh, got placements {placements} on a {mesh.ndim}-D mesh")
-    if bias is not None and not (type(bias).__name__ == "DTensor" and tuple(bias.placements) == (Shard(0),)):
-        raise ValueError(f"{name}: with a DTensor weight the bias must be None or a DTensor sharded alike (Shard(0))")
+    w, group, start, n = _vocab_shard(weight, 0, f"{name}: a DTensor weight (the lm_head's rows)")
+    b = _vocab_shard(bias, 0, f"{name}: with a DTensor weight, the bias")[0] if bias is not None else None
     for t, what in ((hidden, "hidden"), (target, "target")):
         if type(t).__name__ == "DTensor" and any(p != Replicate() for p in t.placements):
             raise ValueError(f"{name}: {what} must be replicated over the weight's mesh, got {t.placements}")
-    _, offset = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
-    return vocab_parallel_fused_linear_cross_entropy(
-        _full(hidden), weight.to_local(), _full(target), bias.to_local() if bias is not None else None,
-        mesh.get_group(), class_start=int(offset[0]), num_classes=int(weight.shape[0]), **kwargs)
+    return vocab_parallel_fused_linear_cross_entropy(_full(hidden), w, _full(target), b, group, class_start=start,
+                                                     num_classes=n, **kwargs)
 
 
 __all__ = [

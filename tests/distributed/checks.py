@@ -376,10 +376,12 @@ def check_train():
             if patched and after:
                 report = kf.patch(model)
             # the loss op the patched model must reach (looked up on the package at call time)
-            want_op = "fused_linear_cross_entropy" if "TP" not in name else "vocab_parallel_fused_linear_cross_entropy"
+            # (TP: the fused op's DTensor-weight route, which calls the module's vocab-parallel op)
+            owner = kf.distributed if "TP" in name else kf
+            want_op = "vocab_parallel_fused_linear_cross_entropy" if "TP" in name else "fused_linear_cross_entropy"
             calls = []
-            real_op = getattr(kf, want_op)
-            setattr(kf, want_op, lambda *a, **k: calls.append(1) or real_op(*a, **k))
+            real_op = getattr(owner, want_op)
+            setattr(owner, want_op, lambda *a, **k: calls.append(1) or real_op(*a, **k))
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -389,7 +391,7 @@ def check_train():
                     else:
                         rows[patched] = _train(model, ids, steps)
             finally:
-                setattr(kf, want_op, real_op)
+                setattr(owner, want_op, real_op)
             if patched and len(calls) != steps:
                 raise AssertionError(f"train {name}: the patched loss called kernelforge.{want_op} {len(calls)} "
                                      f"times in {steps} steps")

@@ -213,11 +213,9 @@ def _fused_loss(deferred: _Deferred, cap, labels, vocab_size, num_items_in_batch
         raise ValueError(f"Expected input batch_size ({rows.shape[0]}) to match target batch_size "
                          f"({target.shape[0]}).")
     reduction = "sum" if num_items_in_batch is not None else "mean"
-    if tp is not None:  # lm_head sharded by vocabulary: each rank's shard, the loss over the group
-        loss = _vocab_parallel_loss(tp, rows, weight, bias, target, ignore_index, reduction, cap)
-    else:
-        op = sys.modules["kernelforge"].fused_linear_cross_entropy  # looked up at call time
-        loss = op(rows, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=cap)
+    # a column-parallel lm_head's DTensor weight: the op runs its vocabulary-parallel form (no logits)
+    op = sys.modules["kernelforge"].fused_linear_cross_entropy  # looked up at call time
+    loss = op(rows, weight, target, bias, ignore_index=ignore_index, reduction=reduction, softcap=cap)
     if reduction == "sum":
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -235,20 +233,6 @@ def _replicated(tp, h):
         return h
     x = h if isinstance(h, DTensor) else DTensor.from_local(h, mesh, layouts, run_check=False)
     return x.redistribute(mesh, [Replicate()]).to_local()
-
-
-def _vocab_parallel_loss(tp, rows, weight, bias, target, ignore_index, reduction, cap):
-    """The loss of a column-parallel lm_head from the replicated hidden states (_replicated) and each rank's
-    rows of the weight, through ``kernelforge.vocab_parallel_fused_linear_cross_entropy`` (no logits, gathered
-    or not)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
-
-    mesh = tp[0]
-    _, offset = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
-    op = sys.modules["kernelforge"].vocab_parallel_fused_linear_cross_entropy  # looked up at call time
-    return op(rows, weight.to_local(), target, bias.to_local() if bias is not None else None, mesh.get_group(),
-              class_start=int(offset[0]), num_classes=int(weight.shape[0]), ignore_index=ignore_index,
-              reduction=reduction, softcap=cap)
 
 
 class _Run:
