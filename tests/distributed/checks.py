@@ -13,8 +13,8 @@
          kf.patch and unpatched: losses and gradient norms against the float32 unsharded oracle
 
 Every rank gets the same batch, so the oracle is the single-process model. --device cuda uses one GPU
-per rank with NCCL when there are enough GPUs, else every rank on GPU 0 with gloo (which carries CUDA
-tensors), so one GPU runs the CUDA kernels under the same collectives. A failed check raises; the exit
+per rank with NCCL and needs as many GPUs as ranks (every rank on one GPU through gloo crashes inside
+torch 2.11's functional collectives, kernelforge imported or not). A failed check raises; the exit
 status is nonzero. Rank 0 prints one line per check.
 """
 
@@ -425,9 +425,11 @@ def main():
     RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
         gpus = torch.cuda.device_count()
-        DEV = torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK)) % gpus)
+        if gpus < WORLD:
+            raise SystemExit(f"--device cuda needs one GPU per rank: {WORLD} ranks, {gpus} GPUs")
+        DEV = torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK)))
         torch.cuda.set_device(DEV)
-        backend = "nccl" if gpus >= WORLD else "gloo"
+        backend = "nccl"
     else:
         backend = "gloo"
     dist.init_process_group(backend, device_id=DEV if backend == "nccl" else None)
