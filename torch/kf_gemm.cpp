@@ -6,9 +6,11 @@
 //
 // a [M, K] and b [N, K]: any strides with stride 1 along one dimension (a transposed view passes as is;
 // other strides are copied to contiguous); bias [N] or None; out [M, N] contiguous in a's dtype; aux [M, N]
-// and a_sum [M] when asked, else empty.
+// and a_sum [M] when asked, else empty. Batched: a [B, M, K] and/or b [B, N, K] (a 2-D operand is shared by
+// every batch), out and aux [B, M, N].
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernelforge/gemm.h"
 #include "kf_common.h"
@@ -21,9 +23,9 @@ const EnumName<kf::GemmActivation> kActivations[] = {{"none", kf::GemmActivation
                                                      {"relu", kf::GemmActivation::kRelu},
                                                      {"gelu_tanh", kf::GemmActivation::kGeluTanh}};
 
-// A 2-D operand as the core takes it: stride 1 along one dimension, else a contiguous copy.
+// An operand as the core takes it: its matrices with stride 1 along one dimension, else a contiguous copy.
 Tensor operand(const Tensor& t) {
-  const bool row = t.size(1) <= 1 || t.stride(1) == 1, col = t.size(0) <= 1 || t.stride(0) == 1;
+  const bool row = t.size(-1) <= 1 || t.stride(-1) == 1, col = t.size(-2) <= 1 || t.stride(-2) == 1;
   return row || col ? t : t.contiguous();
 }
 
@@ -34,14 +36,17 @@ std::tuple<Tensor, Tensor, Tensor> gemm_impl(bool cuda, const Tensor& a_in, cons
     auto r = gemm_impl(false, a_in.cpu(), b_in.cpu(), to_cpu(bias), activation, want_aux, want_sum);
     return {std::get<0>(r).to(a_in.device()), std::get<1>(r).to(a_in.device()), std::get<2>(r).to(a_in.device())};
   }
-  if (a_in.dim() != 2)
-    TORCH_CHECK_VALUE(false, "gemm: a must have 2 dimensions [M, K], got " + std::to_string(a_in.dim()));
-  if (b_in.dim() != 2)
-    TORCH_CHECK_VALUE(false, "gemm: b must have 2 dimensions [N, K], got " + std::to_string(b_in.dim()));
+  if (a_in.dim() != 2 && a_in.dim() != 3)
+    TORCH_CHECK_VALUE(false, "gemm: a must have 2 dimensions [M, K] or 3 [B, M, K], got " + std::to_string(a_in.dim()));
+  if (b_in.dim() != 2 && b_in.dim() != 3)
+    TORCH_CHECK_VALUE(false, "gemm: b must have 2 dimensions [N, K] or 3 [B, N, K], got " + std::to_string(b_in.dim()));
   const Tensor a = operand(a_in), b = operand(b_in);
-  const int64_t m = a.size(0), n = b.size(0);
-  Tensor out = at::empty({m, n}, a.options());
-  Tensor aux = at::empty({want_aux ? m : 0, want_aux ? n : 0}, a.options());
+  const int64_t m = a.size(-2), n = b.size(-2);
+  // Batched when either operand is: out [B, M, N], B from the 3-D operand(s) (the core checks they agree).
+  std::vector<int64_t> shape{m, n};
+  if (a.dim() == 3 || b.dim() == 3) shape.insert(shape.begin(), a.dim() == 3 ? a.size(0) : b.size(0));
+  Tensor out = at::empty(shape, a.options());
+  Tensor aux = want_aux ? at::empty(shape, a.options()) : at::empty({0, 0}, a.options());
   Tensor sum = at::empty({want_sum ? m : 0}, a.options());
   const kf::TensorView av = view(a), bv = view(b), ov = view(out), xv = view(aux), sv = view(sum);
   const OptView biv(bias);

@@ -12,11 +12,15 @@
 //          backward (relu's reads out > 0; cuBLASLt wants N % 8 == 0 for aux, else NotSupported)
 //   a_sum  optional [M], contiguous: sum_k a[m, k] (the bias gradient when a = dy^T), float32
 //          accumulation, rounded once; without bias and activation
+// Batched (torch.bmm / matmul): out [B, M, N] (row-major matrices, any batch stride that keeps the batches
+// apart), a [B, M, K] or [M, K], b [B, N, K] or [N, K] (a 2-D operand is shared by every batch, batch
+// stride 0), aux [B, M, N] contiguous, bias [N] shared; one strided-batched cuBLASLt call. a_sum takes
+// 2-D calls only.
 // a, b, bias, out and aux share one dtype, float16 or bfloat16; products accumulate in float32 and out
 // is rounded once. Activations: none, relu, gelu_tanh (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
 // cuBLASLt's GELU). M, N or K may be 0 (K = 0: out = act(bias), or act(0)).
 //
-// FLOPs 2 M N K. The fused epilogue saves the separate pass over out (a read and a write of M N
+// FLOPs 2 B M N K. The fused epilogue saves the separate pass over out (a read and a write of M N
 // elements) that an unfused bias + activation costs.
 //
 // Plan and run as in attention.h: gemm_plan() reads shapes, strides, alignment and the device, asks

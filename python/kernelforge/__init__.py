@@ -28,7 +28,7 @@ from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .decode import decode_attention, kv_append
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
 from .distributed import _install_registration as _install_dtensor_rules
-from .gemm import gemm
+from .gemm import bmm, gemm, matmul
 from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
@@ -73,6 +73,8 @@ __all__ = [
     "kv_append",
     "linear",
     "gemm",
+    "bmm",
+    "matmul",
     "patch",
     "unpatch",
     "PatchReport",

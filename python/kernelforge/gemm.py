@@ -30,13 +30,15 @@ ACTIVATIONS = ("none", "relu", "gelu_tanh")
 
 @torch.library.register_fake("kernelforge::gemm")
 def _gemm_fake(a, b, bias=None, activation="none", aux=False, a_sum=False):
-    # The C++ impl's shapes (kf_gemm.cpp): out [M, N] contiguous, aux [M, N] or [0, 0], a_sum [M] or [0].
-    if a.dim() != 2:
-        raise ValueError(f"gemm: a must have 2 dimensions [M, K], got {a.dim()}")
-    if b.dim() != 2:
-        raise ValueError(f"gemm: b must have 2 dimensions [N, K], got {b.dim()}")
-    m, n = a.shape[0], b.shape[0]
-    return (a.new_empty((m, n)), a.new_empty((m, n) if aux else (0, 0)), a.new_empty((m,) if a_sum else (0,)))
+    # The C++ impl's shapes (kf_gemm.cpp): out [M, N] (batched: [B, M, N]) contiguous, aux out's shape or
+    # [0, 0], a_sum [M] or [0].
+    if a.dim() not in (2, 3):
+        raise ValueError(f"gemm: a must have 2 dimensions [M, K] or 3 [B, M, K], got {a.dim()}")
+    if b.dim() not in (2, 3):
+        raise ValueError(f"gemm: b must have 2 dimensions [N, K] or 3 [B, N, K], got {b.dim()}")
+    m, n = a.shape[-2], b.shape[-2]
+    shape = (m, n) if a.dim() == 2 and b.dim() == 2 else (a.shape[0] if a.dim() == 3 else b.shape[0], m, n)
+    return (a.new_empty(shape), a.new_empty(shape if aux else (0, 0)), a.new_empty((m,) if a_sum else (0,)))
 
 
 # ---- functional API -------------------------------------------------------------------------------
@@ -115,4 +117,95 @@ def linear_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     return _LinearAct.apply(x, w, bias, activation)
 
 
-__all__ = ["gemm"]
+# ---- batched products: bmm and matmul ----------------------------------------------------------------
+
+
+class _Bmm(torch.autograd.Function):
+    """a @ b for a [B, M, K] or [M, K] and b [B, K, N] or [K, N] (torch's convention), at least one 3-D: one
+    strided-batched cuBLASLt call (b passed as the transposed view [B, N, K], no copy; a 2-D operand is
+    shared by every batch, batch stride 0).
+      da = dy b^T       [B, M, K]; summed over the batch when a is shared
+      db = a^T dy       [B, K, N]; when b is shared, one 2-D GEMM over the B M rows: (a as [B M, K])^T dy
+    """
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _ops.gemm(a, b.transpose(-1, -2), None, "none", False, False)[0]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        a, b = ctx.saved_tensors
+        da = db = None
+        if ctx.needs_input_grad[0]:
+            da = _ops.gemm(dy, b, None, "none", False, False)[0]
+            if a.dim() == 2:
+                da = da.sum(0)
+        if ctx.needs_input_grad[1]:
+            if b.dim() == 2:
+                k, n = a.shape[-1], dy.shape[-1]
+                db = _ops.gemm(a.reshape(-1, k).t(), dy.reshape(-1, n).t(), None, "none", False, False)[0]
+            else:
+                db = _ops.gemm(a.transpose(-1, -2), dy.transpose(-1, -2), None, "none", False, False)[0]
+        return da, db
+
+
+def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError(f"{name}: a and b must be tensors, got {type(a).__name__} and {type(b).__name__}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"{name}: a and b must share one dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"{name}: a and b must be on one device, got {a.device} and {b.device}")
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.bmm: a [B, M, K] @ b [B, K, N] -> [B, M, N], one strided-batched cuBLASLt call (float16 /
+    bfloat16 on CUDA; the float64 reference on CPU), differentiable in a and b. Transposed views of either
+    operand pass without a copy."""
+    _check_pair("bmm", a, b)
+    if a.dim() != 3 or b.dim() != 3:
+        raise ValueError(f"bmm: a and b must have 3 dimensions [B, M, K] and [B, K, N], got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ValueError(f"bmm: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply ([B, M, K] @ [B, K, N])")
+    return _Bmm.apply(a, b)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.matmul's semantics (1-D operands, broadcast batch dimensions) on kernelforge's GEMM:
+      [..., M, K] @ [K, N]      the leading dimensions fold into M: one 2-D GEMM
+      [M, K] @ [..., K, N]      a shared by every batch (batch stride 0): one batched GEMM
+      [..., M, K] @ [..., K, N] batch dimensions broadcast (an operand broadcast along a dimension is
+                                expanded, as torch.matmul does), one batched GEMM
+    Differentiable in a and b."""
+    _check_pair("matmul", a, b)
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError("matmul: both arguments need at least 1 dimension, got a scalar")
+    squeeze_m, squeeze_n = a.dim() == 1, b.dim() == 1
+    if squeeze_m:
+        a = a.unsqueeze(0)
+    if squeeze_n:
+        b = b.unsqueeze(-1)
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply "
+                         f"(a's last dimension must equal b's second to last)")
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.dim() == 2:
+        lead = a.shape[:-2]
+        out = _Bmm.apply(a.reshape(1, -1, k), b).reshape(*lead, m, n) if a.dim() > 2 else \
+            _Bmm.apply(a.unsqueeze(0), b)[0]
+    else:
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        bb = b.expand(*batch, k, n).reshape(-1, k, n)
+        aa = a if a.dim() == 2 else a.expand(*batch, m, k).reshape(-1, m, k)
+        out = _Bmm.apply(aa, bb).reshape(*batch, m, n)
+    if squeeze_m:
+        out = out.squeeze(-2)
+    if squeeze_n:
+        out = out.squeeze(-1)
+    return out
+
+
+__all__ = ["gemm", "bmm", "matmul"]

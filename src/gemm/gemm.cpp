@@ -58,7 +58,7 @@ Status prepare(const GemmTensors& t, GemmActivation act, Prepared* w) {
   return Status::Ok();
 }
 
-bool product(const GemmParams& p) { return p.M > 0 && p.N > 0 && p.K > 0; }
+bool product(const GemmParams& p) { return p.batch > 0 && p.M > 0 && p.N > 0 && p.K > 0; }
 
 Status lt_status(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return Status::Ok();
@@ -143,6 +143,10 @@ Status make_desc(const GemmParams& p, DType dtype, GemmActivation act, Desc* d) 
     if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, "AUX_POINTER")).ok()) return s;
     if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld, "AUX_LD")).ok()) return s;
     if (!(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, type, "AUX_DATA_TYPE")).ok()) return s;
+    if (p.batch > 1 &&
+        !(s = set_desc(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, int64_t(p.M * p.N), "AUX_BATCH_STRIDE"))
+             .ok())
+      return s;
   }
   const uint64_t M = uint64_t(p.M), N = uint64_t(p.N), K = uint64_t(p.K);
   s = lt_status(p.b.row_major ? cublasLtMatrixLayoutCreate(&d->la, type, K, N, p.b.ld)
@@ -153,18 +157,50 @@ Status make_desc(const GemmParams& p, DType dtype, GemmActivation act, Desc* d) 
                               : cublasLtMatrixLayoutCreate(&d->lb, type, M, K, p.a.ld),
                 "cublasLtMatrixLayoutCreate(a)");
   if (!s.ok()) return s;
-  return lt_status(cublasLtMatrixLayoutCreate(&d->lc, type, N, M, p.ldo), "cublasLtMatrixLayoutCreate(out)");
+  if (!(s = lt_status(cublasLtMatrixLayoutCreate(&d->lc, type, N, M, p.ldo), "cublasLtMatrixLayoutCreate(out)")).ok())
+    return s;
+  // Batched: one strided batch per layout (stride 0: the matrix is shared); the bias is shared too
+  // (cuBLASLt's BIAS_BATCH_STRIDE defaults to 0).
+  if (p.batch > 1) {
+    auto batch_of = [&](cublasLtMatrixLayout_t l, int64_t bs, const char* what) {
+      const int32_t count = int32_t(p.batch);
+      cublasStatus_t st =
+          cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count));
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &bs, sizeof(bs));
+      return lt_status(st, what);
+    };
+    if (!(s = batch_of(d->la, p.b.bs, "batch layout (b)")).ok()) return s;
+    if (!(s = batch_of(d->lb, p.a.bs, "batch layout (a)")).ok()) return s;
+    if (!(s = batch_of(d->lc, p.out_bs, "batch layout (out)")).ok()) return s;
+  }
+  return Status::Ok();
 }
 
 // What decides cuBLASLt's choice: shapes, layouts, strides, alignments, dtype and epilogue.
 std::string cache_key(const Prepared& w, GemmActivation act) {
   const GemmParams& p = w.p;
   std::string k;
-  for (int64_t v :
-       {int64_t(w.device), int64_t(w.dtype), int64_t(epilogue_of(p, act)), p.M, p.N, p.K, int64_t(p.a.row_major),
-        p.a.ld, int64_t(p.b.row_major), p.b.ld, p.ldo, int64_t(alignment(p.a.data)), int64_t(alignment(p.b.data)),
-        int64_t(alignment(p.out)), int64_t(p.aux != nullptr ? alignment(p.aux) : 0),
-        int64_t(p.bias != nullptr ? alignment(p.bias) : 0)})
+  for (int64_t v : {int64_t(w.device),
+                    int64_t(w.dtype),
+                    int64_t(epilogue_of(p, act)),
+                    p.M,
+                    p.N,
+                    p.K,
+                    int64_t(p.a.row_major),
+                    p.a.ld,
+                    int64_t(p.b.row_major),
+                    p.b.ld,
+                    p.ldo,
+                    int64_t(alignment(p.a.data)),
+                    int64_t(alignment(p.b.data)),
+                    int64_t(alignment(p.out)),
+                    int64_t(p.aux != nullptr ? alignment(p.aux) : 0),
+                    int64_t(p.bias != nullptr ? alignment(p.bias) : 0),
+                    p.batch,
+                    p.a.bs,
+                    p.b.bs,
+                    p.out_bs})
     k += std::to_string(v) + ",";
   return k;
 }
@@ -273,10 +309,20 @@ Status check_workspace(const GemmPlan& plan, const void* workspace, size_t bytes
 Status run_own(const Prepared& w, GemmActivation act, cudaStream_t stream) {
   const GemmParams& p = w.p;
   const bool bf16 = w.dtype == DType::kBFloat16;
-  if (p.M == 0) return Status::Ok();
-  if (p.K == 0)
-    return bf16 ? launch_gemm_fill<__nv_bfloat16>(p, act, *w.dev, stream)
-                : launch_gemm_fill<__half>(p, act, *w.dev, stream);
+  if (p.M == 0 || p.batch == 0) return Status::Ok();
+  if (p.K == 0) {  // one launch per batch: an edge case, the batch count is the caller's
+    const size_t elt = dtype_size(w.dtype);
+    for (int64_t i = 0; i < p.batch; ++i) {
+      GemmParams one = p;
+      one.batch = 1;
+      one.out = static_cast<char*>(p.out) + i * p.out_bs * elt;
+      if (p.aux != nullptr) one.aux = static_cast<char*>(p.aux) + i * p.M * p.N * elt;
+      Status s = bf16 ? launch_gemm_fill<__nv_bfloat16>(one, act, *w.dev, stream)
+                      : launch_gemm_fill<__half>(one, act, *w.dev, stream);
+      if (!s.ok()) return s;
+    }
+    return Status::Ok();
+  }
   if (p.a_sum != nullptr)  // N = 0: no output, the row sums alone
     return bf16 ? launch_gemm_row_sum<__nv_bfloat16>(p, *w.dev, stream)
                 : launch_gemm_row_sum<__half>(p, *w.dev, stream);

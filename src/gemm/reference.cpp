@@ -33,14 +33,19 @@ Status gemm(const GemmTensors& t, GemmActivation act) {
   DType dt;
   Status s = validate_gemm("gemm", false, t, act, &p, &dt);
   if (!s.ok()) return s;
-  for (int64_t m = 0; m < p.M; ++m) {
-    for (int64_t n = 0; n < p.N; ++n) {
-      double acc = p.bias != nullptr ? load_as_double(p.bias, dt, n) : 0.0;
-      for (int64_t k = 0; k < p.K; ++k)
-        acc += load_as_double(p.a.data, dt, at(p.a, m, k)) * load_as_double(p.b.data, dt, at(p.b, n, k));
-      store_from_double(p.out, dt, m * p.ldo + n, gemm_activation(act, acc));
-      if (p.aux != nullptr) store_from_double(p.aux, dt, m * p.N + n, acc);
+  for (int64_t i = 0; i < p.batch; ++i) {
+    for (int64_t m = 0; m < p.M; ++m) {
+      for (int64_t n = 0; n < p.N; ++n) {
+        double acc = p.bias != nullptr ? load_as_double(p.bias, dt, n) : 0.0;
+        for (int64_t k = 0; k < p.K; ++k)
+          acc += load_as_double(p.a.data, dt, i * p.a.bs + at(p.a, m, k)) *
+                 load_as_double(p.b.data, dt, i * p.b.bs + at(p.b, n, k));
+        store_from_double(p.out, dt, i * p.out_bs + m * p.ldo + n, gemm_activation(act, acc));
+        if (p.aux != nullptr) store_from_double(p.aux, dt, (i * p.M + m) * p.N + n, acc);
+      }
     }
+  }
+  for (int64_t m = 0; m < p.M; ++m) {
     if (p.a_sum != nullptr) {
       double sum = 0.0;
       for (int64_t k = 0; k < p.K; ++k) sum += load_as_double(p.a.data, dt, at(p.a, m, k));

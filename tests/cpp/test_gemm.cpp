@@ -199,6 +199,101 @@ std::vector<GemmCase> gemm_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, GemmGpu, ::testing::ValuesIn(gemm_cases()),
                          [](const ::testing::TestParamInfo<GemmCase>& i) { return i.param.name; });
 
+// Batched products (torch.bmm / matmul): out [B, M, N]; a and b each [B, ., K] or 2-D (shared by every
+// batch); b optionally torch's [B, K, N] taken as the transposed view [B, N, K] (column-major matrices);
+// out with padded rows (its batch stride follows); the bias shared; aux [B, M, N].
+struct BatchedCase {
+  std::string name;
+  int64_t B = 3, M = 70, N = 96, K = 136;
+  bool a_shared = false, b_shared = false, b_torch = false, bias = true, aux = false;
+  Act act = Act::kNone;
+  int64_t out_pad = 0;
+};
+void PrintTo(const BatchedCase& c, std::ostream* os) { *os << c.name; }
+
+class GemmBatchedGpu : public ::testing::TestWithParam<BatchedCase> {};
+
+TEST_P(GemmBatchedGpu, MatchesReference) {
+  KF_NEED_GPU();
+  const BatchedCase& c = GetParam();
+  Rng rng(hash_str(c.name));
+  const std::vector<int64_t> a_shape =
+      c.a_shared ? std::vector<int64_t>{c.M, c.K} : std::vector<int64_t>{c.B, c.M, c.K};
+  // b as stored: [B, N, K] row-major, or torch's [B, K, N] (then viewed transposed)
+  std::vector<int64_t> b_store = c.b_torch ? std::vector<int64_t>{c.B, c.K, c.N} : std::vector<int64_t>{c.B, c.N, c.K};
+  if (c.b_shared) b_store.erase(b_store.begin());
+  const HostTensor a = random_tensor(BF16, a_shape, rng, -1.0, 1.0), b = random_tensor(BF16, b_store, rng, -1.0, 1.0),
+                   bias = random_tensor(BF16, {c.N}, rng, -1.0, 1.0);
+  auto transposed = [&](TensorView v) {  // [.., K, N] stored -> the [.., N, K] view
+    if (!c.b_torch) return v;
+    const int d = v.ndim;
+    std::swap(v.shape[d - 1], v.shape[d - 2]);
+    std::swap(v.strides[d - 1], v.strides[d - 2]);
+    return v;
+  };
+  HostTensor out_ref(BF16, {c.B, c.M, c.N}), aux_ref(BF16, {c.B, c.M, c.N});
+  {
+    const TensorView av = a.view(), bv = transposed(b.view()), biv = bias.view(), ov = out_ref.view(),
+                     xv = aux_ref.view();
+    kf::GemmTensors t;
+    t.a = &av, t.b = &bv, t.bias = c.bias ? &biv : nullptr, t.out = &ov, t.aux = c.aux ? &xv : nullptr;
+    KF_ASSERT_OK(kf::ref::gemm(t, c.act));
+  }
+  DeviceTensor da(BF16, a_shape), db(BF16, b_store), dbias(BF16, {c.N}),
+      dout(BF16, {c.B, c.M, c.N}, Layout{c.out_pad, 0}), daux(BF16, {c.B, c.M, c.N});
+  ASSERT_TRUE(da.ok() && db.ok() && dbias.ok() && dout.ok() && daux.ok());
+  da.upload(a), db.upload(b), dbias.upload(bias);
+  const TensorView av = da.view(), bv = transposed(db.view()), biv = dbias.view(), ov = dout.view(), xv = daux.view();
+  kf::GemmTensors t;
+  t.a = &av, t.b = &bv, t.bias = c.bias ? &biv : nullptr, t.out = &ov, t.aux = c.aux ? &xv : nullptr;
+  size_t need = 0;
+  KF_ASSERT_OK(kf::gemm(t, c.act, nullptr, &need, nullptr));
+  void* ws = nullptr;
+  if (need > 0) KF_CUDA_CHECK(cudaMalloc(&ws, need));
+  KF_ASSERT_OK(kf::gemm(t, c.act, need > 0 ? ws : reinterpret_cast<void*>(uintptr_t{256}), &need, nullptr));
+  KF_CUDA_CHECK(cudaDeviceSynchronize());
+  if (ws) cudaFree(ws);
+  const double u = 1.0 / 256;
+  const Tol tol{2 * u, std::ldexp(double(c.K), -20) + u + (c.act == Act::kGeluTanh ? 1.0 / 2048 : 0.0)};
+  EXPECT_TRUE(all_close("out", dout.download(), out_ref, tol));
+  EXPECT_TRUE(dout.check_untouched("out"));
+  if (c.aux) {
+    EXPECT_TRUE(all_close("aux", daux.download(), aux_ref, tol));
+  }
+}
+
+std::vector<BatchedCase> batched_cases() {
+  std::vector<BatchedCase> v;
+  BatchedCase c;
+  c.name = "both_batched";
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "torch_b_gelu_aux", c.b_torch = true, c.act = Act::kGeluTanh, c.aux = true;
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "a_shared", c.a_shared = true, c.b_torch = true, c.bias = false;
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "b_shared_relu", c.b_shared = true, c.act = Act::kRelu;
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "odd_padded_out", c.B = 5, c.M = 7, c.N = 129, c.K = 67, c.out_pad = 3, c.b_torch = true;
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "one_batch", c.B = 1;
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "k0_gelu_aux", c.K = 0, c.act = Act::kGeluTanh, c.aux = true;
+  v.push_back(c);
+  c = BatchedCase{};
+  c.name = "batch0", c.B = 0;
+  v.push_back(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmBatchedGpu, ::testing::ValuesIn(batched_cases()),
+                         [](const ::testing::TestParamInfo<BatchedCase>& i) { return i.param.name; });
+
 kf::Status validate(const TensorView& a, const TensorView& b, const TensorView* bias, const TensorView& out,
                     Act act = Act::kNone, const TensorView* aux = nullptr, const TensorView* a_sum = nullptr) {
   kf::GemmTensors t;
@@ -237,6 +332,23 @@ TEST(GemmValidation, AcceptsAndRejects) {
   TensorView out_t = out;
   out_t.strides[0] = 1, out_t.strides[1] = 4;
   KF_EXPECT_INVALID(validate(a, b, nullptr, out_t), "out must be row-major");
+
+  // batched: out [B, M, N]; a and b [B, ., K] with out's B or 2-D (shared)
+  const TensorView a3 = cuda_view(BF16, {3, 4, 64}, 0, uintptr_t{1} << 40),
+                   b3 = cuda_view(BF16, {3, 32, 64}, 0, uintptr_t{2} << 40),
+                   out3 = cuda_view(BF16, {3, 4, 32}, 0, uintptr_t{3} << 40);
+  EXPECT_TRUE(validate(a3, b3, &bias, out3).ok());
+  EXPECT_TRUE(validate(a, b3, &bias, out3).ok());
+  EXPECT_TRUE(validate(a3, b, nullptr, out3, Act::kGeluTanh, &out3).ok());
+  KF_EXPECT_INVALID(validate(a3, cuda_view(BF16, {2, 32, 64}, 0, uintptr_t{2} << 40), nullptr, out3),
+                    "b must have out's batch size 3");
+  KF_EXPECT_INVALID(validate(a3, b3, nullptr, cuda_view(BF16, {3, 4, 31}, 0, uintptr_t{3} << 40)),
+                    "out must have shape [3, 4, 32]");
+  TensorView overlap = out3;
+  overlap.strides[0] = 64;
+  KF_EXPECT_INVALID(validate(a3, b3, nullptr, overlap), "out's batches overlap");
+  KF_EXPECT_INVALID(validate(a3, b3, nullptr, out3, Act::kNone, nullptr, &sum), "a_sum (the bias gradient");
+  KF_EXPECT_INVALID(validate(a3, b3, nullptr, cuda_view(BF16, {3, 1, 4, 32})), "out must have 2 dimensions");
 }
 
 TEST(GemmReference, SmallProductWithEpilogues) {

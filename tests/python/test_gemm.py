@@ -74,8 +74,12 @@ def test_errors():
         kf.gemm(x, w, activation="relu", aux=True)
     with pytest.raises(RuntimeError, match="a_sum \\(the bias gradient"):
         kf.gemm(x, w, torch.randn(3), a_sum=True)
-    with pytest.raises(ValueError, match="a must have 2 dimensions"):
-        kf.gemm(torch.randn(2, 4, 8), w)
+    with pytest.raises(ValueError, match=r"a must have 2 dimensions \[M, K\] or 3 \[B, M, K\]"):
+        kf.gemm(torch.randn(2, 2, 4, 8), w)
+    with pytest.raises(RuntimeError, match="b must have out's batch size 2"):
+        kf.gemm(torch.randn(2, 4, 8), torch.randn(3, 3, 8))
+    y = kf.gemm(torch.randn(2, 4, 8), w)[0]  # batched a, shared b
+    assert y.shape == (2, 4, 3)
 
 
 # ---- CUDA ------------------------------------------------------------------------------------------
@@ -157,3 +161,76 @@ def test_float32_cuda_refused_with_an_activation():
     with pytest.raises(RuntimeError, match="a must be float16 or bfloat16"):
         kf.linear(x, w, activation="relu")
     torch.testing.assert_close(kf.linear(x, w), F.linear(x, w))  # no activation: torch's GEMM, by design
+
+
+# ---- bmm and matmul ---------------------------------------------------------------------------------------
+
+MATMUL_SHAPES = [((5, 7), (7, 4)), ((2, 3, 5, 7), (7, 4)), ((5, 7), (2, 3, 7, 4)), ((2, 1, 5, 7), (3, 7, 4)),
+                 ((7,), (7, 4)), ((5, 7), (7,)), ((7,), (7,)), ((2, 3, 5, 7), (2, 3, 7, 4)), ((3, 7), (1, 7, 2))]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES)
+def test_matmul_cpu_matches_torch(sa, sb):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(*sa, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(*sb, dtype=torch.float64, generator=g, requires_grad=True)
+    y, ref = kf.matmul(a, b), torch.matmul(a, b)
+    assert y.shape == ref.shape
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    for got, want in zip(_grads(y, (a, b), dy), _grads(ref, (a, b), dy)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_bmm_cpu_transposed_views_and_errors():
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(3, 7, 5, dtype=torch.float64, generator=g).transpose(1, 2).requires_grad_()  # [3, 5, 7] view
+    b = torch.randn(3, 7, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    y = kf.bmm(a, b)
+    torch.testing.assert_close(y, torch.bmm(a, b), rtol=1e-12, atol=1e-12)
+    dy = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    for got, want in zip(_grads(y, (a, b), dy), _grads(torch.bmm(a, b), (a, b), dy)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="bmm: a and b must have 3 dimensions"):
+        kf.bmm(a[0], b)
+    with pytest.raises(ValueError, match=r"do not multiply \(\[B, M, K\] @ \[B, K, N\]\)"):
+        kf.bmm(a, b[:2])
+    with pytest.raises(ValueError, match="matmul: shapes .* do not multiply"):
+        kf.matmul(a, b.transpose(1, 2))
+    with pytest.raises(ValueError, match="must share one dtype"):
+        kf.matmul(a, b.float())
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        kf.matmul(torch.tensor(1.0, dtype=torch.float64), b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES + [((8, 129, 67), (8, 67, 130)), ((4, 256, 512), (512, 384))])
+def test_matmul_cuda(dtype, sa, sb):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(*sa, device="cuda", generator=g).to(dtype).requires_grad_()
+    b = torch.randn(*sb, device="cuda", generator=g).to(dtype).requires_grad_()
+    y = kf.matmul(a, b)
+    ref = torch.matmul(a.double(), b.double())
+    k = sa[-1]
+    tol = dict(rtol=2e-2 if dtype == torch.bfloat16 else 4e-3, atol=1e-2 * (k ** 0.5 / 8 + 1))
+    assert y.dtype == dtype and y.shape == ref.shape
+    torch.testing.assert_close(y.double(), ref, **tol)
+    dy = torch.randn(ref.shape, device="cuda", generator=g).to(dtype)
+    got = _grads(y, (a, b), dy)
+    want = _grads(ref, (a, b), dy.double())
+    for gg, ww in zip(got, want):
+        assert gg.dtype == dtype
+        torch.testing.assert_close(gg.double(), ww, rtol=tol["rtol"], atol=tol["atol"] * 4)
+
+
+@pytest.mark.cuda
+def test_bmm_compiles(fresh_dynamo):
+    a = torch.randn(4, 64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(4, 96, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    f = torch.compile(lambda a, b: kf.bmm(a, b).float().square().sum(), fullgraph=True)
+    loss = f(a, b)
+    loss.backward()
+    ref = torch.bmm(a.double(), b.double()).square().sum()
+    torch.testing.assert_close(loss.double(), ref, rtol=2e-2, atol=1.0)
+    assert a.grad is not None and b.grad is not None
