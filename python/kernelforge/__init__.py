@@ -11,6 +11,7 @@
     o = kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table)  # decode against that cache
     y = kf.linear(x, w, bias)     # nn.Linear's product: a skinny GEMM for <= 16 rows, else cuBLASLt
     y = kf.linear(x, w, bias, activation="gelu_tanh")  # the activation fused into the GEMM's epilogue
+    s = kf.fused_linear_rowsum(x, w, bias)  # F.linear(x, w, bias).sum(-1), the product never exists
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
@@ -20,14 +21,17 @@ Importing needs the compiled extension (libkernelforge_torch.so next to this fil
 on CPU the ops run the float64 C++ reference.
 """
 
-from . import nn
+from . import layers, nn
 from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .decode import decode_attention, kv_append
+from .diagonal_matmul import diagonal_matmul
+from .dropout import dropout, dropout_add
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
 from .distributed import _install_registration as _install_dtensor_rules
+from .fused_linear_rowsum import fused_linear_rowsum
 from .gemm import bmm, gemm, matmul
 from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
@@ -63,10 +67,13 @@ __all__ = [
     "ltx_video_rope",
     "cross_entropy",
     "fused_linear_cross_entropy",
+    "fused_linear_rowsum",
     "vocab_parallel_cross_entropy",
     "vocab_parallel_fused_linear_cross_entropy",
     "softmax",
     "log_softmax",
+    "dropout",
+    "dropout_add",
     "attention",
     "scaled_dot_product_attention",
     "decode_attention",
@@ -75,6 +82,7 @@ __all__ = [
     "gemm",
     "bmm",
     "matmul",
+    "diagonal_matmul",
     "patch",
     "unpatch",
     "PatchReport",

@@ -51,6 +51,8 @@ def variant_label(v: dict) -> str:
         parts.append("scale[" + ",".join(v["mod"]) + "]")
     if "approximate" in v:
         parts.append(v["approximate"])
+    if "p" in v:  # the dropout family
+        parts.append(f"p={v['p']:g}")
     if "gate_first" in v:
         parts.append("gate_first" if v["gate_first"] else "gate_second")
     if "interleaved" in v:

@@ -12,12 +12,14 @@
                   [--iters N] [--out DIR]         (also `kforge bench e2e ...`)
     kforge dist   [--gpus 2] [--cases fsdp_train,tp_train,vp_ce] [--providers ...] [--size full|small]
                   [--device cuda|cpu] [--iters N] [--out DIR]
+    kforge build-hub OUTDIR [--variant NAME]
 
 bench and check read the op specs of kernelforge.specs; they need a CUDA GPU and the built
 extension, and without one they say so and exit with status 2. profile runs a model step before and
 after kf.patch, levels one model at each optimization level, e2e whole model steps with each provider
 in its own process (all three on the CPU too), dist the multi-GPU steps (FSDP2, tensor parallelism, the
-vocabulary-parallel loss), each provider in its own torchrun job.
+vocabulary-parallel loss), each provider in its own torchrun job. build-hub writes the installed package as
+a tree the HuggingFace `kernels` package loads (get_local_kernel, kernelize).
 Also runnable as `python -m kernelforge.cli`.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kernelforge import bench, check  # noqa: PLC0415
     from kernelforge import e2e  # noqa: PLC0415
     from kernelforge import e2e_dist  # noqa: PLC0415
+    from kernelforge import hub  # noqa: PLC0415
     from kernelforge import levels as lev  # noqa: PLC0415
     from kernelforge import profile as prof  # noqa: PLC0415
 
@@ -60,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(e2e_dist.__doc__ or "").split("\n\n")[0])
     e2e_dist.add_arguments(d)
     d.set_defaults(func=e2e_dist.main)
+    h = sub.add_parser("build-hub", help="write the package as a HuggingFace kernels hub tree (build/<variant>/)",
+                       description=(hub.__doc__ or "").split("\n\n")[0])
+    hub.add_arguments(h)
+    h.set_defaults(func=hub.main)
     return p
 
 

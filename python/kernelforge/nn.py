@@ -8,6 +8,8 @@ Numerics: LayerNorm matches F.layer_norm (float32 math, one rounding). RMSNorm f
 kernelforge.rms_norm, i.e. HF LlamaRMSNorm: the normalized value is rounded to the input dtype
 before the weight multiply, where torch rounds once after it. For float16/bfloat16 the two differ
 by at most an ulp or two; for float32 they agree to float32 accuracy.
+
+FusedLinearRowSum is nn.Linear followed by ``.sum(-1)`` as one op (kernelforge.fused_linear_rowsum).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import numbers
 
 import torch
 
+from . import fused_linear_rowsum as _flrs
 from . import norm as _norm
 
-__all__ = ["RMSNorm", "LayerNorm"]
+__all__ = ["RMSNorm", "LayerNorm", "FusedLinearRowSum"]
 
 # torch.nn.RMSNorm with eps=None uses the epsilon of its *computation* dtype (float32 for half
 # types, float64 for float64), not of the input dtype (aten rms_norm: opmath_t epsilon).
@@ -128,3 +131,35 @@ def _rms_norm_nd(x, weight, eps, normalized_shape, module="RMSNorm"):
 def _layer_norm_nd(x, weight, bias, eps, normalized_shape, module="LayerNorm"):
     y = _norm._layer_norm(_flat_rows(x, normalized_shape, module), _flat_param(weight), _flat_param(bias), eps)
     return y.view(x.shape)
+
+
+class FusedLinearRowSum(torch.nn.Module):
+    """``nn.Linear(in_features, out_features, bias)`` followed by ``.sum(-1)``, in one op that never forms
+    the ``[..., out_features]`` output (kernelforge.fused_linear_rowsum).
+
+    Same parameters, initialization and state_dict keys (``weight`` [out, in], ``bias`` [out]) as
+    :class:`torch.nn.Linear`, so a Linear checkpoint loads unchanged. Input ``[..., in_features]``,
+    output ``[...]`` (Flash-Kernels-v2 FusedLinearRowSum returns ``[batch]`` for ``[batch, in]``).
+    """
+
+    __constants__ = ["in_features", "out_features"]
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = torch.nn.Parameter(torch.empty((out_features, in_features), device=device, dtype=dtype))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        torch.nn.Linear.reset_parameters(self)  # kaiming_uniform(a=sqrt(5)), bias U(-1/sqrt(in), 1/sqrt(in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _flrs._fused_linear_rowsum(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -17,8 +17,8 @@ import torch
 
 from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
-from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, RopeShape,
-                               shape_label, shape_rows)
+from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, BatchedRowsShape, DecodeShape, FlceShape,
+                               LinearShape, RopeShape, shape_label, shape_rows)
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
 
@@ -91,11 +91,15 @@ def test_tolerance_table():
 
 def test_families_and_groups():
     assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode", "linear",
-                             "gemm")
+                             "gemm", "diagonal_matmul", "fused_linear_rowsum", "dropout")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
     assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention",)
     assert GROUPS["linear"] == ("linear",) and GROUPS["gemm"] == ("gemm",)
-    assert OPS[-6:] == ("cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "linear", "gemm")
+    assert GROUPS["diagonal_matmul"] == ("diagonal_matmul",)
+    assert GROUPS["fused_linear_rowsum"] == ("fused_linear_rowsum",)
+    assert GROUPS["dropout"] == ("dropout", "dropout_add")
+    assert OPS[OPS.index("cross_entropy"):OPS.index("gemm") + 1] == (
+        "cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "linear", "gemm")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
 
 
@@ -480,7 +484,10 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7)),
                     "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128)),  # windows of 16..32
                     "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20)),
-                    "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9)), "gemm": ((1, 8, 8), (20, 17, 9))}
+                    "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9)), "gemm": ((1, 8, 8), (20, 17, 9)),
+                    "diagonal_matmul": ((3, 17), BatchedRowsShape(2, 3, 9, True)),
+                    "fused_linear_rowsum": ((1, 1, 1), (7, 33, 5)),
+                    "dropout": ((1, 7), (3, 17)), "dropout_add": ((2, 9),)}
 
 
 def _tally(kf, op, dtype):

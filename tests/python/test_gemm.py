@@ -221,7 +221,7 @@ def test_matmul_cuda(dtype, sa, sb):
     want = _grads(ref, (a, b), dy.double())
     for gg, ww in zip(got, want):
         assert gg.dtype == dtype
-        torch.testing.assert_close(gg.double(), ww, rtol=tol["rtol"], atol=tol["atol"] * 4)
+        torch.testing.assert_close(gg.double(), ww.double(), rtol=tol["rtol"], atol=tol["atol"] * 4)
 
 
 @pytest.mark.cuda

@@ -11,9 +11,10 @@ package needs no compiled extension; the kernelforge calls import it when they r
 
 from __future__ import annotations
 
-from . import activation, attention, cross_entropy, decode, gemm, linear, norm, rope, softmax
-from ._spec import (MODES, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape, Tol, base_mode,
-                    shape_label, shape_rows)
+from . import (activation, attention, cross_entropy, decode, diagonal_matmul, dropout, fused_linear_rowsum, gemm,
+               linear, norm, rope, softmax)
+from ._spec import (MODES, TOL, AttnShape, BatchedRowsShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape,
+                    Tol, base_mode, shape_label, shape_rows)
 
 FAMILIES = {
     "norm": norm.SPECS,
@@ -25,6 +26,9 @@ FAMILIES = {
     "decode": decode.SPECS,
     "linear": linear.SPECS,
     "gemm": gemm.SPECS,
+    "diagonal_matmul": diagonal_matmul.SPECS,
+    "fused_linear_rowsum": fused_linear_rowsum.SPECS,
+    "dropout": dropout.SPECS,
 }
 SPECS: dict[str, OpSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 OPS = tuple(SPECS)
@@ -32,4 +36,4 @@ OPS = tuple(SPECS)
 GROUPS = {"all": OPS, **{f: tuple(s.name for s in specs) for f, specs in FAMILIES.items()}}
 
 __all__ = ["SPECS", "OPS", "GROUPS", "FAMILIES", "TOL", "Tol", "OpSpec", "RopeShape", "FlceShape", "AttnShape",
-           "DecodeShape", "LinearShape", "MODES", "base_mode", "shape_label", "shape_rows"]
+           "DecodeShape", "LinearShape", "BatchedRowsShape", "MODES", "base_mode", "shape_label", "shape_rows"]

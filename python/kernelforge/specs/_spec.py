@@ -151,9 +151,24 @@ class LinearShape(NamedTuple):
         return f"m{self.m}n{self.n}k{self.k}" + ("-bias" if self.bias else "") + (f"-{self.act}" if self.act else "")
 
 
+class BatchedRowsShape(NamedTuple):
+    """A batched row-op shape, written b{B}m{M}n{N}[-bcast]: b [B, M, N]; -bcast: a per-row operand
+    of [M] broadcast over the batch (diagonal_matmul's scales) instead of one per row [B, M]."""
+
+    b: int
+    m: int
+    n: int
+    bcast: bool = False
+
+    def __str__(self) -> str:
+        return f"b{self.b}m{self.m}n{self.n}" + ("-bcast" if self.bcast else "")
+
+
 def shape_label(shape: tuple) -> str:
-    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's / DecodeShape's / LinearShape's own form."""
-    return (str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape, DecodeShape, LinearShape))
+    """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's / DecodeShape's / LinearShape's /
+    BatchedRowsShape's own form."""
+    return (str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape, DecodeShape, LinearShape,
+                                             BatchedRowsShape))
             else f"{shape[0]}x{shape[1]}")
 
 
@@ -170,6 +185,8 @@ def shape_rows(shape: tuple) -> int:
         return shape.t
     if isinstance(shape, LinearShape):
         return shape.m
+    if isinstance(shape, BatchedRowsShape):
+        return shape.b * shape.m
     return shape[0]
 
 
@@ -209,6 +226,8 @@ class OpSpec:
     dtypes: tuple | None = None  # the dtypes the op takes (None: every bench / check dtype)
     # "memory": GB/s of the minimum traffic against a copy of the same bytes; "compute": TFLOP/s
     bound: str = "memory"
+    # random outputs (dropout): peers draw other masks, so the bench does not compare them with kernelforge
+    stochastic: bool = False
 
     # -- kforge check: every shape x variant, against two float64 oracles --
     check_shapes: tuple = ()

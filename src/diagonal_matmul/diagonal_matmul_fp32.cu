@@ -1,0 +1,6 @@
+// The diagonal_matmul launcher instantiated for float (one file per dtype: parallel compilation).
+#include "diagonal_matmul/diagonal_matmul_launch.cuh"
+
+namespace kernelforge {
+template Status launch_diagonal_matmul<float>(const DmPlan&, const DmParams&, const DeviceInfo&, cudaStream_t);
+}  // namespace kernelforge
