@@ -74,6 +74,57 @@ struct Timer {
   }
 };
 
+// Device buffers of one shape, freed together; each filled with a byte pattern (16-bit values near 1,
+// float32 values of moderate size: the timings do not depend on the values).
+__global__ void fill_pattern(void* p, size_t bytes) {
+  unsigned char* b = static_cast<unsigned char*>(p);
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+    b[i] = (i & 1) ? 0x3c : static_cast<unsigned char>(i * 13);
+}
+
+struct DeviceBuffers {
+  std::vector<void*> all;
+  void* get(size_t bytes) {
+    void* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, bytes > 0 ? bytes : 16));
+    if (bytes > 0) fill_pattern<<<1024, 256>>>(p, bytes);
+    CHECK_CUDA(cudaGetLastError());
+    all.push_back(p);
+    return p;
+  }
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* p : all) cudaFree(p);
+  }
+};
+
+// copy@size: median microseconds of a device-to-device copy moving `bytes` in all (bytes / 2 read,
+// bytes / 2 written), under the same timer as the kernels.
+inline double copy_us(Timer& timer, size_t bytes, int reps) {
+  const size_t half = std::max<size_t>(bytes / 2, 16);
+  DeviceBuffers buf;
+  void* src = buf.get(half);
+  void* dst = buf.get(half);
+  return timer.median_us(reps, 1,
+                         [&] { return cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice, 0) == cudaSuccess; });
+}
+
+// The lines of the new-family sweeps: a header per (shape, direction), then one line per plan:
+// microseconds, GB/s of the minimum traffic, % of copy@size, the plan, "*" on the planner's default.
+inline void shape_line(const char* what, double bytes, double copy) {
+  std::printf("%s: %.1f MB, copy %.1f us %.0f GB/s\n", what, bytes / 1e6, copy, bytes / copy / 1e3);
+}
+inline void plan_line(double us, double bytes, double copy, const std::string& plan, bool is_default) {
+  if (us < 0) {
+    std::printf("  failed            %s%s\n", plan.c_str(), is_default ? " *" : "");
+    return;
+  }
+  std::printf("  %7.1f us %5.0f GB/s %5.1f%% %s%s\n", us, bytes / us / 1e3, 100.0 * copy / us, plan.c_str(),
+              is_default ? " *" : "");
+}
+
 // Median microseconds of 30 calls of `f` after 3 warm-up calls, L2 flushed before each, on one timer
 // shared by the program (the probes' shorthand for Timer::median_us).
 template <typename F>

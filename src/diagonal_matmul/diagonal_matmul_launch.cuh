@@ -1,5 +1,5 @@
 // The diagonal_matmul launcher: one switch over plan.kind, one launch per kernel. The plan's (vec,
-// vecs) pick the kernel instantiation; only the kDmVecs rows (diagonal_matmul_plan.cpp) are built, and
+// vecs) pick the kernel instantiation; only the kDmBuilds rows (diagonal_matmul_plan.cpp) are built, and
 // check_plan has rejected every other plan before a launch. Included by diagonal_matmul_<dtype>.cu.
 #pragma once
 
@@ -23,6 +23,8 @@ template <typename T>
 DmKernelFn fwd_kernel(int vec, int vecs) {
   constexpr int kWide = 16 / int(sizeof(T));
   if (vec == kWide && vecs == 1) return dm_fwd<T, kWide, 1>;
+  if (vec == kWide && vecs == 2) return dm_fwd<T, kWide, 2>;
+  if (vec == kWide && vecs == 4) return dm_fwd<T, kWide, 4>;
   if constexpr (sizeof(T) == 2) {
     if (vec == 2 && vecs == 4) return dm_fwd<T, 2, 4>;
   }
@@ -34,6 +36,7 @@ template <typename T, bool kDb>
 DmKernelFn bwd_kernel(int vec, int vecs) {
   constexpr int kWide = 16 / int(sizeof(T));
   if (vec == kWide && vecs == 2) return dm_bwd<T, kWide, 2, kDb>;
+  if (vec == kWide && vecs == 4) return dm_bwd<T, kWide, 4, kDb>;
   if constexpr (sizeof(T) == 2) {
     if (vec == 2 && vecs == 4) return dm_bwd<T, 2, 4, kDb>;
   }

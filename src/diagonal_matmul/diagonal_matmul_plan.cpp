@@ -11,8 +11,8 @@ namespace kernelforge {
 
 namespace {
 
-// Vectors per thread, by kernel and access width ("wide" = 16-byte vectors; "narrow" = 4-byte or
-// one-element accesses). These are also exactly the instantiations the launcher builds.
+// Vectors per thread of the plan production runs, by kernel and access width ("wide" = 16-byte
+// vectors; "narrow" = 4-byte or one-element accesses).
 struct DmVecsRow {
   DmKernel kind;
   bool wide;
@@ -32,10 +32,28 @@ constexpr DmVecsRow kDmVecs[] = {
     {DmKernel::kBwd, false, 4},
 };
 
+// The (kernel, width, vectors per thread) the launcher builds: the rows of kDmVecs and the
+// alternatives candidate_plans offers for measurement (dev/sweep_diagonal_matmul.cu). More vectors
+// per thread spread the per-row work (64-bit row offsets, the a index, the scalar head) over more
+// bytes; the forward's rows per thread are a grid choice (grid_y), not an instantiation.
+constexpr DmVecsRow kDmBuilds[] = {
+    {DmKernel::kFwd, true, 1}, {DmKernel::kFwd, true, 2}, {DmKernel::kFwd, true, 4},  {DmKernel::kFwd, false, 4},
+    {DmKernel::kBwd, true, 2}, {DmKernel::kBwd, true, 4}, {DmKernel::kBwd, false, 4},
+};
+
+// The forward candidates that give each thread this many rows (grid_y cut by it; the kernel loops).
+constexpr int kDmFwdRowsPerThread = 4;
+
 int table_vecs(DmKernel kind, bool wide) {
   for (const DmVecsRow& r : kDmVecs)
     if (r.kind == kind && r.wide == wide) return r.vecs;
   return 1;
+}
+
+bool is_built(DmKernel kind, bool wide, int vecs) {
+  for (const DmVecsRow& r : kDmBuilds)
+    if (r.kind == kind && r.wide == wide && r.vecs == vecs) return true;
+  return false;
 }
 
 DmKernel kind_of(const DmProblem& pr) { return pr.backward ? DmKernel::kBwd : DmKernel::kFwd; }
@@ -147,12 +165,23 @@ DmPlan plan_diagonal_matmul(const DmProblem& pr, const DeviceInfo& dev) {
 std::vector<DmPlan> candidate_plans(const DmProblem& pr, const DeviceInfo& dev) {
   std::vector<DmPlan> plans;
   if (!dm_has_work(pr)) return plans;
-  plans.push_back(plan_diagonal_matmul(pr, dev));
+  auto add = [&](const DmPlan& plan) {
+    for (const DmPlan& q : plans)
+      if (same_plan(q, plan)) return;
+    plans.push_back(plan);
+  };
+  add(plan_diagonal_matmul(pr, dev));
+  const DmKernel kind = kind_of(pr);
   for (int bytes : widths(pr)) {
-    const DmPlan plan = with_grid(pr, bytes / pr.elem_bytes, table_vecs(kind_of(pr), bytes == 16));
-    bool seen = false;
-    for (const DmPlan& q : plans) seen = seen || same_plan(q, plan);
-    if (!seen) plans.push_back(plan);
+    for (const DmVecsRow& b : kDmBuilds) {
+      if (b.kind != kind || b.wide != (bytes == 16)) continue;
+      DmPlan plan = with_grid(pr, bytes / pr.elem_bytes, b.vecs);
+      add(plan);
+      if (kind == DmKernel::kFwd && plan.grid_y > 1) {  // several rows per thread
+        plan.grid_y = int(ceil_div(int64_t(plan.grid_y), int64_t(kDmFwdRowsPerThread)));
+        add(plan);
+      }
+    }
   }
   return plans;
 }
@@ -171,7 +200,7 @@ Status check_plan(const DmPlan& plan, const DmProblem& pr, const DeviceInfo& dev
   if (plan.vec < 1 || std::find(w.begin(), w.end(), bytes) == w.end())
     return fail("vectors of " + std::to_string(bytes) + " bytes do not fit rows that share their alignment only to " +
                 std::to_string(pr.align_bytes) + " bytes");
-  if (plan.vecs != table_vecs(plan.kind, bytes == 16))
+  if (!is_built(plan.kind, bytes == 16, plan.vecs))
     return fail("the kernel is not built for " + std::to_string(plan.vecs) + " vectors per thread at this width");
   if (plan.tx < 1 || plan.tx > kDmThreads || (plan.tx & (plan.tx - 1)) != 0)
     return fail("tx must be a power of two in 1..256");

@@ -65,9 +65,10 @@ DmProblem make_dm_problem(const DmParams& p, bool backward, int elem_bytes);
 // (grid_x == 0 and reduce_grid == 0); the entries return before planning then.
 DmPlan plan_diagonal_matmul(const DmProblem& problem, const DeviceInfo& dev);
 
-// Every plan that can run the problem: each access width the alignment allows with the vectors per
-// thread of the kernels built for it (kDmBuilds in diagonal_matmul_plan.cpp). Empty for a problem
-// with nothing to launch.
+// Every plan that can run the problem, the production plan first: each access width the alignment
+// allows with each vectors-per-thread count built for it (kDmBuilds in diagonal_matmul_plan.cpp), and
+// for the forward each of these also with a grid of a quarter of the row groups (4 rows per thread).
+// Empty for a problem with nothing to launch.
 std::vector<DmPlan> candidate_plans(const DmProblem& problem, const DeviceInfo& dev);
 
 // Ok when `plan` can run `problem` on `dev`; otherwise an error naming what does not fit.

@@ -114,8 +114,13 @@ std::vector<DropPlan> candidate_plans(const DropProblem& pr, const DeviceInfo& d
   for (const DropUnrollRow& b : kDropBuilds) {
     if (b.kind == DropKernel::kVec && !pr.vec_ok) continue;
     DropPlan plan = with_grid(b.kind, b.unroll, pr);
+    const int cover = plan.grid;
     add(plan);
-    plan.grid = std::max(1, std::min(plan.grid, dev.sm_count));  // the grid-stride loop
+    // the grid-stride loop: one resident wave (every SM full), and one block per SM
+    const int wave = dev.sm_count * std::max(1, dev.max_threads_per_sm / kDropThreads);
+    plan.grid = std::max(1, std::min(cover, wave));
+    add(plan);
+    plan.grid = std::max(1, std::min(cover, dev.sm_count));
     add(plan);
   }
   return plans;

@@ -48,8 +48,9 @@ DropProblem make_drop_problem(const DropParams& p, int elem_bytes);
 DropPlan plan_dropout(const DropProblem& problem, const DeviceInfo& dev);
 
 // Every plan that can run the problem: each kernel the alignment allows with each unroll it is built
-// for (kDropBuilds in dropout_plan.cpp), one grid that covers the problem and one capped at one
-// block per SM (the grid-stride loop). Empty for an empty problem.
+// for (kDropBuilds in dropout_plan.cpp), one grid that covers the problem and two that take the
+// grid-stride loop: one resident wave (sm_count x max_threads_per_sm / 256 blocks) and one block per
+// SM. Empty for an empty problem.
 std::vector<DropPlan> candidate_plans(const DropProblem& problem, const DeviceInfo& dev);
 
 // Ok when `plan` can run `problem`; otherwise an error naming what does not fit.

@@ -1,6 +1,7 @@
 // The fused_linear_rowsum launcher: one switch over plan.kind, each kind a fixed sequence of launches
-// (fused_linear_rowsum_plan.h). plan.vec picks the instantiation (16-byte vectors or one element);
-// check_plan has accepted the plan before a launch. Included by fused_linear_rowsum_<dtype>.cu.
+// (fused_linear_rowsum_plan.h). plan.vec (16-byte vectors or one element), plan.col_rows and
+// plan.dot_rows pick the instantiation (kFlrsColRowsBuilt x kFlrsDotRowsBuilt); check_plan has
+// accepted the plan before a launch. Included by fused_linear_rowsum_<dtype>.cu.
 //
 // Workspace (floats): partials [chunks, K + 1] at 0, then the reduced [K + 1] (g and sum dy; forward:
 // only its element K, b_sum) at flrs_partial_floats(planned chunks, K).
@@ -19,7 +20,7 @@
 namespace kernelforge {
 namespace flrs_detail {
 
-template <typename T, int kVec>
+template <typename T, int kVec, int kColRows, int kDotRows>
 Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaStream_t stream) {
   float* partials = ws;
   float* sums = ws + flrs_workspace_floats(p.tokens, p.k, p.o) - flrs_partial_floats(1, p.k);
@@ -30,7 +31,7 @@ Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaS
   switch (plan.kind) {
     case FlrsKernel::kForward: {
       Launch a(col_grid, col_block, 0, stream, pdl);
-      s = launched(a(column_partials<T, kVec, false, true>, p, plan.chunk_rows, partials),
+      s = launched(a(column_partials<T, kVec, false, true, kColRows>, p, plan.chunk_rows, partials),
                    "fused_linear_rowsum (weight column sums)");
       if (!s.ok()) return s;
       Launch b(dim3(unsigned(plan.reduce_blocks)), red_block, 0, stream, pdl);
@@ -38,11 +39,12 @@ Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaS
                    "fused_linear_rowsum (chunk reduction)");
       if (!s.ok()) return s;
       Launch c(dim3(unsigned(plan.final_blocks)), dim3(kFlrsDotWarps * 32), 0, stream, pdl);
-      return launched(c(row_dot<T, kVec>, p, static_cast<const float*>(sums + p.k)), "fused_linear_rowsum (rows)");
+      return launched(c(row_dot<T, kVec, kDotRows>, p, static_cast<const float*>(sums + p.k)),
+                      "fused_linear_rowsum (rows)");
     }
     case FlrsKernel::kBackward: {
       Launch a(col_grid, col_block, 0, stream, pdl);
-      s = launched(a(column_partials<T, kVec, true, true>, p, plan.chunk_rows, partials),
+      s = launched(a(column_partials<T, kVec, true, true, kColRows>, p, plan.chunk_rows, partials),
                    "fused_linear_rowsum_backward (x pass)");
       if (!s.ok()) return s;
       Launch b(dim3(unsigned(plan.reduce_blocks)), red_block, 0, stream, pdl);
@@ -57,11 +59,21 @@ Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaS
     }
     case FlrsKernel::kBackwardDx: {
       Launch a(col_grid, col_block, 0, stream, pdl);
-      return launched(a(column_partials<T, kVec, true, false>, p, plan.chunk_rows, partials),
+      return launched(a(column_partials<T, kVec, true, false, kColRows>, p, plan.chunk_rows, partials),
                       "fused_linear_rowsum_backward (dx)");
     }
   }
   return Status::Invalid("fused_linear_rowsum: unknown kernel in plan " + to_string(plan));
+}
+
+// The run for the plan's (col_rows, dot_rows): the pairs of kFlrsColRowsBuilt x kFlrsDotRowsBuilt.
+template <typename T, int kVec>
+Status run_rows(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaStream_t stream) {
+  if (plan.col_rows == 4 && plan.dot_rows == 4) return run<T, kVec, 4, 4>(plan, p, pdl, ws, stream);
+  if (plan.col_rows == 8 && plan.dot_rows == 4) return run<T, kVec, 8, 4>(plan, p, pdl, ws, stream);
+  if (plan.col_rows == 4 && plan.dot_rows == 2) return run<T, kVec, 4, 2>(plan, p, pdl, ws, stream);
+  if (plan.col_rows == 8 && plan.dot_rows == 2) return run<T, kVec, 8, 2>(plan, p, pdl, ws, stream);
+  return Status::Invalid("fused_linear_rowsum: no kernel built for " + to_string(plan));
 }
 
 }  // namespace flrs_detail
@@ -72,8 +84,8 @@ Status launch_fused_linear_rowsum(const FlrsPlan& plan, const FlrsParams& p, con
   record_plan(plan);
   constexpr int kWide = 16 / int(sizeof(T));
   const bool pdl = use_pdl(dev);
-  if (plan.vec == kWide) return flrs_detail::run<T, kWide>(plan, p, pdl, workspace, stream);
-  if (plan.vec == 1) return flrs_detail::run<T, 1>(plan, p, pdl, workspace, stream);
+  if (plan.vec == kWide) return flrs_detail::run_rows<T, kWide>(plan, p, pdl, workspace, stream);
+  if (plan.vec == 1) return flrs_detail::run_rows<T, 1>(plan, p, pdl, workspace, stream);
   return Status::Invalid("fused_linear_rowsum: no kernel built for " + to_string(plan));
 }
 

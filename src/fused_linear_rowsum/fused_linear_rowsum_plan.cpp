@@ -13,17 +13,20 @@ namespace {
 
 int64_t pass_rows(const FlrsProblem& pr) { return pr.kind == FlrsKernel::kForward ? pr.o : pr.tokens; }
 
-FlrsPlan with_grid(const FlrsProblem& pr, int vec, int chunks, int64_t chunk_rows) {
+FlrsPlan with_grid(const FlrsProblem& pr, int vec, int chunks, int64_t chunk_rows, int col_rows = kFlrsRowsInFlight,
+                   int dot_rows = kFlrsDotRows) {
   FlrsPlan plan;
   plan.kind = pr.kind;
   plan.vec = vec;
+  plan.col_rows = col_rows;
+  plan.dot_rows = dot_rows;
   plan.grid_x = int(std::max<int64_t>(1, ceil_div(pr.k, int64_t(kFlrsColTx) * vec)));
   plan.chunks = chunks;
   plan.chunk_rows = chunk_rows;
   switch (pr.kind) {
     case FlrsKernel::kForward:
       plan.reduce_blocks = int(ceil_div(pr.k + 1, kFlrsReduceTx));
-      plan.final_blocks = ceil_div(pr.tokens, int64_t(kFlrsDotWarps) * kFlrsDotRows);
+      plan.final_blocks = ceil_div(pr.tokens, int64_t(kFlrsDotWarps) * dot_rows);
       break;
     case FlrsKernel::kBackward:
       plan.reduce_blocks = int(ceil_div(pr.k + 1, kFlrsReduceTx));
@@ -47,7 +50,15 @@ std::vector<int> widths(const FlrsProblem& pr) {
 
 bool same_plan(const FlrsPlan& a, const FlrsPlan& b) {
   return a.kind == b.kind && a.vec == b.vec && a.grid_x == b.grid_x && a.chunks == b.chunks &&
-         a.chunk_rows == b.chunk_rows && a.reduce_blocks == b.reduce_blocks && a.final_blocks == b.final_blocks;
+         a.chunk_rows == b.chunk_rows && a.col_rows == b.col_rows && a.reduce_blocks == b.reduce_blocks &&
+         a.final_blocks == b.final_blocks && a.dot_rows == b.dot_rows;
+}
+
+template <size_t N>
+bool built(const int (&table)[N], int v) {
+  for (int t : table)
+    if (t == v) return true;
+  return false;
 }
 
 }  // namespace
@@ -68,9 +79,11 @@ std::string to_string(const FlrsPlan& plan) {
       s = "flrs_unknown(" + std::to_string(int(plan.kind)) + ")";
   }
   s += " vec=" + std::to_string(plan.vec) + " cols=" + std::to_string(plan.grid_x) +
-       " chunks=" + std::to_string(plan.chunks) + "x" + std::to_string(plan.chunk_rows);
+       " chunks=" + std::to_string(plan.chunks) + "x" + std::to_string(plan.chunk_rows) +
+       " inflight=" + std::to_string(plan.col_rows);
   if (plan.kind == FlrsKernel::kForward)
-    s += " reduce=" + std::to_string(plan.reduce_blocks) + " dot=" + std::to_string(plan.final_blocks);
+    s += " reduce=" + std::to_string(plan.reduce_blocks) + " dot=" + std::to_string(plan.final_blocks) + "x" +
+         std::to_string(plan.dot_rows);
   if (plan.kind == FlrsKernel::kBackward)
     s += " reduce=" + std::to_string(plan.reduce_blocks) + " bcast=" + std::to_string(plan.final_blocks);
   return s;
@@ -147,18 +160,23 @@ FlrsPlan plan_fused_linear_rowsum(const FlrsProblem& pr, const DeviceInfo& dev) 
 
 std::vector<FlrsPlan> candidate_plans(const FlrsProblem& pr, const DeviceInfo& dev) {
   std::vector<FlrsPlan> plans;
-  plans.push_back(plan_fused_linear_rowsum(pr, dev));
+  auto add = [&](const FlrsPlan& plan) {
+    for (const FlrsPlan& q : plans)
+      if (same_plan(q, plan)) return;
+    plans.push_back(plan);
+  };
+  add(plan_fused_linear_rowsum(pr, dev));
   const int64_t rows = pass_rows(pr);
+  int chunks = 1;
+  int64_t chunk_rows = 1;
+  flrs_chunking(rows, pr.k, &chunks, &chunk_rows);
+  const bool fwd = pr.kind == FlrsKernel::kForward;
   for (int bytes : widths(pr)) {
-    for (bool one : {false, true}) {
-      int chunks = 1;
-      int64_t chunk_rows = std::max<int64_t>(1, rows);
-      if (!one) flrs_chunking(rows, pr.k, &chunks, &chunk_rows);
-      const FlrsPlan plan = with_grid(pr, bytes / pr.elem_bytes, chunks, chunk_rows);
-      bool seen = false;
-      for (const FlrsPlan& q : plans) seen = seen || same_plan(q, plan);
-      if (!seen) plans.push_back(plan);
-    }
+    const int vec = bytes / pr.elem_bytes;
+    for (int col_rows : kFlrsColRowsBuilt)
+      for (int dot_rows : kFlrsDotRowsBuilt)
+        if (fwd || dot_rows == kFlrsDotRows) add(with_grid(pr, vec, chunks, chunk_rows, col_rows, dot_rows));
+    add(with_grid(pr, vec, 1, std::max<int64_t>(1, rows)));
   }
   return plans;
 }
@@ -185,10 +203,14 @@ Status check_plan(const FlrsPlan& plan, const FlrsProblem& pr, const DeviceInfo&
     return fail("chunks must be in 1.." + std::to_string(planned) + " (the workspace holds that many partial rows)");
   if (plan.chunk_rows < 1 || int64_t(plan.chunks) * plan.chunk_rows < pass_rows(pr))
     return fail("the chunks do not cover the " + std::to_string(pass_rows(pr)) + " rows");
+  if (!built(kFlrsColRowsBuilt, plan.col_rows))
+    return fail("the column pass is not built for " + std::to_string(plan.col_rows) + " rows in flight");
+  if (!built(kFlrsDotRowsBuilt, plan.dot_rows))
+    return fail("row_dot is not built for " + std::to_string(plan.dot_rows) + " rows per warp");
   if (plan.kind != FlrsKernel::kBackwardDx && int64_t(plan.reduce_blocks) * kFlrsReduceTx < pr.k + 1)
     return fail("the reduction blocks do not cover the K + 1 columns");
   if (plan.kind == FlrsKernel::kForward &&
-      (plan.final_blocks * kFlrsDotWarps * kFlrsDotRows < pr.tokens || plan.final_blocks > INT32_MAX))
+      (plan.final_blocks * kFlrsDotWarps * plan.dot_rows < pr.tokens || plan.final_blocks > INT32_MAX))
     return fail("the row_dot blocks do not cover the " + std::to_string(pr.tokens) + " rows");
   if (plan.kind == FlrsKernel::kBackward && (plan.final_blocks < 1 || plan.final_blocks > kFlrsMaxGridY))
     return fail("the broadcast row groups must be in 1..65535");

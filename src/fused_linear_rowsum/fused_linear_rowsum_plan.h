@@ -23,10 +23,13 @@ namespace kernelforge {
 
 // column_partials: blocks of 32 x 8 threads; a warp row covers 32 vectors of a row (512 contiguous
 // bytes at 16-byte vectors), the 8 warps take interleaved rows of the chunk and are summed in shared
-// memory in a fixed order. Each thread has kFlrsRowsInFlight rows' vectors loaded before it adds them.
+// memory in a fixed order. Each thread has plan.col_rows rows' vectors loaded before it adds them:
+// kFlrsRowsInFlight in production; the kernels are built for kFlrsColRowsBuilt (the others are
+// candidates to measure, dev/sweep_fused_linear_rowsum.cu).
 constexpr int kFlrsColTx = 32;
 constexpr int kFlrsColTy = 8;
 constexpr int kFlrsRowsInFlight = 4;
+constexpr int kFlrsColRowsBuilt[] = {4, 8};
 // Row chunks: enough blocks to fill a GPU several times over (1024: ~8 per SM on an H100), counted
 // for a nominal tile of 256 columns (16 bytes x 32 threads at 2-byte types), at most kFlrsMaxChunks
 // (the reduction reads every chunk's partial: 128 x 4 bytes per column) and at least
@@ -40,10 +43,13 @@ constexpr int kFlrsMinChunkRows = 32;
 // memory in a fixed order.
 constexpr int kFlrsReduceTx = 32;
 constexpr int kFlrsReduceTy = 8;
-// row_dot: 8 warps per block, each on kFlrsDotRows rows at once (one w_sum load serves 4 rows; 4 x 16
-// bytes of x in flight per lane per step).
+// row_dot: 8 warps per block, each on plan.dot_rows rows at once (kFlrsDotRows in production: one
+// w_sum load serves 4 rows; 4 x 16 bytes of x in flight per lane per step). Built for
+// kFlrsDotRowsBuilt: 2 rows per warp doubles the blocks (T = 16384: 1024 instead of 512, a better
+// spread over 132 SMs) for half the bytes in flight per lane.
 constexpr int kFlrsDotWarps = 8;
 constexpr int kFlrsDotRows = 4;
+constexpr int kFlrsDotRowsBuilt[] = {2, 4};
 // broadcast_rows: 32 x 8 threads, each writing its vector of g into kFlrsBcastRows rows.
 constexpr int kFlrsBcastTx = 32;
 constexpr int kFlrsBcastTy = 8;
@@ -58,15 +64,17 @@ enum class FlrsKernel : int {
 
 struct FlrsPlan {
   FlrsKernel kind = FlrsKernel::kForward;
-  int vec = 1;               // elements per access in every kernel (16 bytes, or 1)
-  int grid_x = 1;            // column pass: column tiles of kFlrsColTx * vec columns
-  int chunks = 1;            // column pass: row chunks (rows of the partials)
-  int64_t chunk_rows = 1;    // rows per chunk
-  int reduce_blocks = 0;     // column_reduce: blocks of kFlrsReduceTx columns (of K + 1)
-  int64_t final_blocks = 0;  // row_dot blocks (forward) / broadcast_rows row groups (backward)
+  int vec = 1;                       // elements per access in every kernel (16 bytes, or 1)
+  int grid_x = 1;                    // column pass: column tiles of kFlrsColTx * vec columns
+  int chunks = 1;                    // column pass: row chunks (rows of the partials)
+  int64_t chunk_rows = 1;            // rows per chunk
+  int col_rows = kFlrsRowsInFlight;  // column pass: rows loaded per thread before use (kFlrsColRowsBuilt)
+  int reduce_blocks = 0;             // column_reduce: blocks of kFlrsReduceTx columns (of K + 1)
+  int64_t final_blocks = 0;          // row_dot blocks (forward) / broadcast_rows row groups (backward)
+  int dot_rows = kFlrsDotRows;       // row_dot: rows per warp (kFlrsDotRowsBuilt; forward only)
 };
 
-// e.g. "flrs_fwd vec=8 cols=16 chunks=64x64 reduce=129 dot=512"
+// e.g. "flrs_fwd vec=8 cols=16 chunks=64x64 inflight=4 reduce=129 dot=512x4"
 std::string to_string(const FlrsPlan& plan);
 
 struct FlrsProblem {
@@ -95,8 +103,10 @@ bool flrs_has_work(const FlrsProblem& problem, const FlrsParams& p);
 // The plan production runs.
 FlrsPlan plan_fused_linear_rowsum(const FlrsProblem& problem, const DeviceInfo& dev);
 
-// Every plan that can run the problem: each access width the alignment allows, with the planned row
-// chunks and with one chunk (the longest serial sums, the reduction of one partial).
+// Every plan that can run the problem, the production plan first: each access width the alignment
+// allows with the planned row chunks and every built col_rows (and, forward, every built dot_rows),
+// and with one chunk (the longest serial sums, the reduction of one partial) at the production
+// col_rows and dot_rows.
 std::vector<FlrsPlan> candidate_plans(const FlrsProblem& problem, const DeviceInfo& dev);
 
 // Ok when `plan` can run `problem`; otherwise an error naming what does not fit.

@@ -36,7 +36,7 @@ TEST(FlrsPlan, ForwardBf16Training) {
   const FlrsProblem pr = problem(FlrsKernel::kForward, 2, 16384, 4096, 4096);
   for (const kf::DeviceInfo* dev : {&kH100, &kA100, &kT4}) {
     const FlrsPlan p = kf::plan_fused_linear_rowsum(pr, *dev);
-    EXPECT_EQ(kf::to_string(p), "flrs_fwd vec=8 cols=16 chunks=64x64 reduce=129 dot=512");
+    EXPECT_EQ(kf::to_string(p), "flrs_fwd vec=8 cols=16 chunks=64x64 inflight=4 reduce=129 dot=512x4");
     EXPECT_TRUE(kf::check_plan(p, pr, *dev).ok());
   }
 }
@@ -45,7 +45,7 @@ TEST(FlrsPlan, BackwardBf16Training) {
   // x [16384, 4096]: 64 chunks of 256 rows, 16 tiles -> 1024 blocks; dW [4096, 4096] in 64 row groups
   const FlrsProblem pr = problem(FlrsKernel::kBackward, 2, 16384, 4096, 4096);
   const FlrsPlan p = kf::plan_fused_linear_rowsum(pr, kH100);
-  EXPECT_EQ(kf::to_string(p), "flrs_bwd vec=8 cols=16 chunks=64x256 reduce=129 bcast=64");
+  EXPECT_EQ(kf::to_string(p), "flrs_bwd vec=8 cols=16 chunks=64x256 inflight=4 reduce=129 bcast=64");
   EXPECT_EQ(p.grid_x * p.chunks, 1024);
 }
 
@@ -102,7 +102,9 @@ TEST(FlrsPlan, CandidatesFitTheWorkspace) {
     for (int align : {16, 2}) {
       const FlrsProblem pr = problem(kind, 2, 1100, 256, 4100, align);
       const std::vector<FlrsPlan> plans = kf::candidate_plans(pr, kH100);
-      EXPECT_EQ(plans.size(), align == 16 ? 4u : 2u);
+      // per width: the built col_rows (x the built dot_rows, forward) at the planned chunks, and one chunk
+      const size_t per_width = kind == FlrsKernel::kForward ? 5u : 3u;
+      EXPECT_EQ(plans.size(), align == 16 ? 2 * per_width : per_width);
       for (const FlrsPlan& p : plans) {
         EXPECT_TRUE(kf::check_plan(p, pr, kH100).ok()) << kf::to_string(p);
         // partials of this plan + the reduced row fit the workspace of the sizes
@@ -136,6 +138,12 @@ TEST(FlrsPlan, RejectsImpossiblePlans) {
   FlrsPlan cols = p;
   cols.grid_x = 1;
   EXPECT_NE(kf::check_plan(cols, pr, kH100).message().find("1023 columns"), std::string::npos);
+  FlrsPlan inflight = p;
+  inflight.col_rows = 3;
+  EXPECT_NE(kf::check_plan(inflight, pr, kH100).message().find("not built for 3 rows in flight"), std::string::npos);
+  FlrsPlan dot = p;
+  dot.dot_rows = 3;
+  EXPECT_NE(kf::check_plan(dot, pr, kH100).message().find("not built for 3 rows per warp"), std::string::npos);
   FlrsPlan other = p;
   other.kind = FlrsKernel::kBackward;
   EXPECT_FALSE(kf::check_plan(other, pr, kH100).ok());

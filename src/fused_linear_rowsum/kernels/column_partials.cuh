@@ -7,10 +7,10 @@
 // backward also reads dy and writes dx (T * K * sizeof(T)). At 16384 x 4096 bf16 the backward pass
 // moves 268 MB: ~90 us at the H100's 3.0 TB/s copy rate.
 // Layout: block (32, 8), grid (column tiles of 32 * kVec columns, row chunks). Warp row ty takes the
-// chunk's rows ty, ty + 8, ...; each thread keeps kVec float32 column sums and loads kFlrsRowsInFlight
-// rows' vectors before adding them (4 x 16 bytes in flight per thread). The 8 warp rows are added in
-// shared memory in a fixed order, and the chunks later by column_reduce in a fixed order: no atomics,
-// the result is bit-identical run to run. Math in float32; dx rounded once.
+// chunk's rows ty, ty + 8, ...; each thread keeps kVec float32 column sums and loads kRows rows'
+// vectors before adding them (kRows = plan.col_rows: kRows x 16 bytes in flight per thread). The 8
+// warp rows are added in shared memory in a fixed order, and the chunks later by column_reduce in a
+// fixed order: no atomics, the result is bit-identical run to run. Math in float32; dx rounded once.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +29,7 @@ __device__ __forceinline__ float flrs_elem(const void* base, int64_t i) {
 }
 
 // kPartials false: only dx is written (the backward without dweight and dbias).
-template <typename T, int kVec, bool kBwd, bool kPartials>
+template <typename T, int kVec, bool kBwd, bool kPartials, int kRows>
 __global__ void __launch_bounds__(kFlrsColTx* kFlrsColTy)
     column_partials(const FlrsParams p, const int64_t chunk_rows, float* __restrict__ partials) {
   if constexpr (!arch_supports<T>()) {
@@ -58,13 +58,13 @@ __global__ void __launch_bounds__(kFlrsColTx* kFlrsColTy)
     float acc[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
-    constexpr int kStep = kFlrsColTy * kFlrsRowsInFlight;
+    constexpr int kStep = kFlrsColTy * kRows;
     if (c < n) {
       for (int64_t r0 = r_begin + ty; r0 < r_end; r0 += kStep) {
-        V v[kFlrsRowsInFlight];
-        float s[kFlrsRowsInFlight];
+        V v[kRows];
+        float s[kRows];
 #pragma unroll
-        for (int u = 0; u < kFlrsRowsInFlight; ++u) {  // all loads first
+        for (int u = 0; u < kRows; ++u) {  // all loads first
           const int64_t r = r0 + int64_t(u) * kFlrsColTy;
           v[u] = V::zero();
           s[u] = 0.f;
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kFlrsColTx* kFlrsColTy)
           }
         }
 #pragma unroll
-        for (int u = 0; u < kFlrsRowsInFlight; ++u) {
+        for (int u = 0; u < kRows; ++u) {
           const int64_t r = r0 + int64_t(u) * kFlrsColTy;
           if constexpr (kPartials) {
 #pragma unroll

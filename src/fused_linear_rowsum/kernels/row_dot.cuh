@@ -1,9 +1,9 @@
 // Forward rows: y[t] = T(sum_k x[t, k] * w_sum[k] + b_sum), w_sum float32 [K] from column_reduce.
 // Traffic: reads x once (T * K * sizeof(T)), writes y (T * sizeof(T)); w_sum (4 K bytes) is re-read
 // from L1/L2 by every warp. At 16384 x 4096 bf16: 134 MB of x, ~45 us at the H100's 3.0 TB/s.
-// Layout: one warp per kFlrsDotRows rows (8 warps per block): lane l takes columns (i * 32 + l) * kVec,
-// loads the w_sum vector once for the warp's rows and their kFlrsDotRows x vectors (16 bytes each) before
-// using them. Each row's float32 sum is per lane in column order, then across lanes by a fixed
+// Layout: one warp per kRows rows (kRows = plan.dot_rows; 8 warps per block): lane l takes columns
+// (i * 32 + l) * kVec, loads the w_sum vector once for the warp's rows and their kRows x vectors (16
+// bytes each) before using them. Each row's float32 sum is per lane in column order, then across lanes by a fixed
 // shuffle tree: bit-identical run to run. One rounding to T.
 #pragma once
 
@@ -38,7 +38,7 @@ __device__ __forceinline__ void flrs_load_floats(const float* w, int c, int n, f
   }
 }
 
-template <typename T, int kVec>
+template <typename T, int kVec, int kRows>
 __global__ void __launch_bounds__(kFlrsDotWarps * 32) row_dot(const FlrsParams p, const float* __restrict__ b_sum) {
   if constexpr (!arch_supports<T>()) {
     __trap();
@@ -47,39 +47,39 @@ __global__ void __launch_bounds__(kFlrsDotWarps * 32) row_dot(const FlrsParams p
     using V = Vec<T, kVec>;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = int(p.k);
-    const int64_t row0 = (int64_t(blockIdx.x) * kFlrsDotWarps + warp) * kFlrsDotRows;
+    const int64_t row0 = (int64_t(blockIdx.x) * kFlrsDotWarps + warp) * kRows;
     if (row0 >= p.tokens) return;
-    const T* x[kFlrsDotRows];
+    const T* x[kRows];
 #pragma unroll
-    for (int i = 0; i < kFlrsDotRows; ++i) {  // rows past T read row0 again and are not written
+    for (int i = 0; i < kRows; ++i) {  // rows past T read row0 again and are not written
       const int64_t r = row0 + i < p.tokens ? row0 + i : row0;
       x[i] = static_cast<const T*>(p.x) + r * p.x_stride;
     }
-    float acc[kFlrsDotRows];
+    float acc[kRows];
 #pragma unroll
-    for (int i = 0; i < kFlrsDotRows; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kRows; ++i) acc[i] = 0.f;
 #pragma unroll 2
     for (int c = lane * kVec; c < n; c += 32 * kVec) {
-      V v[kFlrsDotRows];
+      V v[kRows];
 #pragma unroll
-      for (int i = 0; i < kFlrsDotRows; ++i) v[i] = load_row_vec<T, kVec>(x[i], c, n, 0.f);
+      for (int i = 0; i < kRows; ++i) v[i] = load_row_vec<T, kVec>(x[i], c, n, 0.f);
       float w[kVec];
       flrs_load_floats<kVec>(p.w_sum, c, n, w);
 #pragma unroll
-      for (int i = 0; i < kFlrsDotRows; ++i) {
+      for (int i = 0; i < kRows; ++i) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) acc[i] = fmaf(v[i].get(j), w[j], acc[i]);
       }
     }
 #pragma unroll
-    for (int i = 0; i < kFlrsDotRows; ++i) {
+    for (int i = 0; i < kRows; ++i) {
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], off);
     }
     const float bs = *b_sum;
     T* y = static_cast<T*>(p.y);
 #pragma unroll
-    for (int i = 0; i < kFlrsDotRows; ++i)
+    for (int i = 0; i < kRows; ++i)
       if (lane == i && row0 + i < p.tokens) y[(row0 + i) * p.y_stride] = from_float<T>(acc[i] + bs);
   }
 }
