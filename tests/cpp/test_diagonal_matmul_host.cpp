@@ -248,22 +248,22 @@ struct Expect {
 // thread, backward 2; narrower accesses 4), tx = the power of two covering a row's vectors in `vecs`
 // passes (1..256), ty filling the block to 256 threads (at least a warp, no more rows than there are).
 const Expect kExpect[] = {
-    {"fwd 16384x4096 bf16", problem(false, 2, 16384, 4096), "dm_fwd vec=8 vecs=1 block=256x1 grid=2x16384"},
-    {"fwd 4096x4096 fp32", problem(false, 4, 4096, 4096), "dm_fwd vec=4 vecs=1 block=256x1 grid=4x4096"},
-    {"fwd 4097x1023 bf16 (head)", problem(false, 2, 4097, 1023), "dm_fwd vec=8 vecs=1 block=128x2 grid=1x2049"},
-    {"fwd 100000x64 bf16", problem(false, 2, 100000, 64), "dm_fwd vec=8 vecs=1 block=8x32 grid=1x3125"},
-    {"fwd 7x1 fp16", problem(false, 2, 7, 1), "dm_fwd vec=8 vecs=1 block=1x32 grid=1x1"},
-    {"fwd rows past 65535 groups", problem(false, 2, 1 << 24, 4096), "dm_fwd vec=8 vecs=1 block=256x1 grid=2x65535"},
+    {"fwd 16384x4096 bf16", problem(false, 2, 16384, 4096), "dm_fwd vec=8 vecs=2 block=256x1 grid=1x16384"},
+    {"fwd 4096x4096 fp32", problem(false, 4, 4096, 4096), "dm_fwd vec=4 vecs=2 block=256x1 grid=2x4096"},
+    {"fwd 4097x1023 bf16 (head)", problem(false, 2, 4097, 1023), "dm_fwd vec=8 vecs=2 block=64x4 grid=1x1025"},
+    {"fwd 100000x64 bf16", problem(false, 2, 100000, 64), "dm_fwd vec=8 vecs=2 block=4x64 grid=1x1563"},
+    {"fwd 7x1 fp16", problem(false, 2, 7, 1), "dm_fwd vec=8 vecs=2 block=1x32 grid=1x1"},
+    {"fwd rows past 65535 groups", problem(false, 2, 1 << 24, 4096), "dm_fwd vec=8 vecs=2 block=256x1 grid=1x65535"},
     {"fwd mixed alignment bf16", problem(false, 2, 64, 4096, 4), "dm_fwd vec=2 vecs=4 block=256x1 grid=2x64"},
     {"fwd one-element fp16", problem(false, 2, 64, 4096, 2), "dm_fwd vec=1 vecs=4 block=256x1 grid=4x64"},
-    {"bwd 16384x4096 bf16", problem(true, 2, 16384, 4096), "dm_bwd vec=8 vecs=2 block=256x1 grid=16384 db"},
-    {"bwd da only", problem(true, 2, 16384, 4096, 16, false), "dm_bwd vec=8 vecs=2 block=256x1 grid=16384"},
+    {"bwd 16384x4096 bf16", problem(true, 2, 16384, 4096), "dm_bwd vec=8 vecs=4 block=128x2 grid=8192 db"},
+    {"bwd da only", problem(true, 2, 16384, 4096, 16, false), "dm_bwd vec=8 vecs=4 block=128x2 grid=8192"},
     {"bwd 8x2048x2048 bcast", problem(true, 2, 16384, 2048, 16, true, true, 2048),
-     "dm_bwd vec=8 vecs=2 block=128x2 grid=8192 db + dm_reduce grid=256"},
-    {"bwd 100000x64 bf16", problem(true, 2, 100000, 64), "dm_bwd vec=8 vecs=2 block=4x64 grid=1563 db"},
-    {"bwd n = 0", problem(true, 4, 5, 0), "dm_bwd vec=4 vecs=2 block=1x32 grid=1 db"},
+     "dm_bwd vec=8 vecs=4 block=64x4 grid=4096 db + dm_reduce grid=256"},
+    {"bwd 100000x64 bf16", problem(true, 2, 100000, 64), "dm_bwd vec=8 vecs=4 block=2x128 grid=782 db"},
+    {"bwd n = 0", problem(true, 4, 5, 0), "dm_bwd vec=4 vecs=4 block=1x32 grid=1 db"},
     {"bwd no batches, bcast", problem(true, 2, 0, 8, 16, false, true, 3),
-     "dm_bwd vec=8 vecs=2 block=1x32 grid=0 + dm_reduce grid=1"},
+     "dm_bwd vec=8 vecs=4 block=1x32 grid=0 + dm_reduce grid=1"},
 };
 
 TEST(DmPlan, ExpectedPlans) {
