@@ -11,6 +11,7 @@
 #include "kernelforge/dropout.h"
 #include "kernelforge/fused_linear_rowsum.h"
 #include "kernelforge/gemm.h"
+#include "kernelforge/graph.h"
 #include "kernelforge/linear.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"

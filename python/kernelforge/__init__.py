@@ -12,6 +12,7 @@
     y = kf.linear(x, w, bias)     # nn.Linear's product: a skinny GEMM for <= 16 rows, else cuBLASLt
     y = kf.linear(x, w, bias, activation="gelu_tanh")  # the activation fused into the GEMM's epilogue
     s = kf.fused_linear_rowsum(x, w, bias)  # F.linear(x, w, bias).sum(-1), the product never exists
+    h = kf.gather_scatter(x, src, dst, num_nodes, reduce="mean")  # GNN aggregation, no atomics
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
@@ -33,6 +34,7 @@ from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_line
 from .distributed import _install_registration as _install_dtensor_rules
 from .fused_linear_rowsum import fused_linear_rowsum
 from .gemm import bmm, gemm, matmul
+from .graph import gather_scatter, scatter_add, segment_max, segment_mean, segment_sum
 from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
@@ -83,6 +85,11 @@ __all__ = [
     "bmm",
     "matmul",
     "diagonal_matmul",
+    "segment_sum",
+    "segment_mean",
+    "segment_max",
+    "gather_scatter",
+    "scatter_add",
     "patch",
     "unpatch",
     "PatchReport",

@@ -79,6 +79,8 @@ def variant_label(v: dict) -> str:
         for key in ("sinks", "lse"):
             if v.get(key):
                 parts.append(key)
+    if "reduce" in v:  # the graph family
+        parts.insert(0, v["reduce"])
     if "reduction" in v:  # the loss family
         parts.append(v["reduction"])
         for key, short in (("label_smoothing", "ls"), ("z_loss_scale", "z"), ("softcap", "softcap"),

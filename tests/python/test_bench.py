@@ -19,6 +19,7 @@ from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
 from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, BatchedRowsShape, DecodeShape, FlceShape,
                                LinearShape, RopeShape, shape_label, shape_rows)
+from kernelforge.specs.graph import GraphShape
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
 
@@ -27,7 +28,7 @@ CPU = torch.device("cpu")
 # one small shape of each kind, for inputs and smoke runs on the CPU
 SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
          "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16),
-         "linear": LinearShape(3, 40, 64, True)}
+         "linear": LinearShape(3, 40, 64, True), "graph": GraphShape(50, 400, 16)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -91,13 +92,14 @@ def test_tolerance_table():
 
 def test_families_and_groups():
     assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode", "linear",
-                             "gemm", "diagonal_matmul", "fused_linear_rowsum", "dropout")
+                             "gemm", "diagonal_matmul", "fused_linear_rowsum", "dropout", "graph")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
     assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention",)
     assert GROUPS["linear"] == ("linear",) and GROUPS["gemm"] == ("gemm",)
     assert GROUPS["diagonal_matmul"] == ("diagonal_matmul",)
     assert GROUPS["fused_linear_rowsum"] == ("fused_linear_rowsum",)
     assert GROUPS["dropout"] == ("dropout", "dropout_add")
+    assert GROUPS["graph"] == ("segment_sum", "segment_mean", "segment_max", "gather_scatter", "scatter_add")
     assert OPS[OPS.index("cross_entropy"):OPS.index("gemm") + 1] == (
         "cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "linear", "gemm")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
@@ -435,7 +437,8 @@ def test_bench_smoke_cpu(tmp_path, capsys):
 def test_bench_smoke_cpu_every_family(tmp_path):
     """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
     has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
-    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "linear"))
+    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "linear",
+                                                                    "graph"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)
         ops = OPS
@@ -487,7 +490,8 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9)), "gemm": ((1, 8, 8), (20, 17, 9)),
                     "diagonal_matmul": ((3, 17), BatchedRowsShape(2, 3, 9, True)),
                     "fused_linear_rowsum": ((1, 1, 1), (7, 33, 5)),
-                    "dropout": ((1, 7), (3, 17)), "dropout_add": ((2, 9),)}
+                    "dropout": ((1, 7), (3, 17)), "dropout_add": ((2, 9),),
+                    **{op: (GraphShape(1, 1, 1), GraphShape(20, 300, 9)) for op in GROUPS["graph"]}}
 
 
 def _tally(kf, op, dtype):

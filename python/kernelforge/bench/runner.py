@@ -15,6 +15,7 @@ import torch
 from ..specs import (FAMILIES, SPECS, TOL, AttnShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape,
                      base_mode, shape_label, shape_rows)
 from ..specs._spec import last_plan
+from ..specs.graph import GraphShape
 from .report import DTYPES, Result
 from .timing import Timer
 
@@ -27,6 +28,7 @@ ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(
 DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d+))?")
 # linear: m{M}n{N}k{K}[-bias]
 LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?(?:-(relu|gelu_tanh))?")
+GRAPH_SHAPE_RE = re.compile(r"n(\d+)e(\d+)f(\d+)")  # graph family: nodes, edges, features
 
 
 # ---- shapes and cases -----------------------------------------------------------------------------
@@ -35,7 +37,8 @@ LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?(?:-(relu|gelu_tanh))?"
 def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
     FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape;
-    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] a LinearShape."""
+    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] a LinearShape;
+    n{N}e{E}f{F} a GraphShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -75,6 +78,13 @@ def parse_shapes(text: str) -> list[tuple]:
                 raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
             shapes.append(ls)
             continue
+        m = GRAPH_SHAPE_RE.fullmatch(item)
+        if m:
+            gs = GraphShape(*(int(v) for v in m.groups()))
+            if min(gs) == 0:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
+            shapes.append(gs)
+            continue
         m = ROPE_SHAPE_RE.fullmatch(item)
         if m:
             rs = RopeShape(*(int(v) for v in m.groups()))
@@ -92,7 +102,8 @@ def parse_shapes(text: str) -> list[tuple]:
                                              "(attention), e.g. b4h32/8s4096d128c, nor "
                                              "b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (decode_attention), "
                                              "e.g. b16h32/8kv4096d128p16, nor m{M}n{N}k{K}[-bias] (linear), "
-                                             "e.g. m1n4096k4096")
+                                             "e.g. m1n4096k4096, nor n{N}e{E}f{F} (graph), "
+                                             "e.g. n1000000e20000000f128")
         shapes.append((int(parts[0]), int(parts[1])))
     if not shapes:
         raise argparse.ArgumentTypeError("--shapes is empty")
@@ -100,6 +111,8 @@ def parse_shapes(text: str) -> list[tuple]:
 
 
 def _kind(shape) -> str:
+    if isinstance(shape, GraphShape):
+        return "graph"
     if isinstance(shape, AttnShape):
         return "attn"
     if isinstance(shape, DecodeShape):

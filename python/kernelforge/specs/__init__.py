@@ -12,7 +12,7 @@ package needs no compiled extension; the kernelforge calls import it when they r
 from __future__ import annotations
 
 from . import (activation, attention, cross_entropy, decode, diagonal_matmul, dropout, fused_linear_rowsum, gemm,
-               linear, norm, rope, softmax)
+               graph, linear, norm, rope, softmax)
 from ._spec import (MODES, TOL, AttnShape, BatchedRowsShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape,
                     Tol, base_mode, shape_label, shape_rows)
 
@@ -29,6 +29,7 @@ FAMILIES = {
     "diagonal_matmul": diagonal_matmul.SPECS,
     "fused_linear_rowsum": fused_linear_rowsum.SPECS,
     "dropout": dropout.SPECS,
+    "graph": graph.SPECS,
 }
 SPECS: dict[str, OpSpec] = {s.name: s for family in FAMILIES.values() for s in family}
 OPS = tuple(SPECS)

@@ -166,9 +166,9 @@ class BatchedRowsShape(NamedTuple):
 
 def shape_label(shape: tuple) -> str:
     """ROWSxHIDDEN, or a RopeShape's / FlceShape's / AttnShape's / DecodeShape's / LinearShape's /
-    BatchedRowsShape's own form."""
+    BatchedRowsShape's own form (any shape type with its own __str__, e.g. the graph family's)."""
     return (str(shape) if isinstance(shape, (RopeShape, FlceShape, AttnShape, DecodeShape, LinearShape,
-                                             BatchedRowsShape))
+                                             BatchedRowsShape)) or type(shape).__str__ is not tuple.__str__
             else f"{shape[0]}x{shape[1]}")
 
 
