@@ -46,6 +46,15 @@ struct OptView {  // a view that may be absent
 };
 
 inline void check(const kf::Status& s) { TORCH_CHECK(s.ok(), s.message()); }
+// "[4, 8]": a shape for error messages, passed to TORCH_CHECK as a string. On the GPU machine (GCC 13
+// build, torch 2.11) a TORCH_CHECK message that streams an int64_t or an IntArrayRef crashed the
+// process (SIGSEGV) instead of raising; strings and const char* are fine, so numbers go through
+// std::to_string and shapes through this.
+inline std::string shape_str(const Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
 
 // Leading dims that do not collapse into one row stride are copied (the kernels take one row
 // stride); a non-contiguous last dimension is left for the core to reject with a clear message.

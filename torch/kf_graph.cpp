@@ -37,8 +37,8 @@ std::vector<int64_t> out_shape(const Tensor& x, int64_t n) {
 
 void check_index(const char* op, const char* name, const Tensor& t) {
   TORCH_CHECK_VALUE(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, op, ": ", name,
-                    " must be an int32 or int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1, op, ": ", name, " must have 1 dimension, got ", t.sizes());
+                    " must be an int32 or int64 tensor, got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK_VALUE(t.dim() == 1, op, ": ", name, " must have 1 dimension, got ", shape_str(t));
 }
 
 // Every value of `index` lies in [0, n): asynchronous on CUDA (no host synchronization).
@@ -62,7 +62,7 @@ void assert_rowptr(const char* op, const Tensor& rowptr, int64_t total) {
 // which holds every edge id and node id below 2^31.
 Tensor index32(const char* op, const char* name, const Tensor& t, int64_t limit) {
   TORCH_CHECK_VALUE(t.numel() <= INT32_MAX && limit <= INT32_MAX, op, ": at most 2^31 - 1 edges and nodes, got ",
-                    t.numel(), " entries of ", name, " over ", limit, " nodes");
+                    std::to_string(t.numel()), " entries of ", name, " over ", std::to_string(limit), " nodes");
   return t.to(at::kInt).contiguous();
 }
 
@@ -103,7 +103,7 @@ std::tuple<Tensor, Tensor> segment_reduce_impl(bool cuda, const Tensor& x_in, co
     return {o.to(x_in.device()), a.to(x_in.device())};
   }
   check_index(op, "rowptr", rowptr_in);
-  TORCH_CHECK_VALUE(rowptr_in.numel() >= 1, op, ": rowptr must have N + 1 >= 1 elements, got ", rowptr_in.sizes());
+  TORCH_CHECK_VALUE(rowptr_in.numel() >= 1, op, ": rowptr must have N + 1 >= 1 elements, got ", shape_str(rowptr_in));
   const Tensor x = as_rows(op, "x", x_in), rowptr = rowptr_in.contiguous();
   const int64_t n = rowptr.numel() - 1, f = x.size(1);
   if (cuda) assert_rowptr(op, rowptr, x.size(0));
@@ -143,10 +143,10 @@ void check_edges(const char* op, const Tensor& src, const Tensor& dst) {
   check_index(op, "edge_src", src);
   check_index(op, "edge_dst", dst);
   TORCH_CHECK_VALUE(src.scalar_type() == dst.scalar_type(), op,
-                    ": edge_src and edge_dst must have the same dtype, got ", src.scalar_type(), " and ",
-                    dst.scalar_type());
+                    ": edge_src and edge_dst must have the same dtype, got ", c10::toString(src.scalar_type()), " and ",
+                    c10::toString(dst.scalar_type()));
   TORCH_CHECK_VALUE(src.numel() == dst.numel(), op, ": edge_src and edge_dst must have the same length, got ",
-                    src.numel(), " and ", dst.numel());
+                    std::to_string(src.numel()), " and ", std::to_string(dst.numel()));
 }
 
 // out [num_nodes, ...], argmax int32 [num_nodes, F] (max; else [0, F]), rowptr int32 [num_nodes + 1] (saved
@@ -162,7 +162,7 @@ std::tuple<Tensor, Tensor, Tensor> gather_scatter_impl(bool cuda, const Tensor& 
     return {o.to(x_in.device()), a.to(x_in.device()), rp.to(x_in.device())};
   }
   check_edges(op, src_in, dst_in);
-  TORCH_CHECK_VALUE(num_nodes >= 0, op, ": num_nodes must be >= 0, got ", num_nodes);
+  TORCH_CHECK_VALUE(num_nodes >= 0, op, ": num_nodes must be >= 0, got ", std::to_string(num_nodes));
   const Tensor x = as_rows(op, "x", x_in);
   const int64_t f = x.size(1);
   assert_range(op, "edge_src", src_in, x.size(0));
@@ -246,10 +246,10 @@ Tensor scatter_add_impl(bool cuda, const Tensor& src_in, const Tensor& index_in,
   if (cuda && needs_fallback(op, src_in))
     return scatter_add_impl(false, src_in.cpu(), index_in.cpu(), dim_size).to(src_in.device());
   check_index(op, "index", index_in);
-  TORCH_CHECK_VALUE(dim_size >= 0, op, ": dim_size must be >= 0, got ", dim_size);
+  TORCH_CHECK_VALUE(dim_size >= 0, op, ": dim_size must be >= 0, got ", std::to_string(dim_size));
   const Tensor src = as_rows(op, "src", src_in);
-  TORCH_CHECK_VALUE(index_in.numel() == src.size(0), op, ": index must have one entry per row of src (", src.size(0),
-                    "), got ", index_in.numel());
+  TORCH_CHECK_VALUE(index_in.numel() == src.size(0), op, ": index must have one entry per row of src (",
+                    std::to_string(src.size(0)), "), got ", std::to_string(index_in.numel()));
   assert_range(op, "index", index_in, dim_size);
   const Tensor index = index32(op, "index", index_in, dim_size);
   const Csr csr = csr_by(index, dim_size);

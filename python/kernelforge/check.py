@@ -201,8 +201,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         import kernelforge as kf  # noqa: PLC0415
 
-        for name in OPS:
-            getattr(torch.ops.kernelforge, name)
+        torch.ops.kernelforge.rms_norm  # the compiled library is loaded
+        for name in OPS:  # and every checked op has its Python function
+            getattr(kf, name)
     except Exception as e:  # noqa: BLE001
         print(f"kforge check: the kernelforge ops are not loaded ({type(e).__name__}: {e}). Build the "
               "extension first (scripts/dev_build.sh copies it to python/kernelforge/).",
