@@ -20,10 +20,10 @@ namespace {
 using namespace kftorch;
 using OptGenerator = std::optional<at::Generator>;
 
-// 32-bit values one call takes from the generator's offset: each group of 4 elements (a Philox
-// subsequence) uses the one counter at offset / 4, i.e. 4 values, and never a counter of another
-// call or of PyTorch's own random ops (which take [offset, offset + increment) for every
-// subsequence). A multiple of 4, as philox_cuda_state requires.
+// 32-bit values one call takes from the generator's offset: each group of 8 elements (a Philox
+// subsequence, 16 bits per element) uses the one counter at offset / 4, i.e. 4 values, and never a
+// counter of another call or of PyTorch's own random ops (which take [offset, offset + increment)
+// for every subsequence). A multiple of 4, as philox_cuda_state requires.
 constexpr uint64_t kPhiloxIncrement = 4;
 
 kf::PhiloxState from_cuda_generator(at::CUDAGeneratorImpl* gen) {

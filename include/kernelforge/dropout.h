@@ -9,11 +9,13 @@
 // A dropped element is x * 0, as F.dropout: 0 for finite x, NaN for inf / NaN. p = 1 keeps nothing
 // (y = x * 0, zero gradient); p = 0 keeps everything (y = x, bit for bit). p must lie in [0, 1].
 //
-// Random bits: element i (its index in the row-major order of x, whatever the launch) takes lane
-// i % 4 of Philox4x32-10(key = (seed lo, seed hi), counter = (c lo, c hi, g lo, g hi)) with
-// c = offset / 4 and g = i / 4: curand's (and so PyTorch's) Philox stream of subsequence g at
-// `offset`. It is kept iff that uint32 < round((1 - p) * 2^32) (p = 0: always). Every plan, the
-// backward and the float64 CPU reference give the identical mask. One call uses the counters
+// Random bits: element i (its index in the row-major order of x, whatever the launch) takes 16 bits:
+// with B = Philox4x32-10(key = (seed lo, seed hi), counter = (c lo, c hi, g lo, g hi)), c = offset / 4
+// and g = i / 8 (curand's, and so PyTorch's, Philox stream of subsequence g at `offset`), element i
+// takes the half (i % 8) % 2 (0 = the low 16 bits) of word (i % 8) / 2 of B. It is kept iff that
+// value < round((1 - p) * 2^16): the keep probability is round((1 - p) 65536) / 65536, exact for
+// p = 0 and p = 1 and within 2^-17 of 1 - p otherwise (the scale stays 1 / (1 - p)). Every plan,
+// the backward and the float64 CPU reference give the identical mask. One call uses the counters
 // (c, *) only: a generator that hands out offsets in steps of 4 (PyTorch's CUDA generator,
 // philox_cuda_state(4)) never gives two calls, or a call and one of PyTorch's own random ops, the
 // same counter.
@@ -73,8 +75,8 @@ Status dropout_add(const TensorView& x, const TensorView& residual, double p, co
                    const TensorView& y, const TensorView* rng_state);
 Status dropout_backward(const TensorView& dy, const TensorView& rng_state, double p, const TensorView& dx);
 
-// The 32-bit random value of element i (lane i % 4 of the Philox block above), and whether the
-// element is kept at drop probability p: the definition every kernel reproduces.
+// The 16 random bits of element i (a value in [0, 65536), from the Philox block above), and whether
+// the element is kept at drop probability p: the definition every kernel reproduces.
 uint32_t dropout_bits(uint64_t seed, uint64_t offset, int64_t i);
 bool dropout_keep(uint64_t seed, uint64_t offset, int64_t i, double p);
 }  // namespace ref

@@ -12,7 +12,8 @@ generator they get the masks a CUDA call with it would give.
 
 Semantics follow F.dropout: ``y = x * mask / (1 - p)`` (a dropped inf / NaN gives NaN, as x * 0);
 ``training=False`` or ``p = 0`` returns x itself; ``p = 1`` gives ``x * 0`` (zeros for finite x) and
-zero gradients. The keep probability is quantized to 2^-32.
+zero gradients. Each element takes 16 random bits (one Philox call per 8 elements): the keep
+probability is ``round((1 - p) 65536) / 65536`` (exact for p = 0 and 1, within 2^-17 of 1 - p).
 """
 
 from __future__ import annotations

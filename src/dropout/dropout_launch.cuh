@@ -24,7 +24,7 @@ DropKernelFn kernel_for(DropKernel kind, int unroll) {
     if (unroll == 4) return dropout_vec<T, kAdd, 4>;
   } else if (kind == DropKernel::kScalar) {
     if (unroll == 1) return dropout_scalar<T, kAdd, 1>;
-    if (unroll == 4) return dropout_scalar<T, kAdd, 4>;
+    if (unroll == 2) return dropout_scalar<T, kAdd, 2>;
   }
   return nullptr;
 }

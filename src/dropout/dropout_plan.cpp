@@ -13,14 +13,14 @@ namespace {
 
 // Items per thread of the plan production runs, by kernel. Little's law at the H100's ~3 TB/s and
 // ~1 us DRAM latency asks ~23 KB in flight per SM; with 2 x 16-byte loads per thread (4 with a
-// residual) and 1536-2048 resident threads that is 48-128 KB. Two vectors also give each thread 2-4
+// residual) and 1536-2048 resident threads that is 48-128 KB. Two vectors also give each thread 2
 // independent Philox chains to overlap (each is ~80 dependent integer instructions).
 struct DropUnrollRow {
   DropKernel kind;
   int unroll;
 };
 constexpr DropUnrollRow kDropUnroll[] = {
-    {DropKernel::kVec, 2}, {DropKernel::kScalar, 4},  // element accesses move fewer bytes each: more items in flight
+    {DropKernel::kVec, 2}, {DropKernel::kScalar, 2},  // 16 element loads in flight, as 2 vectors of 8
 };
 
 // A problem smaller than one wave of blocks (decode-sized) is latency-bound: one item per thread
@@ -30,7 +30,7 @@ constexpr int kDropOneWaveUnroll = 1;
 // The unrolls the kernels are built for (dropout_launch.cuh instantiates exactly these).
 constexpr DropUnrollRow kDropBuilds[] = {
     {DropKernel::kVec, 1},    {DropKernel::kVec, 2},    {DropKernel::kVec, 4},
-    {DropKernel::kScalar, 1}, {DropKernel::kScalar, 4},
+    {DropKernel::kScalar, 1}, {DropKernel::kScalar, 2},
 };
 
 constexpr int64_t kDropMaxGrid = int64_t(1) << 30;  // larger problems take the grid-stride loop
@@ -47,7 +47,8 @@ int table_unroll(DropKernel kind) {
   return 1;
 }
 
-int item_elems(DropKernel kind, int elem_bytes) { return kind == DropKernel::kVec ? 16 / elem_bytes : 4; }
+// A vector (4 or 8 elements), or one Philox group of 8 elements.
+int item_elems(DropKernel kind, int elem_bytes) { return kind == DropKernel::kVec ? 16 / elem_bytes : 8; }
 
 int64_t items_of(DropKernel kind, const DropProblem& pr) { return ceil_div(pr.numel, item_elems(kind, pr.elem_bytes)); }
 

@@ -2,11 +2,11 @@
 // dropout_plan.cpp (no CUDA code: unit-tested on machines without a GPU).
 //
 // Every call is one flat elementwise pass over numel elements (dropout_problem.h). Two kernels run
-// it: kVec (kernels/dropout_vec.cuh) moves 16-byte vectors of kVec = 16 / sizeof(T) elements (one or
-// two Philox calls each) when every pointer is 16-byte aligned (and the mask kVec-byte aligned);
-// kScalar (kernels/dropout_scalar.cuh) moves one element per access and takes any alignment. A
-// thread handles `unroll` items (vectors, or groups of 4 elements) per pass of a grid-stride loop;
-// the grid covers the problem in one pass unless the plan caps it.
+// it: kVec (kernels/dropout_vec.cuh) moves 16-byte vectors of kVec = 16 / sizeof(T) elements (a
+// Philox call per 8 elements: 16 random bits each) when every pointer is 16-byte aligned (and the
+// mask kVec-byte aligned); kScalar (kernels/dropout_scalar.cuh) moves one element per access and
+// takes any alignment. A thread handles `unroll` items (vectors, or Philox groups of 8 elements) per
+// pass of a grid-stride loop; the grid covers the problem in one pass unless the plan caps it.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ enum class DropKernel : int {
 
 struct DropPlan {
   DropKernel kind = DropKernel::kVec;
-  int vec = 8;     // elements per item: 16 / sizeof(T) (kVec) or 4 (kScalar, one Philox group)
+  int vec = 8;     // elements per item: 16 / sizeof(T) (kVec) or 8 (kScalar, one Philox group)
   int unroll = 2;  // items per thread per pass, all loaded before the first use
   int grid = 1;    // blocks of kDropThreads threads; fewer than the items need: the grid strides
 };

@@ -20,12 +20,12 @@ namespace kernelforge {
 enum class DropOp : int { kDropout = 0, kDropoutAdd = 1, kBackward = 2 };
 
 // The keep rule of drop probability p, shared by the kernels and the reference: keep iff the
-// element's uint32 < threshold, or always when `all`. threshold = round((1 - p) 2^32); p = 1 gives 0
-// (never), p = 0 (or a p below 2^-33) gives `all`. scale = 1 / (1 - p) in float32 (0 for p = 1: unused,
-// nothing is kept).
+// element's 16 random bits (a value in [0, 65536)) < threshold = round((1 - p) 2^16), a value in
+// [0, 65536]: p = 0 (or any p below 2^-17) gives 65536 (always), p = 1 gives 0 (never). The keep
+// probability is threshold / 65536, (1 - p) to within 2^-17. scale = 1 / (1 - p) in float32 (0 for
+// p = 1: unused, nothing is kept).
 struct KeepRule {
-  uint32_t threshold = 0;
-  bool all = true;
+  uint32_t threshold = 65536;
   float scale = 1.f;
 };
 KeepRule keep_rule(double p);  // p in [0, 1] (validated before)

@@ -94,9 +94,7 @@ struct Checker {
 
 KeepRule keep_rule(double p) {
   KeepRule k;
-  const double t = std::floor((1.0 - p) * 4294967296.0 + 0.5);  // (1 - p) 2^32, rounded
-  k.all = t >= 4294967296.0;
-  k.threshold = k.all ? 0u : uint32_t(t);
+  k.threshold = uint32_t(std::floor((1.0 - p) * 65536.0 + 0.5));  // (1 - p) 2^16, rounded: 0 .. 65536
   k.scale = p < 1.0 ? float(1.0 / (1.0 - p)) : 0.f;
   return k;
 }

@@ -20,11 +20,11 @@ Status run(const DropCall& c) {
     p.rng_out[1] = int64_t(p.rng.offset);
   }
   const double scale = c.p < 1.0 ? 1.0 / (1.0 - c.p) : 0.0;
+  constexpr int kG = philox::kGroupElems;
   philox::Block b{};
   for (int64_t i = 0; i < p.numel; ++i) {
-    if (i % 4 == 0) b = philox::dropout_group(p.rng.seed, p.rng.offset, uint64_t(i) / 4);
-    const uint32_t r = b.v[i % 4];
-    const bool keep = r < p.keep.threshold || p.keep.all;
+    if (i % kG == 0) b = philox::dropout_group(p.rng.seed, p.rng.offset, uint64_t(i) / kG);
+    const bool keep = philox::bits16(b, int(i % kG)) < p.keep.threshold;
     const double f = keep ? scale : 0.0;
     const double x = load_as_double(p.in, t, i);
     const double v = p.add != nullptr ? load_as_double(p.add, t, i) + x * f : x * f;
@@ -66,12 +66,12 @@ Status dropout_backward(const TensorView& dy, const TensorView& rng_state, doubl
 }
 
 uint32_t dropout_bits(uint64_t seed, uint64_t offset, int64_t i) {
-  return philox::dropout_group(seed, offset, uint64_t(i) / 4).v[i % 4];
+  constexpr int kG = philox::kGroupElems;
+  return philox::bits16(philox::dropout_group(seed, offset, uint64_t(i) / kG), int(i % kG));
 }
 
 bool dropout_keep(uint64_t seed, uint64_t offset, int64_t i, double p) {
-  const KeepRule k = keep_rule(p);
-  return dropout_bits(seed, offset, i) < k.threshold || k.all;
+  return dropout_bits(seed, offset, i) < keep_rule(p).threshold;
 }
 
 }  // namespace ref

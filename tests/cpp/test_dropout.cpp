@@ -62,8 +62,8 @@ class DeviceBytes {
   void* p_ = nullptr;
 };
 
-const std::vector<int64_t> kShapes[] = {{1},       {7},        {8},     {4099},     {1, 8191},   {7, 1021},
-                                        {3, 4096}, {257, 520}, {0, 64}, {1, 65537}, {1024, 4097}};
+const std::vector<int64_t> kShapes[] = {{1},       {7},       {8},        {12},    {4099},     {1, 8191},
+                                        {7, 1021}, {3, 4096}, {257, 520}, {0, 64}, {1, 65537}, {1024, 4097}};
 const double kProbs[] = {0.0, 0.1, 0.5, 0.9, 1.0};
 
 using Case = std::tuple<DType, std::vector<int64_t>, bool>;  // dtype, shape, unaligned

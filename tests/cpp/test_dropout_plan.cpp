@@ -38,7 +38,8 @@ TEST(DropPlan, AlignmentPicksKernel) {
   EXPECT_EQ(p.vec, 4);
   p = kf::plan_dropout(problem(16384 * 4096, 2, false), dev);
   EXPECT_EQ(p.kind, kf::DropKernel::kScalar) << kf::to_string(p);
-  EXPECT_EQ(p.vec, 4);
+  EXPECT_EQ(p.vec, 8);  // one Philox group of 8 elements
+  EXPECT_EQ(p.unroll, 2);
 }
 
 TEST(DropPlan, MakeProblemReadsAlignment) {
@@ -96,7 +97,7 @@ TEST(DropPlan, CheckPlanRejects) {
   p.unroll = 3;
   EXPECT_FALSE(kf::check_plan(p, pr, dev).ok());  // not built
   p = kf::plan_dropout(pr, dev);
-  p.vec = 8;
+  p.vec = 4;  // the scalar kernel's item is one Philox group of 8
   EXPECT_FALSE(kf::check_plan(p, pr, dev).ok());
   p = kf::plan_dropout(pr, dev);
   p.grid = 0;

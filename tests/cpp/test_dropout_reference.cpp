@@ -37,30 +37,54 @@ TEST(DropReference, PhiloxKnownAnswers) {
   }
 }
 
-// Element i is lane i % 4 of the block at counter (offset / 4 lo, hi, i / 4 lo, hi), key = seed.
+// Element i takes 16 bits of the block at counter (offset / 4 lo, hi, i / 8 lo, hi), key = seed:
+// the low half (even i % 8) or the high half (odd) of word (i % 8) / 2.
 TEST(DropReference, ElementToCounterMapping) {
   const uint64_t seed = 0x0123456789abcdefull, offset = (uint64_t(5) << 32) + 12;
-  for (int64_t i : {int64_t(0), int64_t(1), int64_t(3), int64_t(4), int64_t(4099), (int64_t(1) << 34) + 6}) {
-    const uint64_t g = uint64_t(i) / 4, c = offset / 4;
+  for (int64_t i : {int64_t(0), int64_t(1), int64_t(2), int64_t(3), int64_t(6), int64_t(7), int64_t(8), int64_t(4099),
+                    (int64_t(1) << 35) + 13}) {
+    const uint64_t g = uint64_t(i) / 8, c = offset / 4;
     const kf::philox::Block b = kf::philox::philox4x32_10(uint32_t(c), uint32_t(c >> 32), uint32_t(g),
                                                           uint32_t(g >> 32), 0x89abcdefu, 0x01234567u);
-    EXPECT_EQ(ref::dropout_bits(seed, offset, i), b.v[i % 4]) << "element " << i;
+    const uint32_t word = b.v[(i % 8) / 2];
+    const uint32_t want = i % 2 == 0 ? word & 0xFFFFu : word >> 16;
+    EXPECT_EQ(ref::dropout_bits(seed, offset, i), want) << "element " << i;
   }
+  // Known answer: Random123's all-zero philox4x32-10 block 0x6627e8d5 0xe169c58d 0xbc57ac4c 0x9b00dbd8
+  // is group 0 at (seed 0, offset 0): its 8 elements in order.
+  const uint32_t kat[8] = {0xe8d5, 0x6627, 0xc58d, 0xe169, 0xac4c, 0xbc57, 0xdbd8, 0x9b00};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(ref::dropout_bits(0, 0, i), kat[i]) << "element " << i;
   // A new offset (step 4) or a new seed gives new bits.
   EXPECT_NE(ref::dropout_bits(seed, 0, 0), ref::dropout_bits(seed, 4, 0));
   EXPECT_NE(ref::dropout_bits(seed, 0, 0), ref::dropout_bits(seed + 1, 0, 0));
 }
 
+// threshold = round((1 - p) 2^16) in [0, 65536]: 65536 keeps every 16-bit value, 0 none.
 TEST(DropReference, KeepRuleEdges) {
   const kf::KeepRule k0 = kf::keep_rule(0.0), k1 = kf::keep_rule(1.0), kh = kf::keep_rule(0.5);
-  EXPECT_TRUE(k0.all);
+  EXPECT_EQ(k0.threshold, 65536u);
   EXPECT_EQ(k0.scale, 1.f);
-  EXPECT_FALSE(k1.all);
   EXPECT_EQ(k1.threshold, 0u);
-  EXPECT_FALSE(kh.all);
-  EXPECT_EQ(kh.threshold, 0x80000000u);
+  EXPECT_EQ(kh.threshold, 32768u);
   EXPECT_EQ(kh.scale, 2.f);
-  EXPECT_EQ(kf::keep_rule(0.25).threshold, 0xC0000000u);
+  EXPECT_EQ(kf::keep_rule(0.25).threshold, 49152u);
+  EXPECT_EQ(kf::keep_rule(0.1).threshold, 58982u);   // 58982.4 rounded: keep probability 0.8999939
+  EXPECT_EQ(kf::keep_rule(1e-6).threshold, 65536u);  // below 2^-17: keeps everything
+  EXPECT_EQ(kf::keep_rule(1.0 - 1e-6).threshold, 0u);
+  // p = 0 and p = 1 hold whatever the bits: check every 16-bit value through the mapping's extremes.
+  for (int64_t i = 0; i < 4096; ++i) {
+    EXPECT_TRUE(ref::dropout_keep(77, 8, i, 0.0));
+    EXPECT_FALSE(ref::dropout_keep(77, 8, i, 1.0));
+  }
+}
+
+// The keep test is exactly `bits < threshold`: over many elements, kept iff the 16-bit value is below.
+TEST(DropReference, KeepIsBitsBelowThreshold) {
+  for (double p : {0.1, 0.3, 0.5, 0.9}) {
+    const uint32_t t = kf::keep_rule(p).threshold;
+    for (int64_t i = 0; i < 20000; ++i)
+      ASSERT_EQ(ref::dropout_keep(5, 12, i, p), ref::dropout_bits(5, 12, i) < t) << "p=" << p << " element " << i;
+  }
 }
 
 struct RefRun {
@@ -109,17 +133,30 @@ TEST(DropReference, FormulaAndMask) {
   }
 }
 
-// Keep counts at p in {0.1, 0.5, 0.9} within 6 standard deviations of n (1 - p), for a few seeds.
+// Keep counts at p in {0.1, 0.5, 0.9} within 6 standard deviations of n q, q = round((1 - p) 2^16) /
+// 2^16 the quantized keep probability, for a few seeds; the 16-bit values are uniform (each of 16
+// buckets of the value range holds n / 16 within 6 sd), and both halves of a word are.
 TEST(DropReference, KeepRate) {
   const int64_t n = 200003;
   for (double p : {0.1, 0.5, 0.9}) {
     for (uint64_t seed : {uint64_t(0), uint64_t(42), ~uint64_t(0)}) {
       int64_t kept = 0;
       for (int64_t i = 0; i < n; ++i) kept += ref::dropout_keep(seed, 4 * seed % 64, i, p);
-      const double mean = n * (1 - p), sd = std::sqrt(n * p * (1 - p));
+      const double q = kf::keep_rule(p).threshold / 65536.0;
+      const double mean = n * q, sd = std::sqrt(n * q * (1 - q));
       EXPECT_LE(std::fabs(kept - mean), 6 * sd) << "p=" << p << " seed " << seed << ": kept " << kept;
     }
   }
+}
+
+TEST(DropReference, BitsUniform) {
+  const int64_t n = 1 << 18;
+  int64_t bucket[2][16] = {};
+  for (int64_t i = 0; i < n; ++i) ++bucket[i % 2][ref::dropout_bits(9, 4, i) >> 12];
+  const double mean = n / 32.0, sd = std::sqrt(mean * (1 - 1.0 / 16));
+  for (int h = 0; h < 2; ++h)
+    for (int b = 0; b < 16; ++b)
+      EXPECT_LE(std::fabs(bucket[h][b] - mean), 6 * sd) << "half " << h << " bucket " << b << ": " << bucket[h][b];
 }
 
 TEST(DropReference, DropoutAddAndBackward) {

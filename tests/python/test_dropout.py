@@ -41,17 +41,39 @@ def test_numpy_philox_known_answers():
     assert [int(v) for v in got] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
 
 
-def expected_mask(numel: int, seed: int, offset: int, p: float) -> torch.Tensor:
-    """Element i: lane i % 4 of Philox(counter = (offset / 4, i / 4), key = seed), kept iff < round((1-p) 2^32)."""
+def keep_threshold(p: float) -> int:
+    """round((1 - p) 2^16): a 16-bit value below it is kept (65536 keeps all, 0 none)."""
+    return math.floor((1.0 - p) * 65536.0 + 0.5)
+
+
+def expected_bits(numel: int, seed: int, offset: int) -> np.ndarray:
+    """Element i: 16 bits of Philox(counter = (offset / 4, i / 8), key = seed), the low (even i) or high
+    (odd i) half of word (i % 8) / 2."""
     seed, offset = seed & 0xFFFFFFFFFFFFFFFF, offset & 0xFFFFFFFFFFFFFFFF
-    g = np.arange((numel + 3) // 4, dtype=np.uint64)
+    g = np.arange((numel + 7) // 8, dtype=np.uint64)
     c = offset // 4
-    lanes = philox(np.full_like(g, c & _MASK), np.full_like(g, c >> 32), g & np.uint64(_MASK), g >> np.uint64(32),
+    words = philox(np.full_like(g, c & _MASK), np.full_like(g, c >> 32), g & np.uint64(_MASK), g >> np.uint64(32),
                    seed & _MASK, seed >> 32)
-    bits = np.stack(lanes, axis=1).reshape(-1)[:numel]
-    t = math.floor((1.0 - p) * 2.0**32 + 0.5)
-    keep = np.ones(numel, bool) if t >= 2**32 else bits < np.uint64(t)
-    return torch.from_numpy(keep)
+    w = np.stack(words, axis=1)  # [groups, 4]
+    halves = np.stack([w & np.uint64(0xFFFF), w >> np.uint64(16)], axis=2)  # [groups, 4, 2]: low, high
+    return halves.reshape(-1)[:numel]
+
+
+def expected_mask(numel: int, seed: int, offset: int, p: float) -> torch.Tensor:
+    """Kept iff the element's 16 bits < round((1 - p) 2^16)."""
+    return torch.from_numpy(expected_bits(numel, seed, offset) < np.uint64(keep_threshold(p)))
+
+
+def test_numpy_bits_known_answer():
+    # Random123's all-zero philox4x32-10 block, 0x6627e8d5 0xe169c58d 0xbc57ac4c 0x9b00dbd8, is group 0
+    # at seed 0, offset 0: its 16-bit halves, low first, are elements 0 .. 7
+    got = [int(v) for v in expected_bits(9, 0, 0)]
+    assert got[:8] == [0xE8D5, 0x6627, 0xC58D, 0xE169, 0xAC4C, 0xBC57, 0xDBD8, 0x9B00]
+    assert expected_mask(8, 0, 0, 0.0).all() and not expected_mask(8, 0, 0, 1.0).any()
+    # element 6 (0xdbd8 = 56280) is kept at p = 0.1 (threshold 58982), element 7 (0x9b00) too,
+    # element 0 (0xe8d5 = 59605) is not
+    assert keep_threshold(0.1) == 58982
+    assert expected_mask(8, 0, 0, 0.1).tolist() == [False, True, True, True, True, True, True, True]
 
 
 def raw_dropout(x, p, generator=None):
@@ -83,8 +105,9 @@ def test_keep_rate(device, p):
     n = 1 << 20
     _, mask = __import__("kernelforge").dropout(torch.ones(n, device=device), p, return_mask=True)
     kept = mask.sum().item()
-    sd = math.sqrt(n * p * (1 - p))
-    assert abs(kept - n * (1 - p)) <= 6 * sd, (kept, n * (1 - p), sd)
+    q = keep_threshold(p) / 65536  # the keep probability, 1 - p quantized to 2^-16
+    sd = math.sqrt(n * q * (1 - q))
+    assert abs(kept - n * q) <= 6 * sd, (kept, n * q, sd)
     # neighbouring elements (same Philox block, adjacent blocks) are not correlated
     m = mask.double()
     corr = ((m[1:] - m.mean()) * (m[:-1] - m.mean())).mean() / m.var()

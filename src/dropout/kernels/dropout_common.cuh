@@ -39,18 +39,23 @@ __device__ __forceinline__ Stream resolve_stream(const DropParams& p) {
   return Stream{uint32_t(seed), uint32_t(seed >> 32), uint32_t(c), uint32_t(c >> 32)};
 }
 
-__device__ __forceinline__ bool keep(uint32_t r, const KeepRule& k) { return r < k.threshold || k.all; }
+// Keep test of element j (0 .. 7) of a group's block: its 16 bits < threshold (dropout_problem.h).
+__device__ __forceinline__ bool keep(const philox::Block& b, int j, const KeepRule& k) {
+  return philox::bits16(b, j) < k.threshold;
+}
 
-// out_i = in_i * f_i (+ add_i) for the elements [e0, e1) of one Philox group or less, element by element.
+// out_i = in_i * f_i (+ add_i) for the elements [e0, e1) of one Philox group (8 elements) or less,
+// element by element.
 template <typename T, bool kAdd>
 __device__ __forceinline__ void apply_elements(const DropParams& p, const Stream& st, int64_t e0, int64_t e1) {
   const T* in = static_cast<const T*>(p.in);
   const T* add = static_cast<const T*>(p.add);
   T* out = static_cast<T*>(p.out);
-  philox::Block b = st.group(uint64_t(e0) / 4);
+  constexpr int kG = philox::kGroupElems;
+  philox::Block b = st.group(uint64_t(e0) / kG);
   for (int64_t e = e0; e < e1; ++e) {
-    if (e != e0 && e % 4 == 0) b = st.group(uint64_t(e) / 4);
-    const bool k = keep(b.v[e % 4], p.keep);
+    if (e != e0 && e % kG == 0) b = st.group(uint64_t(e) / kG);
+    const bool k = keep(b, int(e % kG), p.keep);
     const float f = k ? p.keep.scale : 0.f;
     const float x = to_float(in[e]);
     out[e] = from_float<T>(kAdd ? fmaf(x, f, to_float(add[e])) : x * f);

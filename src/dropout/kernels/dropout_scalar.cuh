@@ -1,9 +1,9 @@
 // Dropout with element accesses, for pointers that do not allow 16-byte vectors (a view whose data
 // starts one element past alignment): same formula and mask as kernels/dropout_vec.cuh, one item =
-// one Philox group of 4 elements. Minimum traffic as dropout_vec (2 or 3 * numel * sizeof(T) bytes);
-// each warp reads 4 consecutive elements per thread in 4 strided accesses that fall in the same
-// cache lines (L1 merges them), so the fallback stays near the vector path for 4-byte types and
-// within ~2x for 16-bit types.
+// one Philox group of 8 elements (one call). Minimum traffic as dropout_vec (2 or 3 * numel *
+// sizeof(T) bytes); each warp reads 8 consecutive elements per thread in 8 strided accesses that
+// fall in the same cache lines (L1 merges them), so the fallback stays near the vector path for
+// 4-byte types and within ~2x for 16-bit types.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,21 +28,22 @@ __global__ void __launch_bounds__(kDropThreads) dropout_scalar(const DropParams 
     const T* in = static_cast<const T*>(p.in);
     const T* add = static_cast<const T*>(p.add);
     T* out = static_cast<T*>(p.out);
-    const int64_t full = p.numel / 4;  // whole groups
-    const int64_t items = (p.numel + 3) / 4;
+    constexpr int kG = philox::kGroupElems;
+    const int64_t full = p.numel / kG;  // whole groups
+    const int64_t items = (p.numel + kG - 1) / kG;
     const int64_t step = int64_t(gridDim.x) * kDropThreads * kUnroll;
     for (int64_t base = int64_t(blockIdx.x) * kDropThreads * kUnroll + threadIdx.x; base < items; base += step) {
-      float x[kUnroll][4], r[kUnroll][4];
+      float x[kUnroll][kG], r[kUnroll][kG];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {  // all loads first
         const int64_t it = base + int64_t(u) * kDropThreads;
 #pragma unroll
-        for (int l = 0; l < 4; ++l) {
+        for (int l = 0; l < kG; ++l) {
           x[u][l] = 0.f;
           r[u][l] = 0.f;
           if (it < full) {
-            x[u][l] = to_float(in[it * 4 + l]);
-            if constexpr (kAdd) r[u][l] = to_float(add[it * 4 + l]);
+            x[u][l] = to_float(in[it * kG + l]);
+            if constexpr (kAdd) r[u][l] = to_float(add[it * kG + l]);
           }
         }
       }
@@ -52,14 +53,14 @@ __global__ void __launch_bounds__(kDropThreads) dropout_scalar(const DropParams 
         if (it < full) {
           const philox::Block b = st.group(uint64_t(it));
 #pragma unroll
-          for (int l = 0; l < 4; ++l) {
-            const bool k = drop_detail::keep(b.v[l], p.keep);
+          for (int l = 0; l < kG; ++l) {
+            const bool k = drop_detail::keep(b, l, p.keep);
             const float f = k ? p.keep.scale : 0.f;
-            out[it * 4 + l] = from_float<T>(kAdd ? fmaf(x[u][l], f, r[u][l]) : x[u][l] * f);
-            if (p.mask != nullptr) p.mask[it * 4 + l] = k ? 1 : 0;
+            out[it * kG + l] = from_float<T>(kAdd ? fmaf(x[u][l], f, r[u][l]) : x[u][l] * f);
+            if (p.mask != nullptr) p.mask[it * kG + l] = k ? 1 : 0;
           }
         } else if (it < items) {  // the last, partial group
-          drop_detail::apply_elements<T, kAdd>(p, st, it * 4, p.numel);
+          drop_detail::apply_elements<T, kAdd>(p, st, it * kG, p.numel);
         }
       }
     }

@@ -49,14 +49,21 @@ KF_HOST_DEVICE inline Block philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2,
   return Block{{c0, c1, c2, c3}};
 }
 
-// The 4 random values of group g (elements 4g .. 4g + 3) of a dropout call at (seed, offset):
-// curand's Philox at subsequence g, skipped ahead by `offset` values (counter low half offset / 4,
-// high half g), i.e. the stream PyTorch's curand_init(seed, g, offset) starts.
+// Dropout takes 16 random bits per element: one Philox call (4 x 32 bits) covers the 8 elements of
+// group g = i / 8, element i taking the 16-bit half (i % 8) % 2 (0 = low) of word (i % 8) / 2.
+constexpr int kGroupElems = 8;
+
+// The block of group g (elements 8g .. 8g + 7) of a dropout call at (seed, offset): curand's Philox
+// at subsequence g, skipped ahead by `offset` values (counter low half offset / 4, high half g),
+// i.e. the first 4 values of the stream PyTorch's curand_init(seed, g, offset) starts.
 KF_HOST_DEVICE inline Block dropout_group(uint64_t seed, uint64_t offset, uint64_t g) {
   const uint64_t c = offset / 4;
   return philox4x32_10(uint32_t(c), uint32_t(c >> 32), uint32_t(g), uint32_t(g >> 32), uint32_t(seed),
                        uint32_t(seed >> 32));
 }
+
+// The 16 random bits of element j (0 .. 7) of a group's block.
+KF_HOST_DEVICE inline uint32_t bits16(const Block& b, int j) { return (b.v[j >> 1] >> (16 * (j & 1))) & 0xFFFFu; }
 
 }  // namespace philox
 }  // namespace kernelforge
