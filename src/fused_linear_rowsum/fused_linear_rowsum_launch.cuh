@@ -1,7 +1,10 @@
 // The fused_linear_rowsum launcher: one switch over plan.kind, each kind a fixed sequence of launches
 // (fused_linear_rowsum_plan.h). plan.vec (16-byte vectors or one element), plan.col_rows and
 // plan.dot_rows pick the instantiation (kFlrsColRowsBuilt x kFlrsDotRowsBuilt); check_plan has
-// accepted the plan before a launch. Included by fused_linear_rowsum_<dtype>.cu.
+// accepted the plan before a launch. Included by fused_linear_rowsum_<dtype>.cu. With 16-byte vectors,
+// a pass over rows that do not all start on a 16-byte boundary (base or row stride) runs the kShift
+// instance of its kernel (shifted 16-byte loads, kernels/row_cols.cuh): same columns per thread, same
+// sums, same bits; aligned calls keep the plain instance and its registers.
 //
 // Workspace (floats): partials [chunks, K + 1] at 0, then the reduced [K + 1] (g and sum dy; forward:
 // only its element K, b_sum) at flrs_partial_floats(planned chunks, K).
@@ -20,8 +23,31 @@
 namespace kernelforge {
 namespace flrs_detail {
 
+// Whether every row of a tensor (base, row stride in elements, rows) starts on a 16-byte boundary.
+template <typename T>
+bool rows_aligned(const void* base, int64_t stride, int64_t rows) {
+  const uintptr_t bytes = rows > 1 ? uintptr_t(stride) * sizeof(T) : 0;
+  return ((reinterpret_cast<uintptr_t>(base) | bytes) & 15) == 0;
+}
+
+// The column pass and row_dot instances for the rows they read: kShift only with 16-byte vectors.
+template <typename T, int kVec, bool kBwd, bool kPartials, int kRows>
+auto column_kernel(bool aligned) {
+  if constexpr (kVec > 1)
+    if (!aligned) return column_partials<T, kVec, kBwd, kPartials, kRows, true>;
+  return column_partials<T, kVec, kBwd, kPartials, kRows, false>;
+}
+template <typename T, int kVec, int kRows>
+auto dot_kernel(bool aligned) {
+  if constexpr (kVec > 1)
+    if (!aligned) return row_dot<T, kVec, kRows, true>;
+  return row_dot<T, kVec, kRows, false>;
+}
+
 template <typename T, int kVec, int kColRows, int kDotRows>
 Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaStream_t stream) {
+  const bool w_aligned = rows_aligned<T>(p.w, p.w_stride, p.o);
+  const bool x_aligned = rows_aligned<T>(p.x, p.x_stride, p.tokens);
   float* partials = ws;
   float* sums = ws + flrs_workspace_floats(p.tokens, p.k, p.o) - flrs_partial_floats(1, p.k);
   const dim3 col_block(kFlrsColTx, kFlrsColTy);
@@ -31,7 +57,7 @@ Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaS
   switch (plan.kind) {
     case FlrsKernel::kForward: {
       Launch a(col_grid, col_block, 0, stream, pdl);
-      s = launched(a(column_partials<T, kVec, false, true, kColRows>, p, plan.chunk_rows, partials),
+      s = launched(a(column_kernel<T, kVec, false, true, kColRows>(w_aligned), p, plan.chunk_rows, partials),
                    "fused_linear_rowsum (weight column sums)");
       if (!s.ok()) return s;
       Launch b(dim3(unsigned(plan.reduce_blocks)), red_block, 0, stream, pdl);
@@ -39,12 +65,12 @@ Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaS
                    "fused_linear_rowsum (chunk reduction)");
       if (!s.ok()) return s;
       Launch c(dim3(unsigned(plan.final_blocks)), dim3(kFlrsDotWarps * 32), 0, stream, pdl);
-      return launched(c(row_dot<T, kVec, kDotRows>, p, static_cast<const float*>(sums + p.k)),
+      return launched(c(dot_kernel<T, kVec, kDotRows>(x_aligned), p, static_cast<const float*>(sums + p.k)),
                       "fused_linear_rowsum (rows)");
     }
     case FlrsKernel::kBackward: {
       Launch a(col_grid, col_block, 0, stream, pdl);
-      s = launched(a(column_partials<T, kVec, true, true, kColRows>, p, plan.chunk_rows, partials),
+      s = launched(a(column_kernel<T, kVec, true, true, kColRows>(x_aligned), p, plan.chunk_rows, partials),
                    "fused_linear_rowsum_backward (x pass)");
       if (!s.ok()) return s;
       Launch b(dim3(unsigned(plan.reduce_blocks)), red_block, 0, stream, pdl);
@@ -59,7 +85,7 @@ Status run(const FlrsPlan& plan, const FlrsParams& p, bool pdl, float* ws, cudaS
     }
     case FlrsKernel::kBackwardDx: {
       Launch a(col_grid, col_block, 0, stream, pdl);
-      return launched(a(column_partials<T, kVec, true, false, kColRows>, p, plan.chunk_rows, partials),
+      return launched(a(column_partials<T, kVec, true, false, kColRows, false>, p, plan.chunk_rows, partials),
                       "fused_linear_rowsum_backward (dx)");
     }
   }

@@ -106,35 +106,23 @@ int64_t flrs_workspace_floats(int64_t tokens, int64_t k, int64_t o) {
   return flrs_partial_floats(std::max(cf, cb), k) + flrs_partial_floats(1, k);
 }
 
-// Widest access (bytes) that every base pointer and row stride allows. Null pointers do not
-// constrain it; a row stride counts only with more than one row. w_sum is read kVec floats at a time
-// at columns that are multiples of kVec: its base must be 16-byte aligned too.
+// Widest access (bytes) the call allows. Row tensors do not constrain it: the passes read rows at any
+// alignment in 16-byte loads (shifted, kernels/row_cols.cuh) and store 16 bytes wide on 16-byte
+// aligned rows, element by element on the others. Only the forward's w_sum does: row_dot reads it
+// kVec floats at a time (float4) at columns that are multiples of kVec.
 FlrsProblem make_flrs_problem(const FlrsParams& p, bool backward, int elem_bytes) {
   FlrsProblem pr;
   pr.elem_bytes = elem_bytes;
   pr.tokens = p.tokens;
   pr.k = p.k;
   pr.o = p.o;
-  uintptr_t bits = reinterpret_cast<uintptr_t>(p.x);
-  uintptr_t bytes = 0;  // row strides in bytes
-  if (p.tokens > 1) bytes |= uintptr_t(p.x_stride);
   if (!backward) {
     pr.kind = FlrsKernel::kForward;
-    bits |= reinterpret_cast<uintptr_t>(p.w) | reinterpret_cast<uintptr_t>(p.w_sum);
-    if (p.o > 1) bytes |= uintptr_t(p.w_stride);
+    pr.align_bytes = reinterpret_cast<uintptr_t>(p.w_sum) % 16 == 0 ? 16 : elem_bytes;
   } else {
     pr.kind = (p.o > 0 && (p.dw != nullptr || p.db != nullptr)) ? FlrsKernel::kBackward : FlrsKernel::kBackwardDx;
-    if (p.dx != nullptr) {
-      bits |= reinterpret_cast<uintptr_t>(p.dx) | reinterpret_cast<uintptr_t>(p.w_sum);
-      if (p.tokens > 1) bytes |= uintptr_t(p.dx_stride);
-    }
-    if (p.dw != nullptr) {
-      bits |= reinterpret_cast<uintptr_t>(p.dw);
-      if (p.o > 1) bytes |= uintptr_t(p.dw_stride);
-    }
+    pr.align_bytes = 16;
   }
-  bits |= bytes * uintptr_t(elem_bytes);
-  pr.align_bytes = bits % 16 == 0 ? 16 : elem_bytes;
   return pr;
 }
 

@@ -5,7 +5,7 @@
 //   forward      column_partials(W, bias) -> column_reduce -> w_sum, b_sum -> row_dot(x) -> y
 //   backward     column_partials(x, dy; writes dx) -> column_reduce -> g, sum dy -> broadcast_rows -> dW, db
 //   backward_dx  column_partials(x, dy) writing dx only (neither dweight nor dbias asked)
-// The plan picks the access width (16 bytes where every pointer and row stride allows, else one
+// The plan picks the access width (16 bytes unless a forward w_sum is off a 16-byte boundary, else one
 // element), the column pass's grid (column tiles x row chunks) and the final kernel's blocks. The row
 // chunking is a function of the sizes only (never of the device), so the workspace size is too and the
 // summation order, hence every bit of the result, is the same on every GPU.
@@ -47,6 +47,11 @@ constexpr int kFlrsReduceTy = 8;
 // w_sum load serves 4 rows; 4 x 16 bytes of x in flight per lane per step). Built for
 // kFlrsDotRowsBuilt: 2 rows per warp doubles the blocks (T = 16384: 1024 instead of 512, a better
 // spread over 132 SMs) for half the bytes in flight per lane.
+// Before waiting for the reduction, row_dot asks L2 for the first max(kFlrsPrefetchMinRowBytes,
+// kFlrsPrefetchBytes / T) bytes of each of its rows (at most the row): 16 MB in all at T = 16384
+// (~5 us of DRAM time, a third of L2), the whole row at small T.
+constexpr int64_t kFlrsPrefetchBytes = int64_t(16) << 20;
+constexpr int64_t kFlrsPrefetchMinRowBytes = 512;
 constexpr int kFlrsDotWarps = 8;
 constexpr int kFlrsDotRows = 4;
 constexpr int kFlrsDotRowsBuilt[] = {2, 4};
@@ -81,7 +86,8 @@ struct FlrsProblem {
   FlrsKernel kind = FlrsKernel::kForward;
   int elem_bytes = 2;  // sizeof(T)
   int64_t tokens = 0, k = 0, o = 0;
-  // Widest access (bytes) every base pointer and row stride of the call allows: 16 or elem_bytes.
+  // Widest access (bytes) the call allows: 16 or elem_bytes (make_flrs_problem: rows at any alignment
+  // take 16-byte vectors; only a forward w_sum off a 16-byte boundary forces one element).
   int align_bytes = 16;
 };
 

@@ -7,8 +7,11 @@
 // must come back unchanged, bytes outside each output view must stay untouched, and a second run must
 // be bit-identical. Shapes (T x K x O) per code path: ones, odd and prime sizes (no 16-byte vectors),
 // 1 and 7 rows, many row chunks of x and of W, long rows (K = 65537), T = 0, K = 0, O = 0. Layouts:
-// contiguous, row-padded (y and dy strided too), odd row stride, base pointers one element off
-// (w_sum included), mixed. FlrsGpuAllPlans runs every candidate plan through launch_with_plan.
+// contiguous, row-padded (y and dy strided too), odd row stride (rows at every alignment: shifted
+// 16-byte loads), base pointers one element off (w_sum included: the forward takes one-element
+// vectors), mixed (aligned w_sum and x with a weight and dx one element off). FlrsGpuAllPlans runs
+// every candidate plan through launch_with_plan; FlrsGpuRowAlignment checks that rows at any alignment
+// give the bits of aligned rows.
 // Tests skip without a GPU, and fail instead when KF_REQUIRE_GPU=1.
 #include <string>
 #include <tuple>
@@ -45,8 +48,8 @@ Layout layout_of(LayoutKind l, int slot) {
       return {3, 0};
     case LayoutKind::kUnaligned:
       return {0, 1};
-    case LayoutKind::kMixed:
-      return {0, slot == kX ? 0 : 1};
+    case LayoutKind::kMixed:  // x, dweight, w_sum aligned; weight, dx and the vectors one element off
+      return {0, slot == kX || slot == kDw || slot == kWs ? 0 : 1};
   }
   return {};
 }
@@ -344,6 +347,59 @@ TEST_P(FlrsGpuAllPlans, EveryCandidate) {
     check_backward(h, l, &p);
   }
 }
+
+// The same data in aligned rows, in rows of an odd stride (every row at another alignment) and in rows
+// one element off a 16-byte boundary: the shifted loads give each thread the columns of an aligned
+// row, so y, w_sum, dx, dweight and dbias are bit-identical (not just close) across the layouts.
+class FlrsGpuRowAlignment : public ::testing::TestWithParam<std::tuple<DType, Shape>>, public FlrsGpuBase {
+ protected:
+  void SetUp() override {
+    KF_NEED_GPU();
+    if (std::get<0>(GetParam()) == DType::kBFloat16 && gpu_capability() < 80) GTEST_SKIP() << "bfloat16 needs sm_80+";
+    set_up(std::get<0>(GetParam()));
+    ASSERT_NE(stream_, nullptr);
+  }
+  void TearDown() override { tear_down(); }
+  // y, w_sum, dx, dweight, dbias of one forward and one backward with rows (x, weight, dx, dweight)
+  // laid out as `rows`; w_sum and the vectors contiguous and aligned.
+  std::vector<HostTensor> run(const FlrsHost& h, Layout rows) {
+    const DType t = h.x.dtype;
+    DeviceTensor x = to_device(h.x, rows), w = to_device(h.w, rows), b = to_device(h.b, {});
+    VecDev y(t, h.T, {}), dy(t, h.T, {});
+    dy.upload(h.dy);
+    DeviceTensor ws(DType::kFloat32, {h.K}, {}), dx(t, {h.T, h.K}, rows), dw(t, {h.O, h.K}, rows), db(t, {h.O}, {});
+    Workspace work(kf::fused_linear_rowsum_workspace_size(h.T, h.K, h.O));
+    const TensorView bv = b.view(), dxv = dx.view(), dwv = dw.view(), dbv = db.view();
+    EXPECT_TRUE(
+        finish(kf::fused_linear_rowsum(x.view(), w.view(), &bv, y.view(), ws.view(), work.p, work.bytes, stream_)));
+    EXPECT_TRUE(finish(kf::fused_linear_rowsum_backward(dy.view(), x.view(), ws.view(), &dxv, &dwv, &dbv, work.p,
+                                                        work.bytes, stream_)));
+    return {y.download(), ws.download(), dx.download(), dw.download(), db.download()};
+  }
+};
+
+TEST_P(FlrsGpuRowAlignment, SameBits) {
+  const DType t = std::get<0>(GetParam());
+  const Shape s = std::get<1>(GetParam());
+  Rng rng(seed("align"));
+  const FlrsHost h = flrs_random(t, s.T, s.K, s.O, true, rng);
+  const std::vector<HostTensor> want = run(h, {});
+  // the aligned run is right (against the reference), then every layout gives its bits
+  HostTensor want_y, want_ws;
+  ref_forward(h, &want_y, &want_ws);
+  EXPECT_TRUE(flrs_close("y", want[0], want_y, tolerance(t), flrs_y_mag(h)));
+  const char* names[] = {"y", "w_sum", "dx", "dweight", "dbias"};
+  for (Layout rows : {Layout{3, 0}, Layout{0, 1}, Layout{5, 3}}) {
+    SCOPED_TRACE("row_pad " + std::to_string(rows.row_pad) + " offset " + std::to_string(rows.offset));
+    const std::vector<HostTensor> got = run(h, rows);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bit_equal(names[i], got[i], want[i]));
+  }
+}
+
+const Shape kAlignShapes[] = {{4097, 1023, 513}, {7, 127, 5}, {3, 4096, 300}, {33, 520, 64}, {1, 9, 2}, {2, 5, 3}};
+INSTANTIATE_TEST_SUITE_P(Shapes, FlrsGpuRowAlignment,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                                            ::testing::ValuesIn(kAlignShapes)));
 
 const Shape kPlanShapes[] = {{7, 127, 5}, {1100, 256, 17}, {3, 4096, 300}, {2, 64, 4100}};
 INSTANTIATE_TEST_SUITE_P(Shapes, FlrsGpuAllPlans,

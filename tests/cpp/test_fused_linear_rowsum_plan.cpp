@@ -59,6 +59,28 @@ TEST(FlrsPlan, Float32AndUnaligned) {
   EXPECT_EQ(u.grid_x, 32);  // 1023 columns in tiles of 32
 }
 
+TEST(FlrsPlan, AccessWidthFromThePointers) {
+  // rows at any alignment take 16-byte vectors (shifted loads); only a forward w_sum off a 16-byte
+  // boundary forces one element
+  alignas(16) static float ws[8];
+  alignas(16) static uint16_t rows[64];
+  kf::FlrsParams p;
+  p.tokens = 4097, p.k = 1023, p.o = 513;
+  p.x = rows + 1, p.x_stride = 1023;  // 2046-byte rows: every row at another alignment
+  p.w = rows + 3, p.w_stride = 1025;
+  p.w_sum = ws;
+  EXPECT_EQ(kf::make_flrs_problem(p, false, 2).align_bytes, 16);
+  EXPECT_EQ(kf::to_string(kf::plan_fused_linear_rowsum(kf::make_flrs_problem(p, false, 2), kH100)),
+            "flrs_fwd vec=8 cols=4 chunks=17x31 inflight=4 reduce=32 dot=129x4");
+  p.w_sum = ws + 1;
+  EXPECT_EQ(kf::make_flrs_problem(p, false, 2).align_bytes, 2);
+  EXPECT_EQ(kf::make_flrs_problem(p, false, 4).align_bytes, 4);
+  p.dx = rows + 5, p.dx_stride = 1023;  // the backward reads w_sum one float at a time
+  p.dw = rows + 1, p.dw_stride = 1023;
+  EXPECT_EQ(kf::make_flrs_problem(p, true, 2).align_bytes, 16);
+  EXPECT_EQ(kf::make_flrs_problem(p, true, 2).kind, FlrsKernel::kBackward);
+}
+
 TEST(FlrsPlan, Chunking) {
   int chunks = 0;
   int64_t rows = 0;

@@ -3,7 +3,8 @@
 // Traffic: writes O * K * sizeof(T) (+ O * sizeof(T)); g (4 (K + 1) bytes) is read once per thread
 // from L2. At 4096 x 4096 bf16: 33.6 MB, ~11 us at the H100's 3.0 TB/s.
 // Layout: block (32, 8), grid (column tiles of 32 * kVec columns, row groups); each thread rounds its
-// vector of g once and stores it (16 bytes) into kFlrsBcastRows rows, 8 apart; row groups loop past
+// vector of g once and stores it (16 bytes; element by element on rows that are not 16-byte
+// aligned) into kFlrsBcastRows rows, 8 apart; row groups loop past
 // gridDim.y. The threads of column tile 0 with tx == 0 write dbias for their rows.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include "common/launch.cuh"
 #include "common/vec.cuh"
 #include "fused_linear_rowsum/fused_linear_rowsum_plan.h"
+#include "fused_linear_rowsum/kernels/row_cols.cuh"
 
 namespace kernelforge {
 
@@ -45,7 +47,7 @@ __global__ void __launch_bounds__(kFlrsBcastTx* kFlrsBcastTy)
       for (int u = 0; u < kFlrsBcastRows; ++u) {
         const int64_t r = r0 + int64_t(u) * kFlrsBcastTy;
         if (r >= p.o) break;
-        if (write_w) store_row_vec<T, kVec>(dw + r * p.dw_stride, c, n, v);
+        if (write_w) flrs_detail::store_cols<T, kVec>(dw + r * p.dw_stride, c, n, v);
         if (write_b) db[r * p.db_stride] = bias;
       }
     }

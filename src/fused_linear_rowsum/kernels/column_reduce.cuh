@@ -22,6 +22,10 @@ template <typename T>
 __global__ void __launch_bounds__(kFlrsReduceTx* kFlrsReduceTy)
     column_reduce(const float* __restrict__ partials, int chunks, int64_t k, float* __restrict__ out,
                   float* __restrict__ tail) {
+  // Trigger first: row_dot / broadcast_rows may launch at once and prefetch their inputs (x is
+  // complete: see row_dot.cuh); their pdl_wait still waits for this grid, which finishes only after
+  // its own pdl_wait (column_partials complete). Its 1-2 blocks per SM all fit beside them.
+  pdl_trigger();
   pdl_wait();
   __shared__ float lane[kFlrsReduceTy][kFlrsReduceTx];
   const int64_t col = int64_t(blockIdx.x) * kFlrsReduceTx + threadIdx.x;
