@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kernelforge/tensor.h"
+
 #define CHECK_CUDA(x)                                                                          \
   do {                                                                                         \
     cudaError_t e_ = (x);                                                                      \
@@ -32,6 +34,49 @@ inline std::vector<std::string> split(const std::string& s) {
     i = j + 1;
   }
   return out;
+}
+
+// The arguments every plan sweep takes (key=value): shapes=a,b  dirs=fwd,bwd  dtype=bf16|fp16|fp32
+// reps=N  all=1 (also the plans a sweep hides by default). take() applies one and returns false for a
+// key it does not know; parse_args() feeds it argv and leaves other keys to `extra`.
+struct SweepArgs {
+  std::vector<std::string> shapes;
+  std::vector<std::string> dirs = {"fwd", "bwd"};
+  kernelforge::DType dtype = kernelforge::DType::kBFloat16;
+  int reps = 15;
+  bool all = false;
+  bool take(const std::string& k, const std::string& v) {
+    if (k == "shapes") {
+      shapes = split(v);
+    } else if (k == "dirs") {
+      dirs = split(v);
+    } else if (k == "dtype") {
+      dtype = v == "fp32"   ? kernelforge::DType::kFloat32
+              : v == "fp16" ? kernelforge::DType::kFloat16
+                            : kernelforge::DType::kBFloat16;
+    } else if (k == "reps") {
+      reps = std::max(1, std::atoi(v.c_str()));
+    } else if (k == "all") {
+      all = v != "0";
+    } else {
+      return false;
+    }
+    return true;
+  }
+};
+
+// key=value arguments: `args.take` first, then `extra(key, value)`; an argument neither knows exits 2.
+template <typename Extra>
+void parse_args(int argc, char** argv, SweepArgs* args, Extra&& extra) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    const std::string k = a.substr(0, eq), v = eq == std::string::npos ? "" : a.substr(eq + 1);
+    if (!args->take(k, v) && !extra(k, v)) {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      std::exit(2);
+    }
+  }
 }
 
 struct Timer {

@@ -30,41 +30,24 @@ namespace kf = kernelforge;
 
 namespace {
 
-struct Options {
-  std::vector<std::string> shapes = {"16384x4096", "4096x14336", "4097x1023", "1x4096", "64x4096"};
+struct Options : kfdev::SweepArgs {
+  Options() { shapes = {"16384x4096", "4096x14336", "4097x1023", "1x4096", "64x4096"}; }
   std::vector<std::string> ops = {"dropout"};
-  std::vector<std::string> dirs = {"fwd", "bwd"};
-  kf::DType dtype = kf::DType::kBFloat16;
   double p = 0.1;
-  int reps = 15;
-  bool all = false;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    const std::string k = a.substr(0, eq), v = eq == std::string::npos ? "" : a.substr(eq + 1);
-    if (k == "shapes") {
-      o.shapes = kfdev::split(v);
-    } else if (k == "ops") {
+  kfdev::parse_args(argc, argv, &o, [&](const std::string& k, const std::string& v) {
+    if (k == "ops") {
       o.ops = kfdev::split(v);
-    } else if (k == "dirs") {
-      o.dirs = kfdev::split(v);
-    } else if (k == "dtype") {
-      o.dtype = v == "fp32" ? kf::DType::kFloat32 : v == "fp16" ? kf::DType::kFloat16 : kf::DType::kBFloat16;
     } else if (k == "p") {
       o.p = std::atof(v.c_str());
-    } else if (k == "reps") {
-      o.reps = std::max(1, std::atoi(v.c_str()));
-    } else if (k == "all") {
-      o.all = v != "0";
     } else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      std::exit(2);
+      return false;
     }
-  }
+    return true;
+  });
   return o;
 }
 

@@ -30,36 +30,16 @@ namespace kf = kernelforge;
 
 namespace {
 
-struct Options {
-  std::vector<std::string> shapes = {"16384x4096x4096", "65536x2048x2048", "4096x4096x14336", "1x4096x4096",
-                                     "4097x1023x513"};
-  std::vector<std::string> dirs = {"fwd", "bwd"};
-  kf::DType dtype = kf::DType::kBFloat16;
-  int reps = 15;
-  bool all = false;
+struct Options : kfdev::SweepArgs {
+  Options() { shapes = {"16384x4096x4096", "65536x2048x2048", "4096x4096x14336", "1x4096x4096", "4097x1023x513"}; }
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    const std::string k = a.substr(0, eq), v = eq == std::string::npos ? "" : a.substr(eq + 1);
-    if (k == "shapes") {
-      o.shapes = kfdev::split(v);
-    } else if (k == "dirs") {
-      o.dirs = kfdev::split(v);
-    } else if (k == "dtype") {
-      o.dtype = v == "fp32" ? kf::DType::kFloat32 : v == "fp16" ? kf::DType::kFloat16 : kf::DType::kBFloat16;
-    } else if (k == "reps") {
-      o.reps = std::max(1, std::atoi(v.c_str()));
-    } else if (k == "all") {
-      o.all = v != "0";
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      std::exit(2);
-    }
-  }
+  kfdev::parse_args(argc, argv, &o, [&](const std::string& k, const std::string& v) {
+    (void)k, (void)v;
+    return false;
+  });
   return o;
 }
 
