@@ -35,6 +35,7 @@ from . import norm as _norm_entries  # noqa: F401  (isort: skip)
 from . import activation as _activation_entries  # noqa: F401  (isort: skip)
 from . import rope as _rope_entries  # noqa: F401  (isort: skip)
 from . import loss as _loss_entries  # noqa: F401  (isort: skip)
+from . import graph as _graph_entries  # noqa: F401  (isort: skip)
 from . import attention as _attention
 from ._match import qualname as _qualname
 from ._registry import FAMILIES, REPLACEMENTS, STATE_ATTR, UNSUPPORTED, PatchState, Replacement, register_replacement
@@ -118,7 +119,8 @@ class PatchReport:
 
 
 def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True, rope: bool = True,
-          loss: bool = True, logits_with_loss: bool = False, attention: bool = True) -> PatchReport:
+          loss: bool = True, logits_with_loss: bool = False, attention: bool = True,
+          graph: bool = True) -> PatchReport:
     """Replace the forward of every supported norm, activation and attention module and causal LM in
     ``model``; returns what was done.
 
@@ -144,11 +146,14 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
     ``dispatch_attention_fn`` calls to ``kernelforge.attention`` (differentiable: gradients flow through
     its backward). Calls with dropout in training or a mask pattern the kernel cannot express run the
     library's attention instead, announced once.
+    Graph (``graph``): PyTorch Geometric ``GCNConv`` / ``SAGEConv`` / ``GINConv`` with sum, mean or max
+    aggregation: their ``propagate`` runs as one ``gather_scatter`` over the ``[2, E]`` edge_index, the rest
+    of the layer as PyG wrote it (``patch/graph.py``; torch_geometric is never imported by kernelforge).
     Modules already patched are skipped (patching twice is patching once; the options of the first
     patch stay).
     """
-    families = {f for f, on in (("norm", norms), ("activation", activations), ("rope", rope), ("loss", loss))
-                if on}
+    families = {f for f, on in (("norm", norms), ("activation", activations), ("rope", rope), ("loss", loss),
+                                ("graph", graph)) if on}
     options = {"logits_with_loss": bool(logits_with_loss)}
     table = [e for e in REPLACEMENTS if e.family in families or e.family not in FAMILIES]
     report = PatchReport()
