@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ._spec import LinearShape, OpSpec, check_out, f64, grads_of, kf, poison, randn
+from .linear import _names, _with_grads
 
 # ---- float64 reference ----------------------------------------------------------------------------
 
@@ -96,10 +97,6 @@ def _check_inputs(shape, v, dtype, device):
     return _make(t, k, o, v.get("bias", False), dtype, device, None)
 
 
-def _names(t) -> list[str]:
-    return [k for k in ("x", "w", "bias") if t[k] is not None]
-
-
 def _check_run(kfm, t, v):
     """y and the gradients of x, w (and bias) through kf.fused_linear_rowsum's autograd."""
     names = _names(t)
@@ -109,14 +106,6 @@ def _check_run(kfm, t, v):
     y = kfm.fused_linear_rowsum(x, leaves["w"], leaves.get("bias"))
     check_out("y", y, (x.shape[0],), x.dtype)
     return {"y": y.detach(), **grads_of([y], [t["dy"]], leaves, names, t)}
-
-
-def _with_grads(a, y_of):
-    names = _names(a)
-    for k in names:
-        a[k].requires_grad_(True)
-    y = y_of(a)
-    return {"y": y.detach(), **grads_of([y], [a["dy"]], a, names, a)}
 
 
 def _cpp_reference(a, v):
