@@ -169,3 +169,35 @@ def test_build_hub_cli(tmp_path):
 
     assert main(["build-hub", str(tmp_path), "--variant", "torch211-cxx11-cu130-x86_64-linux"]) == 0
     assert (tmp_path / "build" / "torch211-cxx11-cu130-x86_64-linux" / "metadata.json").is_file()
+
+
+@pytest.mark.cuda
+def test_from_pretrained_use_kernels_local_mapping(tree, tmp_path):
+    """transformers' own path: from_pretrained(..., use_kernels=True) with a KernelConfig mapping RMSNorm to
+    the local tree (transformers takes local mappings for accelerator devices only, hence CUDA)."""
+    from transformers import LlamaForCausalLM
+    from transformers.utils.kernel_config import KernelConfig
+
+    ref = _tiny_llama()
+    ref.save_pretrained(tmp_path)
+    ref = ref.to("cuda")
+    kc = KernelConfig(kernel_mapping={"RMSNorm": f"{tree}:RMSNorm"}, use_local_kernel=True)
+    calls = []
+    real = kf.layers._llama_rms_norm
+
+    def spy(*a):
+        calls.append(1)
+        return real(*a)
+
+    kf.layers._llama_rms_norm = spy
+    try:
+        model = LlamaForCausalLM.from_pretrained(tmp_path, use_kernels=True, kernel_config=kc, device_map="cuda")
+        ids = torch.randint(0, 97, (2, 11), device="cuda")
+        with torch.no_grad():
+            got = model(input_ids=ids).logits
+    finally:
+        kf.layers._llama_rms_norm = real
+    assert calls, "from_pretrained(use_kernels=True) did not route RMSNorm to kernelforge.layers.RMSNorm"
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-5)
