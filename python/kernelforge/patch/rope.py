@@ -221,6 +221,17 @@ def _hf_rope_function(original: Callable, subject: str) -> Callable:
     return apply_rotary_pos_emb
 
 
+def _hub_function(fn):
+    """The function behind a hub-kernel placeholder: with the kernels package installed, transformers'
+    ``@use_kernel_forward_from_hub("rotary_pos_emb")`` turns apply_rotary_pos_emb into an nn.Module
+    instance whose forward calls the function (kernels' _create_func_module); anything else as is."""
+    if isinstance(fn, nn.Module):
+        for cell in getattr(type(fn).forward, "__closure__", None) or ():
+            if inspect.isfunction(cell.cell_contents):
+                return cell.cell_contents
+    return fn
+
+
 def _match_hf_attention(m: nn.Module):
     fwd = type(m).forward
     raw = inspect.unwrap(fwd) if inspect.isfunction(fwd) else fwd
@@ -229,7 +240,7 @@ def _match_hf_attention(m: nn.Module):
     why = _rewrappable(fwd)
     if why is not None:
         return f"forward is wrapped by a decorator kernelforge cannot rebuild: {why}"
-    fn = raw.__globals__.get("apply_rotary_pos_emb")
+    fn = _hub_function(raw.__globals__.get("apply_rotary_pos_emb"))
     where = raw.__globals__.get("__name__", "?")
     if fn is None:
         return None
