@@ -216,24 +216,18 @@ int64_t flce_chunk(const Tensor& weight, int64_t tokens, int64_t asked) {
   return std::min(c, std::max<int64_t>(tokens, 1));
 }
 
-// Message pieces as plain strings (shape "[4, 8]", dtype "BFloat16", device "cuda:0"); integers go
-// through std::to_string too. On the GPU machine (GCC 13 build, torch 2.11) a TORCH_CHECK message that
-// streams an int64_t or an IntArrayRef from this file crashed the process (SIGSEGV) instead of
-// raising; strings and const char* were fine (covered by test_flce_all_ignored_and_errors[cuda]).
-std::string msg_shape(const Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
-}
+// Message pieces as plain strings (shape via kf_common.h's shape_str, dtype "BFloat16", device
+// "cuda:0"): see shape_str for why nothing numeric is streamed into TORCH_CHECK (covered by
+// test_flce_all_ignored_and_errors[cuda]).
 const char* msg_dtype(const Tensor& t) { return c10::toString(t.scalar_type()); }
 std::string msg_device(const Tensor& t) { return t.device().str(); }
 
 void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& target,
                 const OptTensor& bias) {
   TORCH_CHECK(hidden.dim() == 2, op, ": hidden must have shape [tokens, hidden] (2 dimensions), got ",
-              msg_shape(hidden));
+              shape_str(hidden));
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1), op, ": weight must have shape [vocab, ",
-              std::to_string(hidden.size(1)), "] to match hidden's last dimension, got ", msg_shape(weight));
+              std::to_string(hidden.size(1)), "] to match hidden's last dimension, got ", shape_str(weight));
   TORCH_CHECK(weight.size(0) >= 1, op, ": weight must have at least one row (vocab >= 1)");
   TORCH_CHECK(at::isFloatingType(hidden.scalar_type()), op, ": hidden must be a floating-point tensor, got ",
               msg_dtype(hidden));
@@ -242,14 +236,14 @@ void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, cons
   TORCH_CHECK(weight.device() == hidden.device(), op, ": weight must be on the device of hidden (", msg_device(hidden),
               "), got ", msg_device(weight));
   TORCH_CHECK(target.dim() == 1 && target.size(0) == hidden.size(0), op, ": target must have shape [",
-              std::to_string(hidden.size(0)), "] to match hidden's tokens, got ", msg_shape(target));
+              std::to_string(hidden.size(0)), "] to match hidden's tokens, got ", shape_str(target));
   TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
               ": target must be an int64 (or int32) tensor of class indices, got ", msg_dtype(target));
   TORCH_CHECK(target.device() == hidden.device(), op, ": target must be on the device of hidden (", msg_device(hidden),
               "), got ", msg_device(target));
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must have shape [",
-                std::to_string(weight.size(0)), "], got ", msg_shape(*bias));
+                std::to_string(weight.size(0)), "], got ", shape_str(*bias));
     TORCH_CHECK(bias->scalar_type() == hidden.scalar_type(), op, ": bias must have the dtype of hidden (",
                 msg_dtype(hidden), "), got ", msg_dtype(*bias));
     TORCH_CHECK(bias->device() == hidden.device(), op, ": bias must be on the device of hidden (", msg_device(hidden),
