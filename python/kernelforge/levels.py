@@ -9,8 +9,8 @@ Levels, each on a fresh copy of the same weights, one after another in this proc
   kernelforge_compile  torch.compile of the patched model
 
 Models: lm, llama, vit, gnn, ltx (kernelforge/models.py; ``--size small``: 2-layer versions, for
-smoke tests). kernelforge has no graph aggregation yet, so the GNN's kernelforge levels are
-unavailable.
+smoke tests). The GNN is PyG's SAGEConv where torch_geometric is installed (``kf.patch`` runs its
+aggregation as ``gather_scatter``); without it, a hand-written layer that has no kernelforge level.
 
 Modes: ``fwd`` (forward without autograd) and ``train`` (forward and the backward of the mean square
 of the output, the same loss at every level, TorchScript included).
@@ -74,7 +74,8 @@ def apply_level(level: str, model: Model) -> Callable:
         report = kf.patch(m)
         if not report.patched:
             raise Unavailable("kf.patch finds nothing to patch"
-                              + (" (no kernelforge graph aggregation yet)" if model.kind == "gnn" else ""))
+                              + (" (torch_geometric is not installed: the GNN is not built from PyG layers)"
+                                 if model.kind == "gnn" else ""))
     if level == "triton":
         if model.kind != "llama":
             raise Unavailable("Liger-Kernel has no kernels for this model")

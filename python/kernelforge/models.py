@@ -7,8 +7,9 @@ scalar loss of a training step.
           the output is the last position's logits (what a prefill hands to generation), the training
           loss the causal-LM loss (lm too)
   vit     ViT-B/16-shaped encoder (12 layers, hidden 768, 12 heads), 32 images of 224 x 224
-  gnn     3-layer GraphSAGE (mean aggregation with index_add_) on a synthetic power-law graph (100k
-          nodes, 2M edges, 128 features)
+  gnn     3-layer GraphSAGE on a synthetic power-law graph (100k nodes, 2M edges, 128 features): PyG's
+          ``SAGEConv`` (mean aggregation) where torch_geometric is installed, which ``kf.patch`` routes
+          to ``gather_scatter``; else the same layer written with ``index_add_`` (no kernelforge level)
   ltx     the LTX-Video transformer: 28 blocks, 2688 video tokens (7 x 16 x 24 latents), 128 text
           tokens, batch 2 (classifier-free guidance)
 
@@ -137,6 +138,21 @@ class _Gnn(nn.Module):
         return x
 
 
+class _PygGnn(nn.Module):
+    """The same network from PyG's SAGEConv (lin_l on the neighbour mean, lin_r on the node itself)."""
+
+    def __init__(self, d: int, layers: int):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv  # noqa: PLC0415
+
+        self.layers = nn.ModuleList(SAGEConv(d, d, aggr="mean") for _ in range(layers))
+
+    def forward(self, x, edge_index):
+        for layer in self.layers:
+            x = torch.relu(layer(x, edge_index))
+        return x
+
+
 def _gnn(size: str, device, dtype) -> Model:
     nodes, edges, d = (1000, 20000, 32) if size == "small" else (100_000, 2_000_000, 128)
     g = torch.Generator().manual_seed(0)
@@ -146,12 +162,19 @@ def _gnn(size: str, device, dtype) -> Model:
     src = torch.randint(0, nodes, (edges,), generator=g)
     order = torch.argsort(dst)  # sorted destinations, as a CSR graph holds them
     src, dst = src[order].to(device), dst[order].to(device)
-    deg = torch.bincount(dst, minlength=nodes).clamp_min(1).to(dtype)
     torch.manual_seed(0)
-    model = _Gnn(d, 3).to(device, dtype)
     x = torch.randn(nodes, d, device=device, dtype=dtype)
-    return Model(model, (x, src, dst, (1.0 / deg).unsqueeze(1)), lambda m, *a: m(*a),
-                 f"GraphSAGE (3 layers, {d} features), {nodes} nodes, {edges} power-law edges", "gnn")
+    graph = f"{nodes} nodes, {edges} power-law edges"
+    try:
+        model = _PygGnn(d, 3).to(device, dtype)
+    except ImportError:
+        deg = torch.bincount(dst, minlength=nodes).clamp_min(1).to(dtype)
+        model = _Gnn(d, 3).to(device, dtype)
+        return Model(model, (x, src, dst, (1.0 / deg).unsqueeze(1)), lambda m, *a: m(*a),
+                     f"GraphSAGE (3 layers, {d} features, index_add_; torch_geometric is not installed), {graph}",
+                     "gnn")
+    return Model(model, (x, torch.stack([src, dst])), lambda m, *a: m(*a),
+                 f"PyG GraphSAGE (3 SAGEConv layers, mean, {d} features), {graph}", "gnn")
 
 
 def _ltx(size: str, device, dtype) -> Model:

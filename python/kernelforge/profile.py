@@ -9,7 +9,11 @@ kernels (torch.compile) as triton, torch's elementwise and reduction kernels as 
 families where the patched step still spends its time are what is left to win.
 
     kforge profile [--model llama|llama_train|vit|vit_train|ltx] [--size full|small]
-                   [--device cuda|cpu] [--steps N] [--top K] [--trace DIR]
+                   [--device cuda|cpu] [--steps N] [--top K] [--trace DIR] [--out DIR]
+
+``--out DIR`` also writes DIR/profile_<model>.csv (one row per family: milliseconds per step and share,
+unpatched and patched, the patched step's top kernel) and DIR/profile_<model>.png (the two steps as
+bars split by family).
 
 Models (kernelforge/models.py; ``--size small`` is a 2-layer model of the same kind, for smoke tests):
   llama        Llama-3.2-1B-shaped prefill, 4 x 2048 tokens (the last position's logits)
@@ -22,6 +26,7 @@ Models (kernelforge/models.py; ``--size small`` is a 2-layer model of the same k
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import re
 import sys
@@ -142,6 +147,55 @@ def report_lines(before: dict, after: dict, top: int) -> list[str]:
     return lines
 
 
+def _family_ms(prof: dict) -> dict[str, float]:
+    return {fam: sum(us for _, us in rows) / 1e3 for fam, rows in prof.items()}
+
+
+def write_csv(path: str, model: str, before: dict, after: dict, device_name: str) -> None:
+    b, a = _family_ms(before), _family_ms(after)
+    tb, ta = max(sum(b.values()), 1e-12), max(sum(a.values()), 1e-12)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "family", "unpatched_ms", "unpatched_share", "patched_ms", "patched_share",
+                    "patched_top_kernel", "device", "torch_version"])
+        for fam in sorted(set(b) | set(a), key=lambda k: -b.get(k, 0.0)):
+            top = after.get(fam, [("", 0.0)])[0][0]
+            w.writerow([model, fam, f"{b.get(fam, 0.0):.4f}", f"{b.get(fam, 0.0) / tb:.4f}", f"{a.get(fam, 0.0):.4f}",
+                        f"{a.get(fam, 0.0) / ta:.4f}", _short(top, 80), device_name, torch.__version__])
+        w.writerow([model, "total", f"{tb:.4f}", "1.0000", f"{ta:.4f}", "1.0000", "", device_name, torch.__version__])
+
+
+def plot(path: str, title: str, before: dict, after: dict, xlabel: str = "kernel time per step, ms") -> bool:
+    """Two horizontal bars (unpatched, patched), each split into its families' milliseconds."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return False
+    b, a = _family_ms(before), _family_ms(after)
+    fams = sorted(set(b) | set(a), key=lambda k: -b.get(k, 0.0))
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    cmap = plt.get_cmap("tab20")
+    for y, ms in ((1, b), (0, a)):
+        left = 0.0
+        for i, fam in enumerate(fams):
+            v = ms.get(fam, 0.0)
+            ax.barh(y, v, left=left, color=cmap(i % 20), label=fam if y == 1 else None)
+            if v > 0.04 * max(sum(b.values()), 1e-12):
+                ax.text(left + v / 2, y, fam, ha="center", va="center", fontsize=7)
+            left += v
+    ax.set_yticks([1, 0], [f"unpatched {sum(b.values()):.1f} ms", f"kf.patch {sum(a.values()):.1f} ms"])
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="llama", help="the model step to profile")
     add_model_arguments(p, timed=False)
@@ -149,6 +203,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=2, help="kernels listed per family")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write Chrome traces DIR/<model>-unpatched.json and DIR/<model>-patched.json")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write DIR/profile_<model>.csv (per family, unpatched and patched) and DIR/profile_<model>.png")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -182,4 +238,14 @@ def main(args: argparse.Namespace) -> int:
     print(f"patched: {len(report.patched)} module(s), skipped {len(report.skipped)}")
     if args.trace:
         print(f"traces: {traces[0]}, {traces[1]}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        device_name = torch.cuda.get_device_name() if cuda else "cpu"
+        csv_path = os.path.join(args.out, f"profile_{args.model}.csv")
+        write_csv(csv_path, args.model, before, after, device_name)
+        png = os.path.join(args.out, f"profile_{args.model}.png")
+        what = "kernel time" if cuda else "operator self CPU time"
+        drawn = plot(png, f"{case.model.what}: {what} per step by family ({device_name})", before, after,
+                     f"{what} per step, ms")
+        print(f"wrote {csv_path}" + (f", {png}" if drawn else " (no matplotlib: no chart)"))
     return 0

@@ -22,6 +22,14 @@ def _rows(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _has_pyg() -> bool:
+    try:
+        import torch_geometric  # noqa: F401, PLC0415
+    except ImportError:
+        return False
+    return True
+
+
 def test_levels_cpu(capsys, tmp_path):
     pytest.importorskip("transformers")
     rc, cap = _run(capsys, ["--models", "lm,gnn", "--size", "small", "--device", "cpu", "--levels",
@@ -36,8 +44,14 @@ def test_levels_cpu(capsys, tmp_path):
         kf = rows[("lm", mode, "kernelforge")]
         assert kf["status"] == "ok", kf
         assert float(kf["ms"]) > 0 and float(kf["rel_err_vs_fp32"]) < 1e-4  # float32: the float64 reference ops
-        # no kernelforge graph aggregation: the GNN's kernelforge level is unavailable, with the reason
-        assert rows[("gnn", mode, "kernelforge")]["status"].startswith("unavailable: kf.patch finds nothing")
+        # the GNN: PyG's SAGEConv patched to gather_scatter where torch_geometric is installed, else a
+        # hand-written layer whose kernelforge level is unavailable, with the reason
+        gnn = rows[("gnn", mode, "kernelforge")]
+        if _has_pyg():
+            assert gnn["status"] == "ok", gnn
+            assert float(gnn["rel_err_vs_fp32"]) < 1e-4
+        else:
+            assert gnn["status"].startswith("unavailable: kf.patch finds nothing") and "torch_geometric" in gnn["status"]
         assert rows[("gnn", mode, "eager")]["status"] == "ok"
     assert rows[("lm", "fwd", "triton")]["status"].startswith(("unavailable", "ok"))
     assert "kernelforge" in cap.out and "unavailable" in cap.out
@@ -98,6 +112,36 @@ def test_traced_level_runs_the_model(tmp_path):
     fn = L.apply_level("torchscript", model)
     with torch.no_grad():
         assert torch.allclose(fn(*model.inputs), model.forward(model.module, *model.inputs))
+
+
+def test_gnn_model_pyg_and_hand_written_agree():
+    """The PyG GraphSAGE and the index_add_ one compute the same function of the same weights."""
+    from kernelforge import models as M  # noqa: PLC0415
+
+    pytest.importorskip("torch_geometric")
+    model = M.MODELS["gnn"]("small", "cpu", torch.float64)
+    assert isinstance(model.module, M._PygGnn)
+    x, edge_index = model.inputs
+    src, dst = edge_index
+    hand = M._Gnn(x.shape[1], 3).double()
+    for mine, conv in zip(hand.layers, model.module.layers):
+        mine.lin_self.weight.data.copy_(conv.lin_r.weight)
+        mine.lin_self.bias.data.copy_(conv.lin_l.bias)
+        mine.lin_neigh.weight.data.copy_(conv.lin_l.weight)
+    inv_deg = 1.0 / torch.bincount(dst, minlength=x.shape[0]).clamp_min(1).double().unsqueeze(1)
+    torch.testing.assert_close(hand(x, src, dst, inv_deg), model.forward(model.module, *model.inputs))
+
+
+@pytest.mark.cuda
+def test_levels_gnn_cuda(capsys, tmp_path):
+    """On the GPU, the GNN's kernelforge level runs PyG's SAGEConv through gather_scatter."""
+    pytest.importorskip("torch_geometric")
+    rc, cap = _run(capsys, ["--models", "gnn", "--size", "small", "--device", "cuda", "--levels",
+                            "eager,kernelforge", "--iters", "2", "--warmup", "1", "--out", str(tmp_path)])
+    assert rc == 0, cap.err
+    for r in _rows(tmp_path / "levels.csv"):
+        assert r["status"] == "ok", r
+        assert float(r["rel_err_vs_fp32"]) < 5e-2
 
 
 def test_levels_errors(capsys):

@@ -3,6 +3,8 @@ times; CUDA: kernel times), the family table, Chrome traces, argument errors."""
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
 
 import pytest
@@ -53,7 +55,7 @@ def _table(out: str) -> dict[str, tuple[float, float]]:
 def test_profile_cpu(capsys, tmp_path, model):
     pytest.importorskip("diffusers" if model == "ltx" else "transformers")
     rc, cap = _run(capsys, ["--model", model, "--size", "small", "--device", "cpu", "--steps", "1",
-                            "--trace", str(tmp_path)])
+                            "--trace", str(tmp_path), "--out", str(tmp_path)])
     assert rc == 0, cap.err
     rows = _table(cap.out)
     assert "total" in rows and rows["total"][0] > 0 and rows["total"][1] > 0, cap.out
@@ -65,6 +67,15 @@ def test_profile_cpu(capsys, tmp_path, model):
     for kind in ("unpatched", "patched"):
         with open(tmp_path / f"{model}-{kind}.json") as f:
             assert json.load(f)["traceEvents"]
+    # --out: the CSV holds the printed table's numbers, family by family
+    with open(tmp_path / f"profile_{model}.csv", newline="") as f:
+        csv_rows = {r["family"]: r for r in csv.DictReader(f)}
+    for fam, (b, a) in rows.items():
+        assert float(csv_rows[fam]["unpatched_ms"]) == pytest.approx(b, abs=1e-3)
+        assert float(csv_rows[fam]["patched_ms"]) == pytest.approx(a, abs=1e-3)
+    assert sum(float(r["patched_share"]) for k, r in csv_rows.items() if k != "total") == pytest.approx(1.0, abs=1e-3)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / f"profile_{model}.png").stat().st_size > 0
 
 
 @pytest.mark.cuda
