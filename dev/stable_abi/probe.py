@@ -69,7 +69,7 @@ def main() -> None:
     p.add_argument("--lib", default=os.path.join(ROOT, "_build", "dev", "libkernelforge.a"))
     p.add_argument("--calls", type=int, default=2000)
     args = p.parse_args()
-    build(args.lib)
+    build(os.path.abspath(args.lib))
     register_python_autograd()
     regular, stable = torch.ops.kernelforge.rms_norm, torch.ops.kf_stable.rms_norm
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; rms_norm bfloat16, us per call")

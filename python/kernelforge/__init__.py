@@ -39,6 +39,7 @@ from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
 from .patch import PatchReport, patch, unpatch
 from .rope import apply_rope, apply_rope_bsc, ltx_video_rope
+from . import sdpa_impl  # registers "kernelforge" with torch's flash attention registry when torch has one
 from .softmax import log_softmax, softmax
 
 __version__ = "0.1.0"

@@ -139,9 +139,13 @@ def test_levels_gnn_cuda(capsys, tmp_path):
     rc, cap = _run(capsys, ["--models", "gnn", "--size", "small", "--device", "cuda", "--levels",
                             "eager,kernelforge", "--iters", "2", "--warmup", "1", "--out", str(tmp_path)])
     assert rc == 0, cap.err
-    for r in _rows(tmp_path / "levels.csv"):
-        assert r["status"] == "ok", r
-        assert float(r["rel_err_vs_fp32"]) < 5e-2
+    rows = {(r["mode"], r["level"]): r for r in _rows(tmp_path / "levels.csv")}
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    for mode in ("fwd", "train"):
+        # PyG's bfloat16 mean adds each hub node's thousands of messages in bfloat16 (its error against
+        # float32 reaches 10 %); gather_scatter sums in float32 and rounds once
+        kf_err = float(rows[(mode, "kernelforge")]["rel_err_vs_fp32"])
+        assert kf_err < 5e-2 and kf_err <= float(rows[(mode, "eager")]["rel_err_vs_fp32"]), rows
 
 
 def test_levels_errors(capsys):
