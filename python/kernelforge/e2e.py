@@ -17,7 +17,7 @@ memory. The parent prints the table (speed-up over eager and over compile), writ
 OUT/e2e.png and shows a progress bar.
 
     kforge e2e [--cases llama_train,ltx] [--providers eager,compile,kernelforge,kernelforge_compile]
-               [--size full|small] [--device cuda|cpu] [--warmup N] [--iters N] [--out DIR]
+               [--size full|small] [--device cuda|cpu] [--warmup N] [--iters N] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -171,6 +171,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--timeout", type=float, default=900, help="seconds for one (case, provider) process")
     p.add_argument("--out", default="e2e_out", help="folder of e2e.csv and e2e.png")
+    p.add_argument("--quick", action="store_true",
+                   help="2 warm-up and 3 timed steps per process (the compile providers' first step compiles)")
 
 
 def run_all(runs: list, spawn, args: argparse.Namespace, device: str, desc: str) -> list[dict]:
@@ -195,6 +197,8 @@ def main(args: argparse.Namespace) -> int:
     device = resolve_device("e2e", args)
     if device is None:
         return 2
+    if args.quick:
+        args.warmup, args.iters = 2, 3
     os.makedirs(args.out, exist_ok=True)
     results = run_all([(c, p) for c in args.cases for p in args.providers], _spawn, args, device, "kforge e2e")
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"

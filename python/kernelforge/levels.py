@@ -20,7 +20,7 @@ weights (||y - y_fp32|| / ||y_fp32||). Writes OUT/levels.csv and OUT/levels_<mod
 the table.
 
     kforge levels [--models lm,llama,vit,gnn] [--levels ...] [--modes fwd,train] [--size full|small]
-                  [--device cuda|cpu] [--warmup N] [--iters N] [--out DIR]
+                  [--device cuda|cpu] [--warmup N] [--iters N] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -247,12 +247,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", type=csv_list(MODES), default=list(MODES), help="fwd, train or both")
     add_model_arguments(p)
     p.add_argument("--out", default="levels_out", help="folder of levels.csv and levels_<model>.png")
+    p.add_argument("--quick", action="store_true",
+                   help="1 warm-up step (the one that compiles) and 3 timed steps: the whole default run in a few minutes")
 
 
 def main(args: argparse.Namespace) -> int:
     device = resolve_device("levels", args)
     if device is None:
         return 2
+    if args.quick:
+        args.warmup, args.iters = 1, 3
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     os.makedirs(args.out, exist_ok=True)
@@ -287,6 +291,7 @@ def main(args: argparse.Namespace) -> int:
                     torch.cuda.empty_cache()
                 progress.finish(f"{name} {mode} {level}: {row.status}")
         rows += model_rows
+        write_csv(os.path.join(args.out, "levels.csv"), rows, device_name)  # after each model: a cut run keeps it
         if plot(os.path.join(args.out, f"levels_{name}.png"), name, model.what, model_rows):
             print(f"png: {os.path.join(args.out, f'levels_{name}.png')}")
         print(f"{name}: {model.what}")

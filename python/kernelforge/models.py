@@ -64,7 +64,8 @@ def _llama(size: str, device, dtype, small_lm: bool) -> Model:
                    tie_word_embeddings=True)
         batch, seq = 4, 2048
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=max(seq, 256), **cfg)).to(device, dtype)
+    with torch.device(device):  # initialized where it runs: a 1B-parameter init on the host takes tens of seconds
+        model = LlamaForCausalLM(LlamaConfig(max_position_embeddings=max(seq, 256), **cfg)).to(dtype)
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device=device)
 
     def forward(m, ids):  # the last position's logits (the prefill output a generation step needs)
@@ -104,7 +105,8 @@ def _vit(size: str, device, dtype) -> Model:
                         image_size=224, patch_size=16)
         batch = 32
     torch.manual_seed(0)
-    model = ViTModel(cfg, add_pooling_layer=False).to(device, dtype)
+    with torch.device(device):
+        model = ViTModel(cfg, add_pooling_layer=False).to(dtype)
     x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
 
     def forward(m, x):
@@ -181,14 +183,15 @@ def _ltx(size: str, device, dtype) -> Model:
     from diffusers import LTXVideoTransformer3DModel  # noqa: PLC0415
 
     torch.manual_seed(0)
-    if size == "full":
-        module = LTXVideoTransformer3DModel(num_layers=28)
-        b, f, h, w, text = 2, 7, 16, 24, 128
-    else:
-        module = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2,
-                                            attention_head_dim=64, cross_attention_dim=128, num_layers=2,
-                                            caption_channels=16)
-        b, f, h, w, text = 2, 2, 4, 4, 6
+    with torch.device(device):
+        if size == "full":
+            module = LTXVideoTransformer3DModel(num_layers=28)
+            b, f, h, w, text = 2, 7, 16, 24, 128
+        else:
+            module = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2,
+                                                attention_head_dim=64, cross_attention_dim=128, num_layers=2,
+                                                caption_channels=16)
+            b, f, h, w, text = 2, 2, 4, 4, 6
     module = module.to(device, dtype)
     cfg = module.config
     video = torch.randn(b, f * h * w, cfg.in_channels, device=device, dtype=dtype)
