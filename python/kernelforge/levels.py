@@ -286,12 +286,12 @@ def main(args: argparse.Namespace) -> int:
                 if eager_ms and row.status == "ok":
                     row.speedup = eager_ms / row.ms
                 model_rows.append(row)
+                write_csv(os.path.join(args.out, "levels.csv"), rows + model_rows, device_name)  # a cut run keeps it
                 torch._dynamo.reset()
                 if device == "cuda":
                     torch.cuda.empty_cache()
                 progress.finish(f"{name} {mode} {level}: {row.status}")
         rows += model_rows
-        write_csv(os.path.join(args.out, "levels.csv"), rows, device_name)  # after each model: a cut run keeps it
         if plot(os.path.join(args.out, f"levels_{name}.png"), name, model.what, model_rows):
             print(f"png: {os.path.join(args.out, f'levels_{name}.png')}")
         print(f"{name}: {model.what}")
