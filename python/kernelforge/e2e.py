@@ -175,9 +175,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="2 warm-up and 3 timed steps per process (the compile providers' first step compiles)")
 
 
-def run_all(runs: list, spawn, args: argparse.Namespace, device: str, desc: str) -> list[dict]:
+def run_all(runs: list, spawn, args: argparse.Namespace, device: str, desc: str, on_result=None) -> list[dict]:
     """spawn(case, provider, args, device) for every (case, provider) of runs, with a progress bar; a job past
-    args.timeout becomes an error row."""
+    args.timeout becomes an error row. on_result(results so far) after each job."""
     progress = Progress(len(runs), desc)
     results = []
     for case, provider in runs:
@@ -187,6 +187,8 @@ def run_all(runs: list, spawn, args: argparse.Namespace, device: str, desc: str)
         except subprocess.TimeoutExpired:
             results.append({"case": case, "provider": provider, "error": f"timed out after {args.timeout:.0f} s"})
         progress.finish(f"{case} {provider}")
+        if on_result is not None:
+            on_result(results)
     progress.close()
     return results
 
@@ -200,9 +202,11 @@ def main(args: argparse.Namespace) -> int:
     if args.quick:
         args.warmup, args.iters = 2, 3
     os.makedirs(args.out, exist_ok=True)
-    results = run_all([(c, p) for c in args.cases for p in args.providers], _spawn, args, device, "kforge e2e")
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    write_csv(os.path.join(args.out, "e2e.csv"), results, device_name, torch.__version__)
+    csv_path = os.path.join(args.out, "e2e.csv")
+    results = run_all([(c, p) for c in args.cases for p in args.providers], _spawn, args, device, "kforge e2e",
+                      lambda rs: write_csv(csv_path, rs, device_name, torch.__version__))  # a cut run keeps them
+    write_csv(csv_path, results, device_name, torch.__version__)
     whats = {r["case"]: r["what"] for r in results if "what" in r}
     print(f"kforge e2e on {device_name} (torch {torch.__version__}), each provider in its own process")
     for case, what in whats.items():

@@ -7,7 +7,7 @@ scalar loss of a training step.
           the output is the last position's logits (what a prefill hands to generation), the training
           loss the causal-LM loss (lm too)
   vit     ViT-B/16-shaped encoder (12 layers, hidden 768, 12 heads), 32 images of 224 x 224
-  gnn     3-layer GraphSAGE on a synthetic power-law graph (100k nodes, 2M edges, 128 features): PyG's
+  gnn     3-layer GraphSAGE on a synthetic power-law graph (100k nodes, 2M edges, 128 float32 features): PyG's
           ``SAGEConv`` (mean aggregation) where torch_geometric is installed, which ``kf.patch`` routes
           to ``gather_scatter``; else the same layer written with ``index_add_`` (no kernelforge level)
   ltx     the LTX-Video transformer: 28 blocks, 2688 video tokens (7 x 16 x 24 latents), 128 text
@@ -156,6 +156,10 @@ class _PygGnn(nn.Module):
 
 
 def _gnn(size: str, device, dtype) -> Model:
+    # float32 features whatever the other models use: PyG's bfloat16 mean adds each hub node's ~170k
+    # messages with bfloat16 atomics, 1.4 s per forward on the H100 (and off by 13 % against float32),
+    # and torch.compile of it did not finish a step in minutes
+    dtype = torch.float32
     nodes, edges, d = (1000, 20000, 32) if size == "small" else (100_000, 2_000_000, 128)
     g = torch.Generator().manual_seed(0)
     # power law: destination i drawn with probability ~ 1 / (i + 1) (a few hubs receive most edges)
