@@ -167,6 +167,21 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = {(d, d) for d in (64, 96, 128, 256)} | {(192, 128)}
 
 
+def visible_keys(sq: int, sk: int, causal: bool, window: tuple[int, int], device) -> torch.Tensor:
+    """The contract's visibility as a boolean [Sq, Sk] (bottom-right aligned: row i's diagonal is key
+    i + Sk - Sq; causal is window[1] = 0), for the plain-torch fallbacks."""
+    i = torch.arange(sq, device=device).view(-1, 1)
+    j = torch.arange(sk, device=device).view(1, -1)
+    off = sk - sq
+    left, right = window[0], (0 if causal else window[1])
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        vis &= j >= i + off - left
+    if right >= 0:
+        vis &= j <= i + off + right
+    return vis
+
+
 def head_dims_supported(q: torch.Tensor, v: torch.Tensor) -> bool:
     return (q.shape[-1], v.shape[-1]) in HEAD_DIMS
 

@@ -51,7 +51,7 @@ import torch
 import torch.nn.attention
 
 from ._ops import _ops
-from .attention import head_dims_supported, reference_dtype
+from .attention import head_dims_supported, reference_dtype, visible_keys
 
 NAME = "kernelforge"
 
@@ -267,22 +267,13 @@ def _compute_dtype(t) -> torch.dtype:
 
 def _visible(sq: int, sk: int, device, *, causal: bool, top_left: bool, window: tuple[int, int]):
     """Boolean [Sq, Sk] mask of the visible keys, or None when every key is visible."""
-    i = torch.arange(sq, device=device)[:, None]
-    j = torch.arange(sk, device=device)[None, :]
     if top_left:  # SDPA: j <= i
-        return (j <= i) if causal else None
-    left, right = window
-    if causal:
-        right = 0
-    if left < 0 and right < 0:
+        if not causal:
+            return None
+        return torch.arange(sk, device=device)[None, :] <= torch.arange(sq, device=device)[:, None]
+    if window[0] < 0 and window[1] < 0 and not causal:
         return None
-    d = sk - sq  # bottom-right: row i's diagonal is key i + d
-    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left >= 0:
-        ok &= j >= i + d - left
-    if right >= 0:
-        ok &= j <= i + d + right
-    return ok
+    return visible_keys(sq, sk, causal, window, device)
 
 
 def _probs(q, k, *, scale, causal, top_left, window, alibi_slopes, lse=None):

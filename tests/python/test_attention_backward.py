@@ -430,7 +430,8 @@ def test_gpu_sinks_vs_eager(kf, dtype):
     """gpt-oss: sinks (float32, as the model keeps them) with a causal sliding window, GQA; against the
     eager formula (the sink logit joins the softmax and its column is dropped) in float32 and in the
     dtype."""
-    from kernelforge.patch.attention import _visible, torch_attention
+    from kernelforge.attention import visible_keys
+    from kernelforge.patch.attention import torch_attention
 
     B, S, Hq, Hkv, D, W = 2, 256, 8, 2, 64, 128
     q = torch.randn(B, Hq, S, D, device="cuda", dtype=dtype)
@@ -438,7 +439,7 @@ def test_gpu_sinks_vs_eager(kf, dtype):
     v = torch.randn(B, Hkv, S, D, device="cuda", dtype=dtype)
     sinks = torch.randn(Hq, device="cuda")
     dout = torch.randn(B, S, Hq, D, device="cuda", dtype=dtype)
-    mask = _visible(S, S, True, (W - 1, 0), "cuda")[None, None]
+    mask = visible_keys(S, S, True, (W - 1, 0), "cuda")[None, None]
 
     def eager(q, k, v, s):
         x = [t.detach().clone().requires_grad_() for t in (q, k, v, s)]

@@ -181,6 +181,16 @@ def _spy_llama_rms_norm(calls: list):
     return real, spy
 
 
+def _saved_tiny_llama_and_local_config(tree, path):
+    """A tiny Llama saved under ``path`` (returned on CUDA, the reference) and a KernelConfig mapping its
+    RMSNorm to the local hub tree."""
+    from transformers.utils.kernel_config import KernelConfig
+
+    ref = _tiny_llama()
+    ref.save_pretrained(path)
+    return ref.to("cuda"), KernelConfig(kernel_mapping={"RMSNorm": f"{tree}:RMSNorm"}, use_local_kernel=True)
+
+
 # transformers 5.17's from_pretrained(use_kernels=True) rewrites every mapping entry into a hub
 # (repo, metadata) tuple (register_kernel_replacements_and_fusions) before create_compatible_mapping,
 # whose local branch (add_to_mapping_local) then calls .split(":") on the tuple. Model.set_use_kernels
@@ -193,12 +203,8 @@ def test_from_pretrained_use_kernels_local_mapping(tree, tmp_path):
     """transformers' own path: from_pretrained(..., use_kernels=True) with a KernelConfig mapping RMSNorm to
     the local tree (transformers takes local mappings for accelerator devices only, hence CUDA)."""
     from transformers import LlamaForCausalLM
-    from transformers.utils.kernel_config import KernelConfig
 
-    ref = _tiny_llama()
-    ref.save_pretrained(tmp_path)
-    ref = ref.to("cuda")
-    kc = KernelConfig(kernel_mapping={"RMSNorm": f"{tree}:RMSNorm"}, use_local_kernel=True)
+    ref, kc = _saved_tiny_llama_and_local_config(tree, tmp_path)
     calls: list = []
     real, kf.layers._llama_rms_norm = _spy_llama_rms_norm(calls)
     try:
@@ -225,13 +231,9 @@ def test_set_use_kernels_local_mapping(tree, tmp_path):
     """A loaded model, then model.set_use_kernels(True, KernelConfig(local mapping)): RMSNorm runs
     kernelforge.layers.RMSNorm from the local tree; logits and gradients match the unpatched model."""
     from transformers import LlamaForCausalLM
-    from transformers.utils.kernel_config import KernelConfig
 
-    ref = _tiny_llama()
-    ref.save_pretrained(tmp_path)
-    ref = ref.to("cuda")
+    ref, kc = _saved_tiny_llama_and_local_config(tree, tmp_path)
     model = LlamaForCausalLM.from_pretrained(tmp_path, device_map="cuda")
-    kc = KernelConfig(kernel_mapping={"RMSNorm": f"{tree}:RMSNorm"}, use_local_kernel=True)
     calls: list = []
     real, kf.layers._llama_rms_norm = _spy_llama_rms_norm(calls)
     ids = torch.randint(0, 97, (2, 11), device="cuda")

@@ -349,13 +349,14 @@ def test_window_conversion_matches_eager_mask():
     """sliding_window W: transformers' eager mask (kv > q - W, causal) is window (W - 1, 0)."""
     from transformers.masking_utils import sliding_window_causal_mask_function
 
-    from kernelforge.patch.attention import _visible, _window
+    from kernelforge.attention import visible_keys
+    from kernelforge.patch.attention import _window
 
     W, S = 4, 10
     fn = sliding_window_causal_mask_function(W)
     t = torch.tensor
     eager = torch.tensor([[bool(fn(t(0), t(0), t(q), t(k))) for k in range(S)] for q in range(S)])
-    assert torch.equal(_visible(S, S, True, _window(W, True), "cpu"), eager)
+    assert torch.equal(visible_keys(S, S, True, _window(W, True), "cpu"), eager)
 
 
 def test_mask_function_plain_patterns():

@@ -130,20 +130,6 @@ def _window(sliding_window, causal: bool) -> tuple[int, int]:
     return (w - 1, 0) if causal else (w, w)
 
 
-def _visible(sq: int, sk: int, causal: bool, window: tuple[int, int], device) -> torch.Tensor:
-    """The contract's visibility [Sq, Sk] (bottom-right aligned), built explicitly for the fallback."""
-    i = torch.arange(sq, device=device).view(-1, 1)
-    j = torch.arange(sk, device=device).view(1, -1)
-    off = sk - sq
-    left, right = window[0], (0 if causal else window[1])
-    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left >= 0:
-        vis &= j >= i + off - left
-    if right >= 0:
-        vis &= j <= i + off + right
-    return vis
-
-
 def torch_attention(query, key, value, mask, scaling, dropout, softcap, sinks, training):
     """The fallback: [B, Hq, Sq, D] in, [B, Sq, Hq, Dv] out, with autograd. mask: a boolean
     [B or 1, 1, Sq, Sk] (True = visible) or None. Without softcap and sinks: SDPA; else the eager
@@ -261,7 +247,7 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
             sq, sk = query.shape[2], key.shape[2]
             if mask is not None and sk > mask.shape[1]:
                 key, value, sk = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]], mask.shape[1]
-            vis = _visible(sq, sk, bool(causal), window, query.device)
+            vis = _attn.visible_keys(sq, sk, bool(causal), window, query.device)
             mask = vis[None, None] if mask is None else vis[None, None] & mask[:, None, None, -sk:]
         elif mask.dtype != torch.bool:  # an additive float mask (eager's): visible where it is not the minimum
             mask = mask > torch.finfo(mask.dtype).min / 2
