@@ -171,14 +171,26 @@ def test_build_hub_cli(tmp_path):
     assert (tmp_path / "build" / "torch211-cxx11-cu130-x86_64-linux" / "metadata.json").is_file()
 
 
-def _spy_llama_rms_norm(calls: list):
+def _assert_routed_logits(model, ref, route: str) -> None:
+    """model's logits run kernelforge.layers' RMSNorm kernel (a spy counts its calls) and match ref's."""
+    calls = []
     real = kf.layers._llama_rms_norm
 
     def spy(*a):
         calls.append(1)
         return real(*a)
 
-    return real, spy
+    ids = torch.randint(0, 97, (2, 11), device="cuda")
+    kf.layers._llama_rms_norm = spy
+    try:
+        with torch.no_grad():
+            got = model(input_ids=ids).logits
+    finally:
+        kf.layers._llama_rms_norm = real
+    assert calls, f"{route} did not route RMSNorm to kernelforge.layers.RMSNorm"
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-5)
 
 
 def _saved_tiny_llama_and_local_config(tree, path):
@@ -205,45 +217,23 @@ def test_from_pretrained_use_kernels_local_mapping(tree, tmp_path):
     from transformers import LlamaForCausalLM
 
     ref, kc = _saved_tiny_llama_and_local_config(tree, tmp_path)
-    calls: list = []
-    real, kf.layers._llama_rms_norm = _spy_llama_rms_norm(calls)
     try:
-        try:
-            model = LlamaForCausalLM.from_pretrained(tmp_path, use_kernels=True, kernel_config=kc, device_map="cuda")
-        except AttributeError as e:
-            if _LOCAL_MAPPING_BUG not in str(e):
-                raise
-            pytest.xfail("this transformers' from_pretrained(use_kernels=True) breaks every local kernel mapping "
-                         "(add_to_mapping_local gets a (repo, metadata) tuple); set_use_kernels works")
-        ids = torch.randint(0, 97, (2, 11), device="cuda")
-        with torch.no_grad():
-            got = model(input_ids=ids).logits
-    finally:
-        kf.layers._llama_rms_norm = real
-    assert calls, "from_pretrained(use_kernels=True) did not route RMSNorm to kernelforge.layers.RMSNorm"
-    with torch.no_grad():
-        want = ref(input_ids=ids).logits
-    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-5)
+        model = LlamaForCausalLM.from_pretrained(tmp_path, use_kernels=True, kernel_config=kc, device_map="cuda")
+    except AttributeError as e:
+        if _LOCAL_MAPPING_BUG not in str(e):
+            raise
+        pytest.xfail("this transformers' from_pretrained(use_kernels=True) breaks every local kernel mapping "
+                     "(add_to_mapping_local gets a (repo, metadata) tuple); set_use_kernels works")
+    _assert_routed_logits(model, ref, "from_pretrained(use_kernels=True)")
 
 
 @pytest.mark.cuda
 def test_set_use_kernels_local_mapping(tree, tmp_path):
     """A loaded model, then model.set_use_kernels(True, KernelConfig(local mapping)): RMSNorm runs
-    kernelforge.layers.RMSNorm from the local tree; logits and gradients match the unpatched model."""
+    kernelforge.layers.RMSNorm from the local tree; the logits match the unpatched model."""
     from transformers import LlamaForCausalLM
 
     ref, kc = _saved_tiny_llama_and_local_config(tree, tmp_path)
     model = LlamaForCausalLM.from_pretrained(tmp_path, device_map="cuda")
-    calls: list = []
-    real, kf.layers._llama_rms_norm = _spy_llama_rms_norm(calls)
-    ids = torch.randint(0, 97, (2, 11), device="cuda")
-    try:
-        model.set_use_kernels(True, kc)
-        with torch.no_grad():
-            got = model(input_ids=ids).logits
-    finally:
-        kf.layers._llama_rms_norm = real
-    assert calls, "set_use_kernels(True, local mapping) did not route RMSNorm to kernelforge.layers.RMSNorm"
-    with torch.no_grad():
-        want = ref(input_ids=ids).logits
-    torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-5)
+    model.set_use_kernels(True, kc)
+    _assert_routed_logits(model, ref, "set_use_kernels(True, local mapping)")
