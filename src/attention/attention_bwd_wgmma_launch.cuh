@@ -1,5 +1,5 @@
 // The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh:
-// TMA maps of q, dout (64-row boxes), k and v (128-row boxes) and the float32 dQ accumulator (32 x 64
+// TMA maps of q, dout (64-row boxes; a query tile is one or two), k and v (128-row boxes) and the float32 dQ accumulator (32 x 64
 // boxes, for reduce-adds), one CTA per key tile and kv head) and
 // pass 3 (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
 // attention_bwd_wgmma_<dtype>.cu.
@@ -29,10 +29,10 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
   using L = BwdWgmmaSmem<kD>;
   const AttentionParams& f = p.f;
   if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
-      plan.block_m != kBwdWgmmaBlockM || plan.block_n != kBwdWgmmaBlockN || plan.warps != kBwdWgmmaThreads / 32 ||
+      plan.block_m != kBwdWgmmaBlockM<kD> || plan.block_n != kBwdWgmmaBlockN || plan.warps != kBwdWgmmaThreads / 32 ||
       plan.stages != kBwdWgmmaStages || plan.splits != 1)
     return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan));
-  auto kernel = attention_bwd_wgmma<T, kD>;
+  auto kernel = f.softcap > 0.0f ? attention_bwd_wgmma<T, kD, true> : attention_bwd_wgmma<T, kD, false>;
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported(std::string(kName) +
                                 ": the wgmma backward kernel needs an sm_90 device and a build with 90a-real");
@@ -61,13 +61,13 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
       tdq = tk;
     } else {
       // The dQ accumulator's rows are numbered over the batch (attention_bwd_workspace.h).
-      st = encode_dq_acc_map(&tdq, ws.dq_acc, kD, f.total_q, f.heads_q, kBwdWgmmaBlockM, kName);
+      st = encode_dq_acc_map(&tdq, ws.dq_acc, kD, f.total_q, f.heads_q, kBwdWgmmaBoxRows, kName);
       if (!st.ok()) return st;
-      st = encode_attention_map<T>(&tq, f.q, kD, rows_q, f.heads_q, batch, f.q_ss, f.q_sh, f.q_sb, kBwdWgmmaBlockM, "q",
+      st = encode_attention_map<T>(&tq, f.q, kD, rows_q, f.heads_q, batch, f.q_ss, f.q_sh, f.q_sb, kBwdWgmmaBoxRows, "q",
                                    kName);
       if (!st.ok()) return st;
       st = encode_attention_map<T>(&tdo, p.dout, kD, rows_q, f.heads_q, batch, p.do_ss, p.do_sh, p.do_sb,
-                                   kBwdWgmmaBlockM, "dout", kName);
+                                   kBwdWgmmaBoxRows, "dout", kName);
       if (!st.ok()) return st;
     }
     st = cuda_status(ensure_smem_limit(kernel, size_t(L::kBytes)), kName,

@@ -65,10 +65,11 @@ AttentionPlan bwd_plan(const AttnBwdTile& t) {
   return p;
 }
 
-// The wgmma kernel (kernels/attention_bwd_wgmma.cuh): 64 query rows x 128 keys, 3 warpgroups, 2
-// Q / dO stages; head dims 64/64 and 128/128 (the split of dQ between the consumer warpgroups: by
-// 64-column tiles at d128, by keys at d64).
-constexpr int kWgmmaBlockM = 64;
+// The wgmma kernel (kernels/attention_bwd_wgmma.cuh): 64 (d128) or 128 (d64) query rows x 128 keys,
+// 3 warpgroups, 2 Q / dO stages; head dims 64/64 and 128/128. At d64 the 128-row step halves the dQ
+// reduce-add bytes per FLOP and doubles the N of the S and dP products (registers allow it there:
+// dK and dV take half of what they take at d128).
+constexpr int wgmma_block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }
 constexpr int kWgmmaBlockN = 128;
 constexpr int kWgmmaWarps = 12;
 constexpr int kWgmmaStages = 2;
@@ -91,7 +92,7 @@ AttentionPlan bwd_wgmma_plan(int head_dim) {
   p.kind = AttentionKernel::kBwdWgmma;
   p.head_dim_qk = head_dim;
   p.head_dim_v = head_dim;
-  p.block_m = kWgmmaBlockM;
+  p.block_m = wgmma_block_m(head_dim);
   p.block_n = kWgmmaBlockN;
   p.warps = kWgmmaWarps;
   p.stages = kWgmmaStages;

@@ -57,7 +57,7 @@ struct Expect {
 std::vector<Expect> expectations() {
   return {
       {"h100 d64", problem(2, 16, 16, 2048, 2048, 64, 64), &kH100,
-       "attn_bwd_wgmma d=64/64 tile=64x128 warps=12 stages=2 order=row"},
+       "attn_bwd_wgmma d=64/64 tile=128x128 warps=12 stages=2 order=row"},
       {"h100 d64 unaligned", problem(2, 16, 16, 2048, 2048, 64, 64, false), &kH100,
        "attn_bwd_mma d=64/64 tile=64x128 warps=8 stages=2 order=row"},
       {"h100 d96", problem(2, 16, 16, 2048, 2048, 96, 96), &kH100,

@@ -3,31 +3,32 @@
 // stored D = rowsum(dout * out) and lse2 = lse * log2(e) and zeroed the float32 dQ accumulator; pass 3
 // (attention_bwd_dq_convert.cuh) rounds it into dq. Same work split as the mma kernel
 // (attention_bwd_mma.cuh): one CTA per (key tile of 128 keys, kv head, batch) keeps K, V in shared
-// memory and dK, dV in registers, and walks the query heads of its group and the 64-row query tiles
-// that see its keys ([m_begin, m_end), attention_bwd_common.cuh).
+// memory and dK, dV in registers, and walks the query heads of its group and the query tiles of BM
+// rows (64 at d128, 128 at d64) that see its keys ([m_begin, m_end), attention_bwd_common.cuh).
 //
 // 384 threads in three warpgroups:
 //   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step the Q and
-//     dO tiles (TMA) and the 64 lse2 and D values (plain loads, +inf / 0 past the sequence end) into a
-//     2-stage ring; the other three warps leave.
+//     dO tiles (TMA, 64-row boxes) and the BM lse2 and D values (plain loads, +inf / 0 past the
+//     sequence end) into a 2-stage ring; the other three warps leave.
 //   warpgroups 1 and 2, the consumers (240 registers): keys 64 c .. 64 c + 63 of the tile each. Per
 //     query tile:
-//       S^T = K_c Q^T, dP^T = V_c dO^T          (wgmma m64n64, A and B K-major from shared memory)
+//       S^T = K_c Q^T, dP^T = V_c dO^T          (wgmma m64nBM, A and B K-major from shared memory)
 //       P^T = 2^(S^T scale log2 e - lse2)        (softcap: s = c tanh(u / c), recomputed as the forward)
 //       dS^T = P^T (dP^T - D)                    (softcap: times 1 - tanh^2)
-//       dV += P^T dO, dK += dS^T Q               (wgmma m64n128, A = P^T / dS^T from registers, the
+//       dV += P^T dO, dK += dS^T Q               (wgmma m64nD, A = P^T / dS^T from registers, the
 //                                                 accumulator layout converted in place; B MN-major)
-//       dS^T -> shared memory (double-buffered), then dQ = dS K (wgmma m64n64, A = dS and B = K both
-//       MN-major): d128, dQ[:, 64 c .. 64 c + 63] over all 128 keys (both warpgroups' dS^T); d64,
-//       dQ over the warpgroup's own 64 keys (the two add to the same elements),
-//       added to the float32 accumulator (red.global.add.v2.f32; in the deterministic mode after the
-//       lower key tiles, as in the mma kernel: semaphores per (b, h, query tile), see there).
+//       dS^T -> shared memory (double-buffered; both warpgroups' halves), then one 64 x 64 tile of
+//       dQ = dS K over all 128 keys (wgmma m64n64, A = dS and B = K both MN-major): d128, columns
+//       64 c ..; d64, query rows 64 c ..; staged in shared memory and added to the float32
+//       accumulator with TMA reduce-adds (in the deterministic mode after the lower key tiles, as in
+//       the mma kernel: semaphores per (b, h, query tile), see there).
 // FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
-// Registers per consumer thread: dV, dK 64 + 64, S^T and dP^T 32 + 32, then P and dS as 16-bit A
-// fragments 16 + 16 and dQ 32.
-// Shared memory (d128): K, V 32 + 32 KB, 2 stages x (Q 16 KB + dO 16 KB), 2 x dS^T 16 KB, lse2 / D
-// 2 x 512 B: 161 KB. Every tile is 64 columns wide (128-byte rows, the TMA 128-byte swizzle) and
-// 1024-byte aligned; see sm90_wgmma.cuh for the operand layouts and descriptors.
+// Registers per consumer thread: dV, dK D / 2 each, S^T and dP^T BM / 2 each, then P and dS as 16-bit
+// A fragments BM / 4 each and dQ 32 (d128: 64 + 64 + 32 + 32; d64: 32 + 32 + 64 + 64).
+// Shared memory: K, V 2 x 128 D bytes, 2 stages x (Q + dO, 2 x 2 BM D bytes), 2 x dS^T 256 BM bytes,
+// 2 x dQ staging 16 KB, lse2 / D 2 stages x 8 BM bytes: 193 KB at d128, 194 KB at d64. Every tile is 64
+// columns wide (128-byte rows, the TMA 128-byte swizzle) and 1024-byte aligned; see sm90_wgmma.cuh for
+// the operand layouts and descriptors.
 // dK (times scale) and dV are written once at the end, in T; key rows past Sk are skipped; a key tile
 // that no query sees writes zeros.
 #pragma once
@@ -48,8 +49,13 @@
 
 namespace kernelforge {
 
-constexpr int kBwdWgmmaBlockM = 64;   // query rows per step
+// Query rows per step: 64 at d128, where dK and dV take 128 of a consumer thread's 240 registers;
+// 128 at d64, where they take 64: S^T and dP^T become m64n128 products and the CTA adds one 128 x 64
+// dQ tile per step, half the reduce-add bytes per FLOP of two 64-key halves adding 64 x 64 each.
+template <int kD>
+constexpr int kBwdWgmmaBlockM = kD == 64 ? 128 : 64;
 constexpr int kBwdWgmmaBlockN = 128;  // keys per CTA: two consumer warpgroups x 64
+constexpr int kBwdWgmmaBoxRows = 64;  // rows of a Q / dO TMA box and of a consumer's dQ tile
 constexpr int kBwdWgmmaStages = 2;    // Q / dO ring depth
 constexpr int kBwdWgmmaThreads = 384;
 constexpr int kBwdWgmmaProducerRegs = 24;
@@ -58,16 +64,16 @@ constexpr int kBwdWgmmaConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 <= 6
 // Shared-memory map (byte offsets from a 1024-aligned base); Dqk = Dv = kD.
 template <int kD>
 struct BwdWgmmaSmem {
-  static constexpr int kBM = kBwdWgmmaBlockM, kBN = kBwdWgmmaBlockN;
+  static constexpr int kBM = kBwdWgmmaBlockM<kD>, kBN = kBwdWgmmaBlockN;
   static constexpr int kKBytes = kBN * kD * 2;    // K tile; V the same
   static constexpr int kQBytes = kBM * kD * 2;    // one stage of Q; dO the same
-  static constexpr int kDsBytes = kBN * kBM * 2;  // dS^T: 128 key rows x 64 queries
+  static constexpr int kDsBytes = kBN * kBM * 2;  // dS^T: 128 key rows x kBM queries, 64-query tiles
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKBytes;
   static constexpr int kQ = kV + kKBytes;                               // stage s at kQ + s * kQBytes
   static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;            // stage s at kDo + s * kQBytes
   static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;           // buffer u at kDs + u * kDsBytes
-  static constexpr int kDqBytes = kBM * (kD == 128 ? kD / 2 : kD) * 4;  // one consumer's float dQ tile
+  static constexpr int kDqBytes = 64 * 64 * 4;                          // one consumer's float dQ tile
   static constexpr int kDq = kDs + 2 * kDsBytes;                        // consumer c at kDq + c * kDqBytes
   static constexpr int kRows = kDq + 2 * kDqBytes;                      // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
@@ -77,25 +83,81 @@ struct BwdWgmmaSmem {
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
+// P^T and dS^T of one step in place (st: S^T -> P^T, dpt: dP^T -> dS^T). Element 4 j + 2 i + c is key
+// key_r + 8 i, query 8 j + 2 (lane % 4) + c of the tile; rows: lse2[kBM], then D[kBM]. kSoftcap is
+// the kernel's template parameter, and the masking of a partial tile is a second pass
+// (bwd_wgmma_mask), so the common path (a full tile without softcap: FFMA, EX2, FADD, FMUL per element)
+// is straight-line code. With both checks inside the loop every element jumped over its masking code,
+// the loop spanned 2400 instructions, and "no instruction" (instruction-cache misses) was 31 % of the
+// d64 kernel's stall samples on the H200.
+template <bool kSoftcap, int kBM>
+__device__ __forceinline__ void bwd_wgmma_softmax(float (&st)[kBM / 2], float (&dpt)[kBM / 2], const float* rows,
+                                                  float pre, float post, int lane) {
+  // Softcap: s = softcap tanh(u / softcap), recomputed as the forward; th = tanh(u / softcap) first,
+  // in place, then dS = P (dP - D) (1 - th^2).
+  if constexpr (kSoftcap) {
+#pragma unroll
+    for (int e = 0; e < kBM / 2; ++e) st[e] = tanh_approx(st[e] * pre);
+  }
+#pragma unroll
+  for (int j = 0; j < kBM / 8; ++j) {
+    const int q = 8 * j + 2 * (lane % 4);
+    const float2 l2 = *reinterpret_cast<const float2*>(rows + q);
+    const float2 dd = *reinterpret_cast<const float2*>(rows + kBM + q);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 4 * j + 2 * i + c;
+        const float lse2 = c ? l2.y : l2.x, d = c ? dd.y : dd.x;
+        const float x = kSoftcap ? st[e] * post - lse2 : fmaf(st[e], pre, -lse2);  // lse2 = +inf: P = 0
+        const float g = kSoftcap ? (dpt[e] - d) * (1.0f - st[e] * st[e]) : dpt[e] - d;
+        const float pe = ex2_approx(x);
+        st[e] = pe;
+        dpt[e] = pe * g;
+      }
+  }
+}
+
+// Zeroes P^T and dS^T of the invisible pairs of a partial tile (overwrites: an invisible logit may
+// have given P = inf). Keys key + 8 i (key = key0 + key_r), queries m0 + 8 j + 2 (lane % 4) + c; row
+// i sees [lo, hi): vis.row_lo / row_hi without their clamps to [0, Sk] in 32-bit arithmetic (rows and
+// keys < 2^30), keys >= Sk (a last tile's rows past the end) invisible.
+template <int kBM>
+__device__ __forceinline__ void bwd_wgmma_mask(float (&st)[kBM / 2], float (&dpt)[kBM / 2], int lane, int key, int m0,
+                                               const BwdVisibility& vis) {
+#pragma unroll
+  for (int j = 0; j < kBM / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int diag_row = m0 + 8 * j + 2 * (lane % 4) + c + int(vis.diag);
+      const int lo = vis.window_left < 0 ? 0 : diag_row - vis.window_left;
+      const int hi = vis.window_right < 0 ? vis.sk : min(diag_row + vis.window_right + 1, vis.sk);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        if (key + 8 * i < lo || key + 8 * i >= hi) st[4 * j + 2 * i + c] = dpt[4 * j + 2 * i + c] = 0.0f;
+    }
+}
+
 // Grid (ceil(Sk / 128), Hkv, B); 384 threads; BwdWgmmaSmem<kD>::kBytes of dynamic shared memory.
 // tm_q / tm_do: 4-D maps (column, row, head, batch) with 64 x 64 boxes; tm_k / tm_v: 64 x 128 boxes;
 // 128-byte swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens).
 // tm_dq: the float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
-template <typename T, int kD>
+// kSoftcap = f.softcap > 0 (a template parameter: one softmax variant per kernel; two in one kernel
+// spilled at d64).
+template <typename T, int kD, bool kSoftcap>
 __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     attention_bwd_wgmma(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                         const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws) {
 #if KF_SM90A
   using L = BwdWgmmaSmem<kD>;
-  constexpr int kBM = kBwdWgmmaBlockM, kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
-  // dQ = dS K, split between the consumer warpgroups. d128: by columns (64 each, one tile) over all
-  // 128 keys (dS^T exchanged through shared memory); d64: by keys (each its own 64, all 64 columns),
-  // both adding to the same accumulator elements.
+  constexpr int kBM = kBwdWgmmaBlockM<kD>, kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
+  // dQ = dS K (kBM queries x kD columns over all 128 keys, dS^T of both warpgroups exchanged through
+  // shared memory), one 64 x 64 tile per consumer warpgroup: d128 (64 queries), columns 64 c ..; d64
+  // (128 queries), query rows 64 c ... The two tiles are disjoint.
   constexpr bool kSplitCols = kD == 128;
-  constexpr int kDqN = kSplitCols ? kD / 2 : kD;    // dQ columns per consumer warpgroup
-  constexpr int kDqK = kSplitCols ? kBN : kBN / 2;  // keys per consumer warpgroup's dQ
-  static_assert(kD == 64 || kD == 128, "head dims 64 and 128");
+  static_assert((kD == 128 && kBM == 64) || (kD == 64 && kBM == 128), "head dims 64 and 128");
   constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ uint8_t smem_raw[];
@@ -161,12 +223,13 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         if (lane == 0) {
           mbar_expect(&q_full[s], 2 * L::kQBytes);
 #pragma unroll
-          for (int c = 0; c < kD / 64; ++c) {
-            tma_load_4d(smem + L::kQ + s * L::kQBytes + c * kBM * 128, &tm_q, &q_full[s], c * 64, q_row0 + m0, h,
-                        batch_coord);
-            tma_load_4d(smem + L::kDo + s * L::kQBytes + c * kBM * 128, &tm_do, &q_full[s], c * 64, q_row0 + m0, h,
-                        batch_coord);
-          }
+          for (int c = 0; c < kD / 64; ++c)
+#pragma unroll
+            for (int r = 0; r < kBM / kBwdWgmmaBoxRows; ++r) {
+              const int off = c * kBM * 128 + r * kBwdWgmmaBoxRows * 128, row = q_row0 + m0 + r * kBwdWgmmaBoxRows;
+              tma_load_4d(smem + L::kQ + s * L::kQBytes + off, &tm_q, &q_full[s], c * 64, row, h, batch_coord);
+              tma_load_4d(smem + L::kDo + s * L::kQBytes + off, &tm_do, &q_full[s], c * 64, row, h, batch_coord);
+            }
         }
         float* rows = rows_lse2 + s * 2 * kBM;
         const int64_t src = int64_t(h) * f.total_q + qbase + m0;
@@ -187,10 +250,9 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   const int cw = wg - 1;  // consumer warpgroup: keys 64 cw .. 64 cw + 63 of the tile
   const int tid = threadIdx.x - 128 * wg;
   const int warp = tid / 32, lane = tid % 32;
-  const bool softcap = f.softcap > 0.0f;
   // s2 = u * pre (no softcap: the logit in log2 units); with softcap th = tanh(u * pre), s2 = th * post.
-  const float pre = softcap ? f.scale / f.softcap : f.scale * kLog2e;
-  const float post = softcap ? f.softcap * kLog2e : 1.0f;
+  const float pre = kSoftcap ? f.scale / f.softcap : f.scale * kLog2e;
+  const float post = kSoftcap ? f.softcap * kLog2e : 1.0f;
 
   float dv[kD / 2], dk[kD / 2];
 #pragma unroll
@@ -233,37 +295,10 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     reg_fence(st);
     reg_fence(dpt);
 
-    // ---- P^T and dS^T in place: element 4 j + 2 i + c is key key_r + 8 i, query 8 j + 2 (lane % 4) + c ----
+    // ---- P^T and dS^T in place, then the partial tile's masking ----
     const float* rows = rows_lse2 + s * 2 * kBM;
-    const bool masked = !vis.tile_full(m0, kBM, key0, kBN);
-#pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) {
-      const int q = 8 * j + 2 * (lane % 4);
-      const float2 l2 = *reinterpret_cast<const float2*>(rows + q);
-      const float2 dd = *reinterpret_cast<const float2*>(rows + kBM + q);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int e = 4 * j + 2 * i + c;
-          float x = st[e] * pre;
-          float th = 0.0f;
-          if (softcap) {
-            th = tanh_approx(x);
-            x = th * post;
-          }
-          float pe = ex2_approx(x - (c ? l2.y : l2.x));  // lse2 = +inf (nothing seen, or past Sq): 0
-          if (masked) {
-            const int key = key0 + key_r + 8 * i;
-            const int64_t row = int64_t(m0) + q + c;
-            if (key < vis.row_lo(row) || key >= vis.row_hi(row)) pe = 0.0f;
-          }
-          float ds = pe * (dpt[e] - (c ? dd.y : dd.x));
-          if (softcap) ds *= 1.0f - th * th;
-          st[e] = pe;
-          dpt[e] = ds;
-        }
-    }
+    bwd_wgmma_softmax<kSoftcap, kBM>(st, dpt, rows, pre, post, lane);
+    if (!vis.tile_full(m0, kBM, key0, kBN)) bwd_wgmma_mask<kBM>(st, dpt, lane, key0 + key_r, m0, vis);
     // 16-bit A fragments: k-slice kk (queries 16 kk ..), register r = elements 8 kk + 2 r, + 1.
     uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
 #pragma unroll
@@ -285,33 +320,32 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
       wgmma_rs<T, kD>(dk, dsa[kk], gmma_desc_mn(q_addr + kk * 16 * 128, kBM * 128), 1);
     wgmma_commit();
 
-    // ---- dS^T into shared memory: key row key_r + 8 (r % 2), queries 8 (2 kk + r / 2) + 2 (lane % 4) ----
-    // (the swizzled layout TMA would write: 16-byte chunk ch of row r at ch ^ (r % 8); r % 8 = lane / 4)
+    // ---- dS^T into shared memory, 64-query tiles of 128 key rows: key row key_r + 8 (r % 2), query
+    // 16 kk + 8 (r / 2) + 2 (lane % 4) in tile kk / 4, 16-byte chunk (2 kk + r / 2) % 8 (the swizzled
+    // layout TMA would write: chunk ch of row r at ch ^ (r % 8); r % 8 = lane / 4) ----
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int row = key_r + 8 * (r % 2);
-        const int chunk = 2 * kk + r / 2;
-        *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 4) * 4) = dsa[kk][r];
+        const int chunk = (2 * kk + r / 2) % 8;
+        *reinterpret_cast<uint32_t*>(ds_tile + (kk / 4) * (kBN * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) +
+                                     (lane % 4) * 4) = dsa[kk][r];
       }
     fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
-    if (kSplitCols)
-      named_sync(1, 256);  // both halves of the 128 keys are in ds_tile
-    else
-      named_sync(3 + cw, 128);  // this warpgroup's 64 keys
+    named_sync(1, 256);   // both halves of the 128 keys are in ds_tile
 
-    // ---- dQ = dS K: A = dS (64 queries x kDqK keys), B = K (kDqK keys x kDqN columns), both MN-major.
-    // d128: keys 0..127, columns 64 cw ..; d64: keys 64 cw .., columns 0..63 ----
-    float dq[kDqN / 2];
-    const uint32_t ds_addr = smem_u32(ds_tile) + (kSplitCols ? 0 : cw * 64 * 128);
-    const uint32_t kq_addr = k_addr + (kSplitCols ? cw * (kBN * 128) : cw * 64 * 128);
+    // ---- dQ = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x 64 columns), both MN-major.
+    // d128: queries 0..63, columns 64 cw ..; d64: queries 64 cw .., columns 0..63 ----
+    float dq[32];
+    const uint32_t ds_addr = smem_u32(ds_tile) + (kSplitCols ? 0 : cw * (kBN * 128));
+    const uint32_t kq_addr = k_addr + (kSplitCols ? cw * (kBN * 128) : 0);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kDqK / 16; ++kk) {
+    for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint64_t da = gmma_desc_mn(ds_addr + kk * 16 * 128, kBN * 128);
       const uint64_t db = gmma_desc_mn(kq_addr + kk * 16 * 128, kBN * 128);
-      wgmma_ss<T, kDqN, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+      wgmma_ss<T, 64, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();  // dV, dK, dQ done: Q, dO of stage s and ds_tile are no longer read by this warpgroup
@@ -329,46 +363,41 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     // rows, 128-byte swizzle: 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores),
     // then one TMA reduce-add per box, asynchronous (scalar reductions from every thread cost a third
     // of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column 8 j +
-    // 2 (lane % 4) + c of the tile (d128: column 64 cw + that of dQ). Rows past the sequence end hold
-    // zeros (P = 0 there), so a tile that reaches into the next sequence adds nothing to it.
+    // 2 (lane % 4) + c of the tile (d128: column 64 cw + that; d64: query 64 cw + that). Rows past
+    // the sequence end hold zeros (P = 0 there), so a tile that reaches into the next sequence adds
+    // nothing to it.
     uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
     if (tid == 0) bulk_wait_read<0>();  // the previous step's reduce-add has read the tile
     named_sync(3 + cw, 128);
 #pragma unroll
-    for (int j = 0; j < kDqN / 8; ++j)
+    for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = 16 * warp + lane / 4 + 8 * i;
         const int chunk = (8 * j % 32) / 4 + (lane % 4) / 2;
-        const int byte = (8 * j / 32) * (kBM * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 2) * 8;
+        const int byte = (8 * j / 32) * (64 * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 2) * 8;
         *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
       }
     fence_proxy_async();  // the staging stores before the TMA unit reads them
     named_sync(3 + cw, 128);
     auto reduce_dq = [&]() {
 #pragma unroll
-      for (int box = 0; box < kDqN / 32; ++box)
-        tma_reduce_add_3d(&tm_dq, stage_dq + box * kBM * 128, (kSplitCols ? cw * kDqN : 0) + 32 * box, int(qbase + m0),
-                          h);
+      for (int box = 0; box < 2; ++box)
+        tma_reduce_add_3d(&tm_dq, stage_dq + box * 64 * 128, (kSplitCols ? 64 * cw : 0) + 32 * box,
+                          int(qbase + m0 + (kSplitCols ? 0 : 64 * cw)), h);
       bulk_commit();
     };
     if (!p.deterministic) {
       if (tid == 0) reduce_dq();
     } else {
-      // After the lower key tiles (see the mma kernel), and with d64 consumer 0's additions first.
+      // After the lower key tiles (see the mma kernel).
       int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
       if (tid == 0 && cw == 0) {
         const int target = n_tile - vis.keys_lo(m, kBM) / kBN;  // lower key tiles that visit m
         while (ld_acquire_gpu(sem) < target) __nanosleep(64);
       }
       named_sync(2, 256);
-      if (kSplitCols) {
-        if (tid == 0) reduce_dq(), bulk_wait<0>(), __threadfence();
-      } else {
-        if (tid == 0 && cw == 0) reduce_dq(), bulk_wait<0>(), __threadfence();
-        named_sync(2, 256);
-        if (tid == 0 && cw == 1) reduce_dq(), bulk_wait<0>(), __threadfence();
-      }
+      if (tid == 0) reduce_dq(), bulk_wait<0>(), __threadfence();
       named_sync(2, 256);
       if (tid == 0 && cw == 0) atomicAdd(sem, 1);
     }
