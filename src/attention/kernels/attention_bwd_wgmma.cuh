@@ -9,7 +9,9 @@
 // 384 threads in three warpgroups:
 //   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step the Q and
 //     dO tiles (TMA, 64-row boxes) and the BM lse2 and D values (plain loads, +inf / 0 past the
-//     sequence end) into a 2-stage ring; the other three warps leave.
+//     sequence end) into a 2-stage ring; lane 0 of warp 1, the dQ writer, adds the consumers' staged
+//     dQ tiles to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
+//     key-tile order, semaphores per (b, h, query tile)); the other warps leave.
 //   warpgroups 1 and 2, the consumers (240 registers): keys 64 c .. 64 c + 63 of the tile each. Per
 //     query tile:
 //       S^T = K_c Q^T, dP^T = V_c dO^T          (wgmma m64nBM, A and B K-major from shared memory)
@@ -19,9 +21,7 @@
 //                                                 accumulator layout converted in place; B MN-major)
 //       dS^T -> shared memory (double-buffered; both warpgroups' halves), then one 64 x 64 tile of
 //       dQ = dS K over all 128 keys (wgmma m64n64, A = dS and B = K both MN-major): d128, columns
-//       64 c ..; d64, query rows 64 c ..; staged in shared memory and added to the float32
-//       accumulator with TMA reduce-adds (in the deterministic mode after the lower key tiles, as in
-//       the mma kernel: semaphores per (b, h, query tile), see there).
+//       64 c ..; d64, query rows 64 c ..; staged in shared memory for the dQ writer.
 // FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
 // Registers per consumer thread: dV, dK D / 2 each, S^T and dP^T BM / 2 each, then P and dS as 16-bit
 // A fragments BM / 4 each and dQ 32 (d128: 64 + 64 + 32 + 32; d64: 32 + 32 + 64 + 64).
@@ -77,7 +77,7 @@ struct BwdWgmmaSmem {
   static constexpr int kDq = kDs + 2 * kDsBytes;                        // consumer c at kDq + c * kDqBytes
   static constexpr int kRows = kDq + 2 * kDqBytes;                      // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
-  static constexpr int kNumBars = 1 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s]
+  static constexpr int kNumBars = 3 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s], dq_full, dq_empty
   static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
   static_assert(kD % 64 == 0, "64-column tiles");
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
@@ -165,12 +165,17 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
+  uint64_t* dq_full = q_empty + kStages;  // both consumers' dQ tiles staged
+  uint64_t* dq_empty = dq_full + 1;       // the writer's reduce-adds have read them
   float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
 
   pdl_wait();  // every global access follows the previous kernel (pass 1)
 
   const AttentionParams& f = p.f;
-  const int n_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  // Deterministic mode: key tiles in decreasing order (the last one has the lowest linear index) and
+  // each walks its query tiles downwards; see the dQ writer below.
+  const bool rev = p.deterministic;
+  const int n_tile = rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), kvh = blockIdx.y, b = blockIdx.z;
   int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
   if (f.varlen) {
     q_row0 = f.cu_seqlens_q[b];
@@ -187,6 +192,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   vis.query_tiles(key0, kBN, kBM, &m_begin, &m_end);
   const int nm = m_end - m_begin;
   const int n_iters = nm * f.group;  // (query head, query tile) steps, head-major
+  // Step it: query head kvh * group + it / nm, query tile step_m(it).
+  auto step_m = [&](int it) { return rev ? m_end - 1 - it % nm : m_begin + it % nm; };
 
   if (threadIdx.x == 0) {
     mbar_init_count(kv_full, 1);
@@ -194,6 +201,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
       mbar_init_count(&q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
       mbar_init_count(&q_empty[s], 8);      // lane 0 of each of the 8 consumer warps
     }
+    mbar_init_count(dq_full, 2);   // thread 0 of each consumer warpgroup
+    mbar_init_count(dq_empty, 1);  // the writer
     mbar_init_fence();
   }
   __syncthreads();
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         const int s = it % kStages;
         const uint32_t phase = (it / kStages) & 1;
         const int h = kvh * f.group + it / nm;
-        const int m0 = (m_begin + it % nm) * kBM;
+        const int m0 = step_m(it) * kBM;
         mbar_wait(&q_empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
         if (lane == 0) {
           mbar_expect(&q_full[s], 2 * L::kQBytes);
@@ -241,6 +250,43 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         }
         mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
       }
+    } else if (threadIdx.x == 32 && n_iters > 0) {
+      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64 x 64
+      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator; the staging tiles are
+      // released as soon as the TMA unit has read them, so the consumers compute the next step while
+      // the additions (and in the deterministic mode the wait for their turn) go on.
+      // Deterministic mode: query tile m receives its additions in decreasing key-tile order. Every
+      // key tile walks the query tiles downwards, so the key tiles that visit m reach it at the same
+      // step (causal too) and each waits about one addition's latency for the one above it; a CTA
+      // waits only for CTAs of lower linear index (key tiles are numbered downwards), which were
+      // dispatched before it, so the chain cannot deadlock.
+      for (int it = 0; it < n_iters; ++it) {
+        const int h = kvh * f.group + it / nm;
+        const int m = step_m(it);
+        mbar_wait(dq_full, it & 1);
+        int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
+        if (p.deterministic) {
+          // Key tiles above this one that visit m: up to the one holding key keys_hi(m) - 1.
+          const int last = (vis.keys_hi(m, kBM) - 1) / kBN;
+          while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int box = 0; box < 2; ++box)
+            tma_reduce_add_3d(&tm_dq, smem + L::kDq + c * L::kDqBytes + box * 64 * 128,
+                              (kSplitCols ? 64 * c : 0) + 32 * box, int(qbase + m * kBM + (kSplitCols ? 0 : 64 * c)),
+                              h);
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbar_arrive(dq_empty);
+        if (p.deterministic) {
+          bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
+          __threadfence();
+          atomicAdd(sem, 1);
+        }
+      }
+      bulk_wait<0>();
     }
     return;
   }
@@ -266,9 +312,7 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   for (int it = 0; it < n_iters; ++it) {
     const int s = it % kStages;
     const uint32_t phase = (it / kStages) & 1;
-    const int h = kvh * f.group + it / nm;
-    const int m = m_begin + it % nm;
-    const int m0 = m * kBM;
+    const int m0 = step_m(it) * kBM;
     const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
     const uint32_t do_addr = smem_u32(smem + L::kDo + s * L::kQBytes);
     uint8_t* ds_tile = smem + L::kDs + (it & 1) * L::kDsBytes;
@@ -359,16 +403,15 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     }
     if (lane == 0) mbar_arrive(&q_empty[s]);
 
-    // ---- dQ into the float32 accumulator: into this consumer's staging tile (boxes of 32 columns x 64
-    // rows, 128-byte swizzle: 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores),
-    // then one TMA reduce-add per box, asynchronous (scalar reductions from every thread cost a third
-    // of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column 8 j +
-    // 2 (lane % 4) + c of the tile (d128: column 64 cw + that; d64: query 64 cw + that). Rows past
-    // the sequence end hold zeros (P = 0 there), so a tile that reaches into the next sequence adds
-    // nothing to it.
+    // ---- dQ into this consumer's staging tile (boxes of 32 columns x 64 rows, 128-byte swizzle:
+    // 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores), added to the float32
+    // accumulator by the writer thread with TMA reduce-adds (scalar reductions from every thread cost
+    // a third of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column
+    // 8 j + 2 (lane % 4) + c of the tile (d128: column 64 cw + that; d64: query 64 cw + that). Rows
+    // past the sequence end hold zeros (P = 0 there), so a tile that reaches into the next sequence
+    // adds nothing to it.
     uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
-    if (tid == 0) bulk_wait_read<0>();  // the previous step's reduce-add has read the tile
-    named_sync(3 + cw, 128);
+    mbar_wait(dq_empty, (it & 1) ^ 1);  // the previous step's additions have read the tiles
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -380,29 +423,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
       }
     fence_proxy_async();  // the staging stores before the TMA unit reads them
     named_sync(3 + cw, 128);
-    auto reduce_dq = [&]() {
-#pragma unroll
-      for (int box = 0; box < 2; ++box)
-        tma_reduce_add_3d(&tm_dq, stage_dq + box * 64 * 128, (kSplitCols ? 64 * cw : 0) + 32 * box,
-                          int(qbase + m0 + (kSplitCols ? 0 : 64 * cw)), h);
-      bulk_commit();
-    };
-    if (!p.deterministic) {
-      if (tid == 0) reduce_dq();
-    } else {
-      // After the lower key tiles (see the mma kernel).
-      int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
-      if (tid == 0 && cw == 0) {
-        const int target = n_tile - vis.keys_lo(m, kBM) / kBN;  // lower key tiles that visit m
-        while (ld_acquire_gpu(sem) < target) __nanosleep(64);
-      }
-      named_sync(2, 256);
-      if (tid == 0) reduce_dq(), bulk_wait<0>(), __threadfence();
-      named_sync(2, 256);
-      if (tid == 0 && cw == 0) atomicAdd(sem, 1);
-    }
+    if (tid == 0) mbar_arrive(dq_full);
   }
-  if (tid == 0) bulk_wait<0>();  // the staging tiles stay until the last reduce-add has read them
 
   // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key key_r + 8 i, column 8 j + 2 (lane % 4) + c ----
   T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + key0) * p.dk_ss + kvh * p.dk_sh;
