@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     mbar_init_count(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init_count(&q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
-      mbar_init_count(&q_empty[s], 8);      // lane 0 of each of the 8 consumer warps
+      mbar_init_count(&q_empty[s], 256);    // every consumer thread (each has read the lse2 / D rows)
     }
     mbar_init_count(dq_full, 2);   // thread 0 of each consumer warpgroup
     mbar_init_count(dq_empty, 1);  // the writer
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
       reg_fence(pa[kk]);
       reg_fence(dsa[kk]);
     }
-    if (lane == 0) mbar_arrive(&q_empty[s]);
+    mbar_arrive(&q_empty[s]);  // every thread: its reads of the stage's lse2 / D rows come before the release
 
     // ---- dQ into this consumer's staging tile (boxes of 32 columns x 64 rows, 128-byte swizzle:
     // 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores), added to the float32
