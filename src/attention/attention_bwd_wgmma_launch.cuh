@@ -1,7 +1,7 @@
 // The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh:
-// TMA maps of q, dout (64-row boxes; a query tile is one or two), k and v (128-row boxes) and the float32 dQ accumulator (32 x 64
-// boxes, for reduce-adds), one CTA per key tile and kv head) and
-// pass 3 (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
+// TMA maps of q, dout (64-row boxes; a query tile is one or two), k and v (128-row boxes) and the float32 dQ
+// accumulator (32 x 64 boxes, for reduce-adds), one CTA per key tile and kv head) and pass 3
+// (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
 // attention_bwd_wgmma_<dtype>.cu.
 #pragma once
 
@@ -63,8 +63,8 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
       // The dQ accumulator's rows are numbered over the batch (attention_bwd_workspace.h).
       st = encode_dq_acc_map(&tdq, ws.dq_acc, kD, f.total_q, f.heads_q, kBwdWgmmaBoxRows, kName);
       if (!st.ok()) return st;
-      st = encode_attention_map<T>(&tq, f.q, kD, rows_q, f.heads_q, batch, f.q_ss, f.q_sh, f.q_sb, kBwdWgmmaBoxRows, "q",
-                                   kName);
+      st = encode_attention_map<T>(&tq, f.q, kD, rows_q, f.heads_q, batch, f.q_ss, f.q_sh, f.q_sb, kBwdWgmmaBoxRows,
+                                   "q", kName);
       if (!st.ok()) return st;
       st = encode_attention_map<T>(&tdo, p.dout, kD, rows_q, f.heads_q, batch, p.do_ss, p.do_sh, p.do_sb,
                                    kBwdWgmmaBoxRows, "dout", kName);

@@ -70,12 +70,12 @@ struct BwdWgmmaSmem {
   static constexpr int kDsBytes = kBN * kBM * 2;  // dS^T: 128 key rows x kBM queries, 64-query tiles
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKBytes;
-  static constexpr int kQ = kV + kKBytes;                               // stage s at kQ + s * kQBytes
-  static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;            // stage s at kDo + s * kQBytes
-  static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;           // buffer u at kDs + u * kDsBytes
-  static constexpr int kDqBytes = 64 * 64 * 4;                          // one consumer's float dQ tile
-  static constexpr int kDq = kDs + 2 * kDsBytes;                        // consumer c at kDq + c * kDqBytes
-  static constexpr int kRows = kDq + 2 * kDqBytes;                      // stage s: float lse2[kBM], D[kBM]
+  static constexpr int kQ = kV + kKBytes;                      // stage s at kQ + s * kQBytes
+  static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;   // stage s at kDo + s * kQBytes
+  static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;  // buffer u at kDs + u * kDsBytes
+  static constexpr int kDqBytes = 64 * 64 * 4;                 // one consumer's float dQ tile
+  static constexpr int kDq = kDs + 2 * kDsBytes;               // consumer c at kDq + c * kDqBytes
+  static constexpr int kRows = kDq + 2 * kDqBytes;             // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
   static constexpr int kNumBars = 3 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s], dq_full, dq_empty
   static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* q_full = kv_full + 1;
   uint64_t* q_empty = q_full + kStages;
-  uint64_t* dq_full = q_empty + kStages;  // both consumers' dQ tiles staged
-  uint64_t* dq_empty = dq_full + 1;       // the writer's reduce-adds have read them
+  uint64_t* dq_full = q_empty + kStages;                         // both consumers' dQ tiles staged
+  uint64_t* dq_empty = dq_full + 1;                              // the writer's reduce-adds have read them
   float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
 
   pdl_wait();  // every global access follows the previous kernel (pass 1)
