@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from . import (activation, attention, cross_entropy, decode, diagonal_matmul, dropout, fused_linear_rowsum, gemm,
                graph, linear, norm, rope, softmax)
-from ._spec import (MODES, TOL, AttnShape, BatchedRowsShape, DecodeShape, FlceShape, LinearShape, OpSpec, RopeShape,
-                    Tol, base_mode, shape_label, shape_rows)
+from ._spec import (MODES, TOL, AttnShape, BatchedRowsShape, BmmShape, DecodeShape, FlceShape, LinearShape, OpSpec,
+                    RopeShape, Tol, base_mode, shape_label, shape_rows)
 
 FAMILIES = {
     "norm": norm.SPECS,
@@ -37,4 +37,4 @@ OPS = tuple(SPECS)
 GROUPS = {"all": OPS, **{f: tuple(s.name for s in specs) for f, specs in FAMILIES.items()}}
 
 __all__ = ["SPECS", "OPS", "GROUPS", "FAMILIES", "TOL", "Tol", "OpSpec", "RopeShape", "FlceShape", "AttnShape",
-           "DecodeShape", "LinearShape", "BatchedRowsShape", "MODES", "base_mode", "shape_label", "shape_rows"]
+           "DecodeShape", "LinearShape", "BatchedRowsShape", "BmmShape", "MODES", "base_mode", "shape_label", "shape_rows"]

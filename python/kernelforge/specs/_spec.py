@@ -151,6 +151,18 @@ class LinearShape(NamedTuple):
         return f"m{self.m}n{self.n}k{self.k}" + ("-bias" if self.bias else "") + (f"-{self.act}" if self.act else "")
 
 
+class BmmShape(NamedTuple):
+    """A batched product shape, written b{B}m{M}n{N}k{K}: a [B, M, K] @ b [B, K, N] -> [B, M, N]."""
+
+    b: int
+    m: int
+    n: int
+    k: int
+
+    def __str__(self) -> str:
+        return f"b{self.b}m{self.m}n{self.n}k{self.k}"
+
+
 class BatchedRowsShape(NamedTuple):
     """A batched row-op shape, written b{B}m{M}n{N}[-bcast]: b [B, M, N]; -bcast: a per-row operand
     of [M] broadcast over the batch (diagonal_matmul's scales) instead of one per row [B, M]."""
@@ -174,7 +186,7 @@ def shape_label(shape: tuple) -> str:
 
 def shape_rows(shape: tuple) -> int:
     """Rows of a bench shape (apply_rope: tokens B*S; the fused loss: tokens; attention: query
-    tokens, B*Sq; decode_attention: new tokens, B*Lq; linear: M)."""
+    tokens, B*Sq; decode_attention: new tokens, B*Lq; linear: M; bmm: B*M)."""
     if isinstance(shape, RopeShape):
         return shape.b * shape.s
     if isinstance(shape, AttnShape):
@@ -185,7 +197,7 @@ def shape_rows(shape: tuple) -> int:
         return shape.t
     if isinstance(shape, LinearShape):
         return shape.m
-    if isinstance(shape, BatchedRowsShape):
+    if isinstance(shape, (BatchedRowsShape, BmmShape)):
         return shape.b * shape.m
     return shape[0]
 
@@ -199,7 +211,7 @@ Tensors = dict  # name -> tensor (or None for an absent optional tensor)
 class OpSpec:
     name: str  # kf.<name>: the bench and check case name
     family: str  # norm | activation | rope | softmax | loss | attention | decode | linear (the CLI's op groups)
-    # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode | linear
+    # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode | linear | bmm
     shape_kind: str
 
     # -- bench --

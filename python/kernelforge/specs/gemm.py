@@ -15,6 +15,11 @@ fusion of the epilogue), ``addmm_act`` torch._addmm_activation (torch's own cuBL
 GELU / ReLU epilogue; activation shapes, forward only: it has no derivative).
 
 Check shapes are (M, N, K): one row, odd sizes (N and K not multiples of 8), a long K, a 3-D x.
+
+bmm (kernelforge.bmm: torch.bmm's a [B, M, K] @ b [B, K, N], one strided-batched cuBLASLt call; the
+backward is two more): bench shapes are BmmShapes, b{B}m{M}n{N}k{K}, TFLOP/s of 2 B M N K forward, 6 B M
+N K forward + backward, against torch.bmm (cuBLAS) and its torch.compile. Check shapes are (B, M, N, K),
+b given as [B, K, N] or as a transposed [B, N, K] (passed without a copy).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._spec import LinearShape, OpSpec, f64, kf, randn
+from ._spec import BmmShape, LinearShape, OpSpec, check_out, f64, grads_of, kf, poison, randn
 from .linear import _check_run, _with_grads
 
 # ---- float64 reference ----------------------------------------------------------------------------
@@ -135,4 +140,81 @@ GEMM = OpSpec(
     cpp_reference=_cpp_reference, reference=_reference, check_label=check_label, grad_tol_factor=2.0,
 )
 
-SPECS = (GEMM,)
+
+# ---- bmm ------------------------------------------------------------------------------------------
+
+
+def _bmm_bytes(shape: BmmShape, mode: str, elt: int) -> int:
+    # a and b read, the product written (informational: the op is compute-bound)
+    fwd = shape.b * (shape.m * shape.k + shape.k * shape.n + shape.m * shape.n) * elt
+    return fwd * 3 if mode == "fwdbwd" else fwd
+
+
+def _bmm_flops(shape: BmmShape, mode: str) -> int:
+    fwd = 2 * shape.b * shape.m * shape.n * shape.k
+    return 3 * fwd if mode == "fwdbwd" else fwd
+
+
+def _bmm_make(b, m, n, k, dtype, device, gen, transposed_b=False):
+    """a ~ N(0, 1) [B, M, K], b ~ N(0, 1 / K) [B, K, N] (or a transposed [B, N, K]), dy ~ N(0, 1) [B, M, N]."""
+    scale = 1 / math.sqrt(max(k, 1))
+    bb = (randn(gen, device, dtype, b, n, k, scale=scale).transpose(1, 2) if transposed_b
+          else randn(gen, device, dtype, b, k, n, scale=scale))
+    return {"a": randn(gen, device, dtype, b, m, k), "b": bb, "dy": randn(gen, device, dtype, b, m, n)}
+
+
+def _bmm_inputs(shape: BmmShape, dtype, device, gen):
+    return _bmm_make(shape.b, shape.m, shape.n, shape.k, dtype, device, gen)
+
+
+def _bmm_eager():
+    """torch.bmm (cuBLAS)."""
+    return lambda t: (torch.bmm(t["a"], t["b"]),)
+
+
+# an 8 x 4096^3 batch, attention-score-like products (small K) and a mid-size batch
+BMM_SHAPES = (BmmShape(8, 4096, 4096, 4096), BmmShape(64, 1024, 1024, 128), BmmShape(16, 2048, 512, 2048))
+# (B, M, N, K): one element, odd sizes (N and K not multiples of 8), a long K
+BMM_CHECK_SHAPES = ((1, 1, 1, 1), (3, 7, 129, 67), (2, 33, 40, 256), (5, 64, 8, 1000))
+BMM_VARIANTS = ({}, {"transposed_b": True})
+
+
+def _bmm_check_inputs(shape, v, dtype, device):
+    return _bmm_make(*shape, dtype, device, None, transposed_b=v.get("transposed_b", False))
+
+
+def _bmm_grads(t, y_of):
+    """y = y_of(a, b) with a and b as leaves, and their gradients for t["dy"]."""
+    leaves = {k: t[k].detach().clone().requires_grad_(True) for k in ("a", "b")}
+    y = y_of(leaves["a"], leaves["b"])
+    return y, {"y": y.detach(), **grads_of([y], [t["dy"]], leaves, ["a", "b"], t)}
+
+
+def _bmm_check_run(kfm, t, v):
+    shape = (t["a"].shape[0], t["a"].shape[1], t["b"].shape[2])
+    poison([shape], t["a"].dtype, t["a"].device)
+    y, res = _bmm_grads(t, kfm.bmm)
+    check_out("y", y, shape, t["a"].dtype)
+    return res
+
+
+def _bmm_cpp_reference(a, v):
+    """kf.bmm on float64 CPU tensors: the C++ reference and its autograd."""
+    return _bmm_grads(a, kf().bmm)[1]
+
+
+def _bmm_reference(a, v):
+    return _bmm_grads(a, lambda x, y: x.to(f64) @ y.to(f64))[1]
+
+
+BMM = OpSpec(
+    name="bmm", family="gemm", shape_kind="bmm",
+    inputs=_bmm_inputs, run=lambda t: (kf().bmm(t["a"], t["b"]),), grad_inputs=("a", "b"), grad_outputs=("dy",),
+    outputs=("y",), row_bytes=_bmm_bytes, flops=_bmm_flops, shapes=BMM_SHAPES, eager=_bmm_eager,
+    providers=("kernelforge", "eager", "compile"), modes=("fwd", "fwdbwd"), dtypes=(torch.bfloat16, torch.float16),
+    bound="compute", check_shapes=BMM_CHECK_SHAPES, variants=BMM_VARIANTS, check_inputs=_bmm_check_inputs,
+    check_run=_bmm_check_run, cpp_reference=_bmm_cpp_reference, reference=_bmm_reference,
+    check_label=lambda shape: "b{}m{}n{}k{}".format(*shape), grad_tol_factor=2.0,
+)
+
+SPECS = (GEMM, BMM)
