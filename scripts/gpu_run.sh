@@ -37,7 +37,8 @@
 #   KF_COMMIT=<sha>            commit stamped into the CSV when the tree has no .git
 #   KF_JOBS, KF_CUDA_ARCHS     build parallelism (default nproc) and arch (default 90a-real)
 # Carried extras (name them in the device call's `carry`):
-#   .whl/*.whl                 wheels (e.g. liger_kernel) installed into /tmp/site, best effort
+#   .whl/*.whl                 wheels (liger_kernel, diffusers, kernels; nvidia_cutlass: its headers build the
+#                              sm_90a grouped GEMM) installed into /tmp/site, best effort
 #   .gtest/                    a GoogleTest source tree, used when the machine has none installed
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -135,6 +136,11 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
   fi
 fi
 export PYPATH
+# CUTLASS's headers for the sm_90a grouped GEMM: from the carried nvidia-cutlass wheel when there is one
+if [[ -z ${KF_CUTLASS_DIR:-} && -f /tmp/site/cutlass_library/source/include/cute/tensor.hpp ]]; then
+  export KF_CUTLASS_DIR=/tmp/site/cutlass_library/source
+  say "CUTLASS: $KF_CUTLASS_DIR"
+fi
 
 # ---- steps --------------------------------------------------------------------------------------
 # run_step NAME CAP_SECONDS COMMAND: time-boxed by `timeout`, output to log.txt (and TMPD/NAME.log)

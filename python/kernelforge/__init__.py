@@ -34,6 +34,7 @@ from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_line
 from .distributed import _install_registration as _install_dtensor_rules
 from .fused_linear_rowsum import fused_linear_rowsum
 from .gemm import bmm, gemm, matmul
+from .grouped_mm import grouped_mm, grouped_mm_wgrad
 from .graph import gather_scatter, scatter_add, segment_max, segment_mean, segment_sum
 from .linear import linear
 from .norm import ada_norm, add_rms_norm, layer_norm, rms_norm
@@ -85,6 +86,8 @@ __all__ = [
     "gemm",
     "bmm",
     "matmul",
+    "grouped_mm",
+    "grouped_mm_wgrad",
     "diagonal_matmul",
     "segment_sum",
     "segment_mean",

@@ -18,7 +18,7 @@ import torch
 from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
 from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, BatchedRowsShape, BmmShape, DecodeShape,
-                               FlceShape, LinearShape, RopeShape, shape_label, shape_rows)
+                               FlceShape, GroupedShape, LinearShape, RopeShape, shape_label, shape_rows)
 from kernelforge.specs.graph import GraphShape
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
@@ -28,7 +28,8 @@ CPU = torch.device("cpu")
 # one small shape of each kind, for inputs and smoke runs on the CPU
 SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
          "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16),
-         "linear": LinearShape(3, 40, 64, True), "graph": GraphShape(50, 400, 16), "bmm": BmmShape(3, 7, 40, 24)}
+         "linear": LinearShape(3, 40, 64, True), "graph": GraphShape(50, 400, 16), "bmm": BmmShape(3, 7, 40, 24),
+         "grouped": GroupedShape(3, 20, 24, 16)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def test_families_and_groups():
                              "gemm", "diagonal_matmul", "fused_linear_rowsum", "dropout", "graph")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
     assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention",)
-    assert GROUPS["linear"] == ("linear",) and GROUPS["gemm"] == ("gemm", "bmm")
+    assert GROUPS["linear"] == ("linear",) and GROUPS["gemm"] == ("gemm", "bmm", "grouped_mm")
     assert GROUPS["diagonal_matmul"] == ("diagonal_matmul",)
     assert GROUPS["fused_linear_rowsum"] == ("fused_linear_rowsum",)
     assert GROUPS["dropout"] == ("dropout", "dropout_add")
@@ -265,6 +266,10 @@ def test_parse_shapes_all_kinds():
     got = runner.parse_shapes("16384x4096, b4s4096h32/8d128,B1S1H32/8D128,t8h4v7")
     assert got == [(16384, 4096), LLAMA, RopeShape(1, 1, 32, 8, 128), FlceShape(8, 4, 7)]
     assert [shape_label(s) for s in got] == ["16384x4096", "b4s4096h32/8d128", "b1s1h32/8d128", "t8h4v7"]
+    got = runner.parse_shapes("e8t16384n14336k4096-even,e64t9n8k8")
+    assert got == [GroupedShape(8, 16384, 14336, 4096, True), GroupedShape(64, 9, 8, 8)]
+    assert [shape_label(s) for s in got] == ["e8t16384n14336k4096-even", "e64t9n8k8"]
+    assert [runner._kind(s) for s in got] == ["grouped", "grouped"] and shape_rows(got[0]) == 16384
     got = runner.parse_shapes("b32m1024n1024k128,m1n4096k4096-bias")
     assert got == [BmmShape(32, 1024, 1024, 128), LinearShape(1, 4096, 4096, True)]
     assert [shape_label(s) for s in got] == ["b32m1024n1024k128", "m1n4096k4096-bias"]
@@ -272,7 +277,7 @@ def test_parse_shapes_all_kinds():
 
 
 @pytest.mark.parametrize("text", ["b4s4096h32d128", "b4s4096h32/8", "b1s1h32/8d127", "b0s1h32/8d128",
-                                  "b1s1h32/0d128", "16384x", "x4096", "16384x4096x2", ",", "t0h1v1", "b0m1n1k1"])
+                                  "b1s1h32/0d128", "16384x", "x4096", "16384x4096x2", ",", "t0h1v1", "b0m1n1k1", "e0t1n1k1"])
 def test_parse_shapes_rejects(text):
     with pytest.raises(argparse.ArgumentTypeError):
         runner.parse_shapes(text)
@@ -442,7 +447,7 @@ def test_bench_smoke_cpu_every_family(tmp_path):
     """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
     has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
     shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "linear",
-                                                                    "graph", "bmm"))
+                                                                    "graph", "bmm", "grouped"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)
         ops = OPS
@@ -492,7 +497,7 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128)),  # windows of 16..32
                     "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20)),
                     "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9)), "gemm": ((1, 8, 8), (20, 17, 9)),
-                    "bmm": ((1, 1, 1, 1), (3, 7, 17, 9)),
+                    "bmm": ((1, 1, 1, 1), (3, 7, 17, 9)), "grouped_mm": ((1, 1, 8, 8), (3, 20, 17, 9)),
                     "diagonal_matmul": ((3, 17), BatchedRowsShape(2, 3, 9, True)),
                     "fused_linear_rowsum": ((1, 1, 1), (7, 33, 5)),
                     "dropout": ((1, 7), (3, 17)), "dropout_add": ((2, 9),),

@@ -26,7 +26,7 @@ CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "
               "copy_same_bytes_gbps", "pct_of_copy_same_bytes", "peak_extra_mib")
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
 PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger", "flash2", "cudnn", "mem_eff", "flex",
-             "cublas", "addmm_act", "torch_sparse_mm")
+             "cublas", "addmm_act", "torch_sparse_mm", "torch_grouped", "loop")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NAN = float("nan")
 
@@ -265,7 +265,7 @@ def memory_lines(groups: list[list[Result]]) -> list[str]:
 PROVIDER_COLORS = {"kernelforge": "#d62728", "eager": "#7f7f7f", "torch_native": "#1f77b4",
                    "compile": "#2ca02c", "liger": "#ff7f0e", "flash2": "#9467bd", "cudnn": "#8c564b",
                    "mem_eff": "#e377c2", "flex": "#17becf", "cublas": "#bcbd22",
-                   "addmm_act": "#aec7e8"}
+                   "addmm_act": "#aec7e8", "torch_grouped": "#1f77b4", "loop": "#bcbd22"}
 MAX_BARS = 16  # more shapes than this in a mode: lines instead of bars
 
 

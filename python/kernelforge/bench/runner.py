@@ -12,8 +12,8 @@ import re
 
 import torch
 
-from ..specs import (FAMILIES, SPECS, TOL, AttnShape, BmmShape, DecodeShape, FlceShape, LinearShape, OpSpec,
-                     RopeShape, base_mode, shape_label, shape_rows)
+from ..specs import (FAMILIES, SPECS, TOL, AttnShape, BmmShape, DecodeShape, FlceShape, GroupedShape, LinearShape,
+                     OpSpec, RopeShape, base_mode, shape_label, shape_rows)
 from ..specs._spec import last_plan
 from ..specs.graph import GraphShape
 from .report import DTYPES, Result
@@ -29,6 +29,7 @@ DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d
 # linear: m{M}n{N}k{K}[-bias]
 LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?(?:-(relu|gelu_tanh))?")
 BMM_SHAPE_RE = re.compile(r"b(\d+)m(\d+)n(\d+)k(\d+)")  # bmm: b{B}m{M}n{N}k{K}
+GROUPED_SHAPE_RE = re.compile(r"e(\d+)t(\d+)n(\d+)k(\d+)(-even)?")  # grouped_mm: e{E}t{T}n{N}k{K}[-even]
 GRAPH_SHAPE_RE = re.compile(r"n(\d+)e(\d+)f(\d+)")  # graph family: nodes, edges, features
 
 
@@ -39,7 +40,7 @@ def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
     FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape;
     b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] a LinearShape;
-    b{B}m{M}n{N}k{K} a BmmShape; n{N}e{E}f{F} a GraphShape."""
+    b{B}m{M}n{N}k{K} a BmmShape; e{E}t{T}n{N}k{K}[-even] a GroupedShape; n{N}e{E}f{F} a GraphShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
         item = item.strip().lower()
@@ -86,6 +87,13 @@ def parse_shapes(text: str) -> list[tuple]:
                 raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
             shapes.append(bs)
             continue
+        m = GROUPED_SHAPE_RE.fullmatch(item)
+        if m:
+            gs = GroupedShape(*(int(v) for v in m.groups()[:4]), even=bool(m.group(5)))
+            if min(gs[:4]) == 0:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0")
+            shapes.append(gs)
+            continue
         m = GRAPH_SHAPE_RE.fullmatch(item)
         if m:
             gs = GraphShape(*(int(v) for v in m.groups()))
@@ -111,7 +119,8 @@ def parse_shapes(text: str) -> list[tuple]:
                                              "b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (decode_attention), "
                                              "e.g. b16h32/8kv4096d128p16, nor m{M}n{N}k{K}[-bias] (linear), "
                                              "e.g. m1n4096k4096, nor b{B}m{M}n{N}k{K} (bmm), e.g. "
-                                             "b32m1024n1024k128, nor n{N}e{E}f{F} (graph), "
+                                             "b32m1024n1024k128, nor e{E}t{T}n{N}k{K}[-even] (grouped_mm), e.g. "
+                                             "e8t16384n14336k4096, nor n{N}e{E}f{F} (graph), "
                                              "e.g. n1000000e20000000f128")
         shapes.append((int(parts[0]), int(parts[1])))
     if not shapes:
@@ -130,6 +139,8 @@ def _kind(shape) -> str:
         return "linear"
     if isinstance(shape, BmmShape):
         return "bmm"
+    if isinstance(shape, GroupedShape):
+        return "grouped"
     return "rope" if isinstance(shape, RopeShape) else "flce" if isinstance(shape, FlceShape) else "rows"
 
 

@@ -12,9 +12,9 @@ package needs no compiled extension; the kernelforge calls import it when they r
 from __future__ import annotations
 
 from . import (activation, attention, cross_entropy, decode, diagonal_matmul, dropout, fused_linear_rowsum, gemm,
-               graph, linear, norm, rope, softmax)
-from ._spec import (MODES, TOL, AttnShape, BatchedRowsShape, BmmShape, DecodeShape, FlceShape, LinearShape, OpSpec,
-                    RopeShape, Tol, base_mode, shape_label, shape_rows)
+               graph, grouped_mm, linear, norm, rope, softmax)
+from ._spec import (MODES, TOL, AttnShape, BatchedRowsShape, BmmShape, DecodeShape, FlceShape, GroupedShape,
+                    LinearShape, OpSpec, RopeShape, Tol, base_mode, shape_label, shape_rows)
 
 FAMILIES = {
     "norm": norm.SPECS,
@@ -25,7 +25,7 @@ FAMILIES = {
     "attention": attention.SPECS,
     "decode": decode.SPECS,
     "linear": linear.SPECS,
-    "gemm": gemm.SPECS,
+    "gemm": gemm.SPECS + grouped_mm.SPECS,
     "diagonal_matmul": diagonal_matmul.SPECS,
     "fused_linear_rowsum": fused_linear_rowsum.SPECS,
     "dropout": dropout.SPECS,
@@ -37,4 +37,4 @@ OPS = tuple(SPECS)
 GROUPS = {"all": OPS, **{f: tuple(s.name for s in specs) for f, specs in FAMILIES.items()}}
 
 __all__ = ["SPECS", "OPS", "GROUPS", "FAMILIES", "TOL", "Tol", "OpSpec", "RopeShape", "FlceShape", "AttnShape",
-           "DecodeShape", "LinearShape", "BatchedRowsShape", "BmmShape", "MODES", "base_mode", "shape_label", "shape_rows"]
+           "DecodeShape", "LinearShape", "BatchedRowsShape", "BmmShape", "GroupedShape", "MODES", "base_mode", "shape_label", "shape_rows"]

@@ -163,6 +163,21 @@ class BmmShape(NamedTuple):
         return f"b{self.b}m{self.m}n{self.n}k{self.k}"
 
 
+class GroupedShape(NamedTuple):
+    """A grouped (MoE) product shape, written e{E}t{T}n{N}k{K}[-even]: x [T, K] sorted by expert, w [E, N, K],
+    out [T, N]. Routing: expert e gets a share of the tokens proportional to e + 1 (skewed: the last
+    expert E times the first's), or equal shares with -even."""
+
+    e: int
+    t: int
+    n: int
+    k: int
+    even: bool = False
+
+    def __str__(self) -> str:
+        return f"e{self.e}t{self.t}n{self.n}k{self.k}" + ("-even" if self.even else "")
+
+
 class BatchedRowsShape(NamedTuple):
     """A batched row-op shape, written b{B}m{M}n{N}[-bcast]: b [B, M, N]; -bcast: a per-row operand
     of [M] broadcast over the batch (diagonal_matmul's scales) instead of one per row [B, M]."""
@@ -186,7 +201,7 @@ def shape_label(shape: tuple) -> str:
 
 def shape_rows(shape: tuple) -> int:
     """Rows of a bench shape (apply_rope: tokens B*S; the fused loss: tokens; attention: query
-    tokens, B*Sq; decode_attention: new tokens, B*Lq; linear: M; bmm: B*M)."""
+    tokens, B*Sq; decode_attention: new tokens, B*Lq; linear: M; bmm: B*M; grouped_mm: T)."""
     if isinstance(shape, RopeShape):
         return shape.b * shape.s
     if isinstance(shape, AttnShape):
@@ -197,6 +212,8 @@ def shape_rows(shape: tuple) -> int:
         return shape.t
     if isinstance(shape, LinearShape):
         return shape.m
+    if isinstance(shape, GroupedShape):
+        return shape.t
     if isinstance(shape, (BatchedRowsShape, BmmShape)):
         return shape.b * shape.m
     return shape[0]
@@ -211,7 +228,7 @@ Tensors = dict  # name -> tensor (or None for an absent optional tensor)
 class OpSpec:
     name: str  # kf.<name>: the bench and check case name
     family: str  # norm | activation | rope | softmax | loss | attention | decode | linear (the CLI's op groups)
-    # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode | linear | bmm
+    # rows (ROWSxHIDDEN) | rope (RopeShape) | flce (FlceShape) | attn (AttnShape) | decode | linear | bmm | grouped
     shape_kind: str
 
     # -- bench --
