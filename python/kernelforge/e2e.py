@@ -7,6 +7,9 @@ Cases (kernelforge/models.py builds the models, random weights):
   ltx            LTX-Video transformer denoising step: 28 blocks, 2688 video + 128 text tokens, batch 2
   llama_generate the Llama-1B-shaped model generating 128 tokens after a 512-token prompt, batch 1,
                  greedy (HF generate); reported per generated token, prefill included
+  moe_train      a Mixtral-8x7B-shaped MoE block (8 experts, 4096 -> 14336, top-2), one training step
+                 on 4 x 2048 tokens, experts as written (transformers' per-expert loop)
+  moe_grouped_train  the same block with transformers' grouped_mm experts (torch._grouped_mm)
 Providers: eager (the model as written), compile (torch.compile), kernelforge (kf.patch), and
 kernelforge_compile (torch.compile of the patched model). For llama_generate, the compile providers
 use transformers' static cache with the model's forward compiled (HF's recipe for fast generation);
@@ -39,6 +42,8 @@ CASES = {  # case -> (models.py builder, training step?)
     "vit_train": ("vit", True),
     "ltx": ("ltx", False),
     "llama_generate": ("llama_generate", False),
+    "moe_train": ("moe", True),
+    "moe_grouped_train": ("moe_grouped", True),
 }
 PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
 

@@ -12,6 +12,9 @@ scalar loss of a training step.
           to ``gather_scatter``; else the same layer written with ``index_add_`` (no kernelforge level)
   ltx     the LTX-Video transformer: 28 blocks, 2688 video tokens (7 x 16 x 24 latents), 128 text
           tokens, batch 2 (classifier-free guidance)
+  moe     a Mixtral-8x7B-shaped sparse MoE block (8 experts, hidden 4096 -> 14336, top-2), 4 x 2048 tokens,
+          experts as written (transformers' "eager" loop); moe_grouped: the same with transformers'
+          "grouped_mm" experts implementation (torch._grouped_mm)
 
 ``size="small"`` builds a 2-layer model of the same kind with small inputs, for smoke tests.
 
@@ -211,6 +214,31 @@ def _ltx(size: str, device, dtype) -> Model:
                  f"{f * h * w} video + {text} text tokens, batch {b}", "ltx")
 
 
+def _moe(size: str, device, dtype, experts: str) -> Model:
+    """A Mixtral-8x7B-shaped sparse MoE block (hidden 4096, 8 experts of 14336, top-2; small: hidden 128,
+    4 experts of 256) on 4 x 2048 tokens (small: 2 x 64), with transformers' experts implementation
+    ``experts`` ("eager": the per-expert loop as the model is written; "grouped_mm": torch._grouped_mm).
+    The input requires grad: a training step computes dx too, as inside a model."""
+    from transformers import MixtralConfig  # noqa: PLC0415
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: PLC0415
+
+    if size == "small":
+        cfg, (batch, seq) = dict(hidden_size=128, intermediate_size=256, num_local_experts=4), (2, 64)
+    else:
+        cfg, (batch, seq) = dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8), (4, 2048)
+    config = MixtralConfig(num_experts_per_tok=2, **cfg)
+    config._experts_implementation = experts
+    torch.manual_seed(0)
+    with torch.device(device):
+        module = MixtralSparseMoeBlock(config)
+        for p in module.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+    module = module.to(device, dtype)
+    x = torch.randn(batch, seq, cfg["hidden_size"], device=device, dtype=dtype, requires_grad=True)
+    return Model(module, (x,), lambda m, x: m(x), f"Mixtral MoE block ({cfg['num_local_experts']} experts, hidden "
+                 f"{cfg['hidden_size']}, top-2, experts={experts}), {batch} x {seq} tokens", "moe")
+
+
 MODELS = {
     "lm": lambda s, d, t: _llama(s, d, t, True),
     "llama": lambda s, d, t: _llama(s, d, t, False),
@@ -218,6 +246,8 @@ MODELS = {
     "vit": _vit,
     "gnn": _gnn,
     "ltx": _ltx,
+    "moe": lambda s, d, t: _moe(s, d, t, "eager"),
+    "moe_grouped": lambda s, d, t: _moe(s, d, t, "grouped_mm"),
 }
 
 

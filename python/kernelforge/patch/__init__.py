@@ -1,5 +1,6 @@
 """patch(model): route the norm and activation modules, the rotary embeddings and the causal-LM loss of a
-transformers / diffusers / plain torch model to kernelforge.
+transformers / diffusers / plain torch model to kernelforge, with their attention and mixture-of-experts
+layers.
 
 Only the *forward* of matching module instances is replaced (``module.forward = MethodType(...)``);
 parameters, buffers, state_dict keys and the class are untouched, and ``unpatch(model)`` puts the
@@ -7,8 +8,9 @@ original forward back. Matching is table-driven (``_registry.py``): ``REPLACEMEN
 list of ``Replacement(matcher -> forward)`` entries; the first entry whose matcher claims a module
 decides (patch it, or skip it with a reason). Each family registers its entries from its own module:
 ``norm.py``, ``activation.py``, ``rope.py`` (attention modules whose rotary function is replaced for
-that instance) and ``loss.py`` (transformers causal LMs whose loss, when labels are passed, is
-computed by ``fused_linear_cross_entropy`` from the hidden states, without the logits); they share
+that instance), ``moe.py`` (transformers experts modules) and ``loss.py`` (transformers causal LMs whose
+loss, when labels are passed, is computed by ``fused_linear_cross_entropy`` from the hidden states,
+without the logits); they share
 the matching helpers of ``_match.py`` and the run-time helpers of ``_runtime.py``. New op families
 add entries with ``register_replacement``.
 
@@ -36,6 +38,7 @@ from . import activation as _activation_entries  # noqa: F401  (isort: skip)
 from . import rope as _rope_entries  # noqa: F401  (isort: skip)
 from . import loss as _loss_entries  # noqa: F401  (isort: skip)
 from . import graph as _graph_entries  # noqa: F401  (isort: skip)
+from . import moe as _moe_entries  # noqa: F401  (isort: skip)
 from . import attention as _attention
 from ._match import qualname as _qualname
 from ._registry import FAMILIES, REPLACEMENTS, STATE_ATTR, UNSUPPORTED, PatchState, Replacement, register_replacement
@@ -120,7 +123,7 @@ class PatchReport:
 
 def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = True, rope: bool = True,
           loss: bool = True, logits_with_loss: bool = False, attention: bool = True,
-          graph: bool = True) -> PatchReport:
+          graph: bool = True, moe: bool = True) -> PatchReport:
     """Replace the forward of every supported norm, activation and attention module and causal LM in
     ``model``; returns what was done.
 
@@ -149,11 +152,14 @@ def patch(model: torch.nn.Module, *, norms: bool = True, activations: bool = Tru
     Graph (``graph``): PyTorch Geometric ``GCNConv`` / ``SAGEConv`` / ``GINConv`` with sum, mean or max
     aggregation: their ``propagate`` runs as one ``gather_scatter`` over the ``[2, E]`` edge_index, the rest
     of the layer as PyG wrote it (``patch/graph.py``; torch_geometric is never imported by kernelforge).
+    MoE (``moe``): transformers experts modules (``@use_experts_implementation``: Mixtral, Qwen2/3-MoE,
+    DeepSeek-V2/V3, gpt-oss, ...) run their expert MLPs as two ``kernelforge.grouped_mm`` calls over all
+    experts, forward and backward (``patch/moe.py``).
     Modules already patched are skipped (patching twice is patching once; the options of the first
     patch stay).
     """
     families = {f for f, on in (("norm", norms), ("activation", activations), ("rope", rope), ("loss", loss),
-                                ("graph", graph)) if on}
+                                ("graph", graph), ("moe", moe)) if on}
     options = {"logits_with_loss": bool(logits_with_loss)}
     table = [e for e in REPLACEMENTS if e.family in families or e.family not in FAMILIES]
     report = PatchReport()

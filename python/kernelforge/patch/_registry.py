@@ -15,7 +15,7 @@ import torch
 
 STATE_ATTR = "_kf_patch"
 
-FAMILIES = ("norm", "activation", "rope", "loss", "graph")
+FAMILIES = ("norm", "activation", "rope", "loss", "graph", "moe")
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class Replacement:
     ``match(module)`` returns None when the entry does not apply to the module, True to patch it,
     or a string: the reason the module is recognised but skipped. ``forward`` is the function
     installed as the module's forward (bound to the instance); ``op`` names the kernelforge op it
-    calls, for the report. ``family`` is "norm", "activation", "rope", "loss" or "graph" (switched
-    by ``patch``'s flags norms / activations / rope / loss / graph); entries of any other family are always
+    calls, for the report. ``family`` is "norm", "activation", "rope", "loss", "graph" or "moe" (switched
+    by ``patch``'s flags norms / activations / rope / loss / graph / moe); entries of any other family are always
     applied. ``setup(module)``, when given, runs when the module is patched; what it returns is kept
     as the patch state's ``extra`` (e.g. the activation submodule the patched forward verified).
     ``patch``'s options (``logits_with_loss``) are kept as the patch state's ``options``.
