@@ -275,6 +275,12 @@ Status heuristic(const Prepared& w, GemmActivation act, GemmPlan* plan) {
   if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.a.data));
   if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.out));
   if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(p.out));
+  // Split-K partial sums reduced in float32 only: the in-place and output-type schemes add the partials in
+  // the output dtype (bf16 / fp16), which the float32-accumulation contract forbids (7 x 129 outputs with
+  // split_k = 264 came out 2 bf16 ulps off the reference on the H100).
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = set_pref(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                  uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
   Entry e;
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulAlgoGetHeuristic(handle, d.op, d.la, d.lb, d.lc, d.lc, pref, kCandidates, e.cand, &e.count);
