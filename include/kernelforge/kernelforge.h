@@ -12,6 +12,7 @@
 #include "kernelforge/fused_linear_rowsum.h"
 #include "kernelforge/gemm.h"
 #include "kernelforge/graph.h"
+#include "kernelforge/grouped_mm.h"
 #include "kernelforge/linear.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
