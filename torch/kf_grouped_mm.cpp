@@ -22,21 +22,32 @@ Tensor weights(const Tensor& w) {
   return k_fast || n_fast ? w : w.contiguous();
 }
 
+using CudaEntry = kf::Status (*)(const kf::TensorView&, const kf::TensorView&, const kf::TensorView&,
+                                 const kf::TensorView&, void*, size_t*, cudaStream_t);
+using RefEntry = kf::Status (*)(const kf::TensorView&, const kf::TensorView&, const kf::TensorView&,
+                                const kf::TensorView&);
+
+// One call of either op into `out`: the float64 reference on the CPU; on CUDA the workspace size, the
+// workspace from the caching allocator, then the call on the current stream.
+void run(bool cuda, CudaEntry entry, RefEntry ref, const Tensor& a, const Tensor& b, const Tensor& offsets,
+         const Tensor& out) {
+  if (!cuda) {
+    check(ref(view(a), view(b), view(offsets), view(out)));
+    return;
+  }
+  c10::cuda::CUDAGuard guard(a.device());
+  size_t bytes = 0;
+  check(entry(view(a), view(b), view(offsets), view(out), nullptr, &bytes, nullptr));
+  Tensor ws = workspace(a, bytes);
+  check(entry(view(a), view(b), view(offsets), view(out), ws.data_ptr(), &bytes, stream_of(a)));
+}
+
 Tensor grouped_mm_impl(bool cuda, const Tensor& x_in, const Tensor& w_in, const Tensor& offsets) {
   if (cuda && needs_fallback("grouped_mm", x_in))
     return grouped_mm_impl(false, x_in.cpu(), w_in.cpu(), offsets.cpu()).to(x_in.device());
   const Tensor x = row_major(x_in), w = weights(w_in);
-  const int64_t t = x.dim() == 2 ? x.size(0) : 0, n = w.dim() == 3 ? w.size(1) : 0;
-  Tensor out = at::empty({t, n}, x.options());
-  if (!cuda) {
-    check(kf::ref::grouped_mm(view(x), view(w), view(offsets), view(out)));
-    return out;
-  }
-  c10::cuda::CUDAGuard guard(x.device());
-  size_t bytes = 0;
-  check(kf::grouped_mm(view(x), view(w), view(offsets), view(out), nullptr, &bytes, nullptr));
-  Tensor ws = workspace(x, bytes);
-  check(kf::grouped_mm(view(x), view(w), view(offsets), view(out), ws.data_ptr(), &bytes, stream_of(x)));
+  Tensor out = at::empty({x.dim() == 2 ? x.size(0) : 0, w.dim() == 3 ? w.size(1) : 0}, x.options());
+  run(cuda, &kf::grouped_mm, &kf::ref::grouped_mm, x, w, offsets, out);
   return out;
 }
 
@@ -46,15 +57,7 @@ Tensor grouped_mm_wgrad_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in,
   const Tensor dy = row_major(dy_in), x = row_major(x_in);
   const int64_t e = offsets.dim() == 1 ? offsets.size(0) : 0;
   Tensor dw = at::empty({e, dy.dim() == 2 ? dy.size(1) : 0, x.dim() == 2 ? x.size(1) : 0}, x.options());
-  if (!cuda) {
-    check(kf::ref::grouped_mm_wgrad(view(dy), view(x), view(offsets), view(dw)));
-    return dw;
-  }
-  c10::cuda::CUDAGuard guard(x.device());
-  size_t bytes = 0;
-  check(kf::grouped_mm_wgrad(view(dy), view(x), view(offsets), view(dw), nullptr, &bytes, nullptr));
-  Tensor ws = workspace(x, bytes);
-  check(kf::grouped_mm_wgrad(view(dy), view(x), view(offsets), view(dw), ws.data_ptr(), &bytes, stream_of(x)));
+  run(cuda, &kf::grouped_mm_wgrad, &kf::ref::grouped_mm_wgrad, dy, x, offsets, dw);
   return dw;
 }
 
