@@ -50,6 +50,16 @@ def test_worker_reports_one_step():
     assert r["case"] == "vit_train" and r["ms"] > 0 and r["patched_modules"] > 0
 
 
+@pytest.mark.parametrize("case", ["moe_train", "moe_grouped_train"])
+def test_worker_moe_block(case):
+    """The MoE block: kf.patch routes its experts module to grouped_mm (one patched module); the step runs."""
+    pytest.importorskip("transformers")
+    for provider in ("eager", "kernelforge"):
+        r = E.run_worker(case, provider, "small", "cpu", 1, 1)
+        assert r["case"] == case and r["ms"] > 0 and "Mixtral MoE block" in r["what"]
+        assert r["patched_modules"] == (1 if provider == "kernelforge" else 0)
+
+
 def test_e2e_errors(capsys):
     assert cli.main(["e2e", "--size", "small", "--device", "cpu", "--iters", "0"]) == 2
     assert "--iters" in capsys.readouterr().err
