@@ -73,3 +73,48 @@ def test_no_experts_no_patch(kf):
         vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))
     report = kf.patch(model, **MOE_ONLY, attention=False)
     assert not report.patched
+
+
+def test_mixed_dtype_runs_the_original_announced(kf, monkeypatch):
+    """An input dtype that is not the expert weights' (transformers would compute in the promoted dtype):
+    the module's original forward runs, with a one-time warning; KF_STRICT=1 makes it an error."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("kernelforge.patch._runtime"), "warned", set())
+    monkeypatch.delenv("KF_STRICT", raising=False)
+    model = _moe_model("mixtral", "cpu", torch.float32)
+    experts = model.model.layers[0].mlp.experts
+    kf.patch(model, **MOE_ONLY, attention=False)
+    x = R.rand((5, 64), torch.float64, "cpu")
+    idx = torch.tensor([[0, 1], [2, 3], [1, 2], [0, 3], [3, 2]])
+    w = torch.full((5, 2), 0.5, dtype=torch.float64)
+    with pytest.warns(UserWarning, match="input dtype torch.float64 and expert weight dtype torch.float32"):
+        got = experts(x, idx, w)
+    assert torch.equal(got, type(experts).forward(experts, x, idx, w))
+    monkeypatch.setenv("KF_STRICT", "1")
+    with pytest.raises(RuntimeError, match="KF_STRICT"):
+        experts(x, idx, w)
+    monkeypatch.delenv("KF_STRICT")
+    assert kf.unpatch(model) == 2
+
+
+def test_sentinel_experts_contribute_nothing(kf):
+    """Expert-parallel sentinel ids (>= num_experts) sort past the last group: their rows are 0, so a
+    token routed only to sentinels gets 0, and the other tokens what the eager experts give."""
+    model = _moe_model("mixtral", "cpu", torch.float32)
+    experts = model.model.layers[0].mlp.experts
+    x = R.rand((4, 64), torch.float32, "cpu")
+    idx = torch.tensor([[0, 4], [4, 4], [1, 2], [3, 0]])  # 4 = num_experts: a sentinel
+    w = torch.tensor([[0.6, 0.4], [0.5, 0.5], [0.3, 0.7], [0.2, 0.8]])
+    kf.patch(model, **MOE_ONLY, attention=False)
+    got = experts(x, idx, w)
+    assert torch.count_nonzero(got[1]) == 0
+    want = torch.zeros_like(x)  # the Mixtral expert MLP, token by token, sentinels skipped
+    for t in range(4):
+        for j in range(2):
+            e = int(idx[t, j])
+            if e < experts.num_experts:
+                gate, up = (experts.gate_up_proj[e] @ x[t]).chunk(2)
+                want[t] += w[t, j] * (experts.down_proj[e] @ (torch.nn.functional.silu(gate) * up))
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+    kf.unpatch(model)
