@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -232,8 +233,11 @@ def _spawn(case: str, provider: str, args: argparse.Namespace, device: str) -> d
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        err = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln] or \
-            (proc.stderr.strip().splitlines() or ["no output"])
+        # the ranks' own exceptions first (torchrun's ChildFailedError summary says only that one failed)
+        text = proc.stderr.splitlines()
+        own = [ln.strip() for ln in text if re.match(r"\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b", ln)
+               and "ChildFailedError" not in ln]
+        err = own or [ln for ln in text if "Error" in ln or "error" in ln] or (text or ["no output"])
         return {"case": case, "provider": provider, "error": f"exit {proc.returncode}: {' | '.join(err[-3:])[:600]}"}
     return json.loads(lines[-1])
 

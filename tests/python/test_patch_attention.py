@@ -95,7 +95,7 @@ def test_transformers_patched_matches(kf, arch, device, dtype):
     if dtype != torch.float32:
         truth = logits(copy.deepcopy(model).float(), ids)
     want = logits(model, ids)
-    report = kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    report = kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
     assert [(p.path, p.op) for p in report.patched] == [("", "kernelforge.attention")], str(report)
     assert model.config._attn_implementation == "kernelforge"
     with warnings.catch_warnings():
@@ -119,7 +119,7 @@ def test_transformers_left_padding(kf, arch, device, dtype):
     mask[2, :9] = 0
     truth = logits(copy.deepcopy(model).float(), ids, mask) if dtype != torch.float32 else None
     want = logits(model, ids, mask)
-    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = logits(model, ids, mask)
@@ -135,7 +135,7 @@ def test_transformers_generate(kf, device, dtype):
     ids = torch.randint(0, 96, (1, 6), device=device)
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
-        kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+        kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
         got = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
     kf.unpatch(model)
     if dtype == torch.float32:
@@ -161,7 +161,7 @@ def test_transformers_generate_decode_kernel(kf, monkeypatch, arch, device, dtyp
     monkeypatch.setattr(dec, "decode_attention", spy)
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
-        kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+        kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
         got = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
     kf.unpatch(model)
     assert len(calls) == 5 * 2  # 5 decode steps after the prompt, 2 layers
@@ -283,7 +283,7 @@ def test_transformers_training_matches(kf, arch, device, dtype):
     ids = torch.randint(0, 96, (2, 13), device=device)
     truth = train_step(copy.deepcopy(model).float(), ids) if dtype != torch.float32 else None
     want = train_step(model, ids)
-    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback
         got = train_step(model, ids)
@@ -307,7 +307,7 @@ def test_transformers_training_left_padding(kf, device, dtype):
     labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
     truth = train_step(copy.deepcopy(model).float(), ids, mask, labels) if dtype != torch.float32 else None
     want = train_step(model, ids, mask, labels)
-    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = train_step(model, ids, mask, labels)
@@ -327,7 +327,7 @@ def test_transformers_dropout_falls_back(kf, monkeypatch):
         layer.self_attn.attention_dropout = 0.1
     ids = torch.randint(0, 96, (2, 9))
     want = logits(model, ids)
-    kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
     model.train()
     with pytest.warns(UserWarning, match=r"dropout=0\.1 in training mode"):
         loss = model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -422,7 +422,7 @@ def test_diffusers_patched_matches(kf, build):
     model.eval()
     with torch.no_grad():
         want = forward(model, inputs)
-        report = kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+        report = kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
         attn = [p for p in report.patched if p.op == "kernelforge.attention"]
         assert len(attn) == n_attn, str(report)
         with warnings.catch_warnings():
@@ -449,7 +449,7 @@ def test_diffusers_training_matches(kf, build):
         return loss.detach(), grads
 
     want_loss, want = step()
-    report = kf.patch(model, norms=False, activations=False, rope=False, loss=False)
+    report = kf.patch(model, norms=False, activations=False, rope=False, loss=False, moe=False)
     assert len([p for p in report.patched if p.op == "kernelforge.attention"]) == n_attn, str(report)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -20,7 +20,7 @@ from test_patch_models import MODEL_TOL, _check_pair, rel_err
 
 transformers = pytest.importorskip("transformers")
 
-LOSS_ONLY = {"norms": False, "activations": False, "rope": False}
+LOSS_ONLY = {"norms": False, "activations": False, "rope": False, "moe": False}
 OP = "kernelforge.fused_linear_cross_entropy"
 
 CASES = [

@@ -74,7 +74,7 @@ def _run(model, inputs, forward):
     return out.detach(), grads
 
 
-NORMS_ONLY = {"activations": False, "rope": False, "loss": False}
+NORMS_ONLY = {"activations": False, "rope": False, "loss": False, "moe": False}
 
 
 def check_model(kf, model, inputs, forward, expected_patched, dtype, patch_kwargs=NORMS_ONLY, attention=False):

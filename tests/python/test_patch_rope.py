@@ -27,7 +27,7 @@ from test_patch_activations import _assert_unpatched, _hf_forward, _hf_inputs, _
 from test_patch_models import (MODEL_CASES, _check_pair, _randomize_norms, check_model, ltx_forward, ltx_inputs,
                                ltx_model)
 
-ROPE_ONLY = {"norms": False, "activations": False, "loss": False}
+ROPE_ONLY = {"norms": False, "activations": False, "loss": False, "moe": False}
 ARCHS = ["llama", "qwen2", "mistral", "qwen3"]
 ATTN_CLS = {"llama": "LlamaAttention", "qwen2": "Qwen2Attention", "mistral": "MistralAttention",
             "qwen3": "Qwen3Attention"}
