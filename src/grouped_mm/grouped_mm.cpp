@@ -51,13 +51,13 @@ Status wgmma_workspace(DType dt, GroupedMmOp op, int groups, int sm_count, size_
 #endif
 }
 
-Status wgmma_run(DType dt, const GmmParams& p, int sm_count, void* ws, size_t bytes, cudaStream_t stream) {
+Status wgmma_run(DType dt, const GmmParams& p, int sm_count, void* ws, cudaStream_t stream) {
 #if KF_HAVE_CUTLASS
   return wgmma_dispatch(dt, p.op, [&](auto t, auto o) {
-    return gmm_wgmma_run<decltype(t), decltype(o)::value>(p, sm_count, ws, bytes, stream);
+    return gmm_wgmma_run<decltype(t), decltype(o)::value>(p, sm_count, ws, stream);
   });
 #else
-  (void)dt, (void)p, (void)sm_count, (void)ws, (void)bytes, (void)stream;
+  (void)dt, (void)p, (void)sm_count, (void)ws, (void)stream;
   return Status::NotSupported("grouped_mm: this build has no wgmma kernels (CUTLASS was not found at configure time)");
 #endif
 }
@@ -101,8 +101,7 @@ Status run_plan(GroupedMmPlan plan, const GmmCall& c, const Prepared& w, void* w
     return Status::Invalid(std::string(c.name) + ": the workspace must be 256-byte aligned");
   if (plan.grid == 0) return Status::Ok();  // nothing to write
   record_plan(plan);
-  if (plan.kernel == GroupedMmKernel::kWgmma)
-    return wgmma_run(w.dtype, w.p, w.dev->sm_count, workspace, *workspace_bytes, stream);
+  if (plan.kernel == GroupedMmKernel::kWgmma) return wgmma_run(w.dtype, w.p, w.dev->sm_count, workspace, stream);
   if (w.dtype == DType::kBFloat16) return launch_grouped_mm_mma<__nv_bfloat16>(plan, w.p, *w.dev, stream);
   return launch_grouped_mm_mma<__half>(plan, w.p, *w.dev, stream);
 }

@@ -58,7 +58,7 @@ bool has_work(const GmmProblem& pr) {
 // The wgmma kernel takes non-empty reductions only (K = 0 and an all-empty wgrad go to mma, which
 // writes the zeros).
 bool wgmma_fits(const GmmProblem& pr, const DeviceInfo& dev, bool built) {
-  return built && dev.capability == 90 && pr.tma_aligned && pr.elem_bytes == 2 && has_work(pr) &&
+  return built && dev.capability == 90 && pr.tma_aligned && has_work(pr) &&
          (pr.op == GroupedMmOp::kWgrad ? pr.t > 0 : pr.k > 0);
 }
 

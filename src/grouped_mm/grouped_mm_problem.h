@@ -50,7 +50,7 @@ struct GmmProblem {
   int groups = 0;
   int64_t t = 0, n = 0, k = 0;
   int elem_bytes = 2;
-  bool tma_aligned = false;  // base pointers 16-byte aligned; N, K, row and batch strides multiples of 8
+  bool tma_aligned = false;  // 16-bit dtype, 16-byte aligned bases; N, K, row and batch strides multiples of 8
 };
 
 GmmProblem make_gmm_problem(const GmmParams& p, DType dtype);
@@ -66,11 +66,11 @@ template <typename T>
 Status launch_grouped_mm_mma(const GroupedMmPlan& plan, const GmmParams& p, const DeviceInfo& dev, cudaStream_t stream);
 
 // The wgmma kernels (sm90/, built only with CUTLASS and sm_90a): their workspace for E groups, and the
-// run (setup kernel + CUTLASS's grouped GEMM) on `workspace`.
+// run (setup kernel + CUTLASS's grouped GEMM) on `workspace`, which the entry has checked holds that many bytes.
 template <typename T, GroupedMmOp kOp>
 size_t gmm_wgmma_workspace(int groups, int sm_count);
 template <typename T, GroupedMmOp kOp>
-Status gmm_wgmma_run(const GmmParams& p, int sm_count, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+Status gmm_wgmma_run(const GmmParams& p, int sm_count, void* workspace, cudaStream_t stream);
 
 // Test-only entries: one call with a given plan, and a call's candidate plans on the current device.
 Status gmm_launch_with_plan(const GroupedMmPlan& plan, const GmmCall& call, void* workspace, size_t* workspace_bytes,

@@ -206,13 +206,11 @@ size_t gmm_wgmma_workspace(int groups, int sm_count) {
 }
 
 template <typename T, GroupedMmOp kOp>
-Status gmm_wgmma_run(const GmmParams& p, int sm_count, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+Status gmm_wgmma_run(const GmmParams& p, int sm_count, void* workspace, cudaStream_t stream) {
   using namespace gmm_wgmma;
   using C = Config<T, kOp>;
   const Arrays<T, kOp> arr = Arrays<T, kOp>::carve(workspace, p.groups);
   typename C::Gemm::Arguments args = arguments<T, kOp>(p.groups, sm_count, arr);
-  if (workspace_bytes < gmm_wgmma_workspace<T, kOp>(p.groups, sm_count))
-    return Status::Invalid("grouped_mm: the workspace is smaller than the plan's");
   // The setup kernel: one block for the arrays; more to zero the rows of no group (rows ops), whose
   // count only the device knows: enough blocks to write a full output at a few waves.
   int blocks = 1;

@@ -4,6 +4,5 @@
 
 namespace kernelforge {
 template size_t gmm_wgmma_workspace<__nv_bfloat16, GroupedMmOp::kRowsWCol>(int, int);
-template Status gmm_wgmma_run<__nv_bfloat16, GroupedMmOp::kRowsWCol>(const GmmParams&, int, void*, size_t,
-                                                                     cudaStream_t);
+template Status gmm_wgmma_run<__nv_bfloat16, GroupedMmOp::kRowsWCol>(const GmmParams&, int, void*, cudaStream_t);
 }  // namespace kernelforge

@@ -4,5 +4,5 @@
 
 namespace kernelforge {
 template size_t gmm_wgmma_workspace<__half, GroupedMmOp::kWgrad>(int, int);
-template Status gmm_wgmma_run<__half, GroupedMmOp::kWgrad>(const GmmParams&, int, void*, size_t, cudaStream_t);
+template Status gmm_wgmma_run<__half, GroupedMmOp::kWgrad>(const GmmParams&, int, void*, cudaStream_t);
 }  // namespace kernelforge
