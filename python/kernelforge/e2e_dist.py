@@ -237,7 +237,8 @@ def _spawn(case: str, provider: str, args: argparse.Namespace, device: str) -> d
         text = proc.stderr.splitlines()
         own = [ln.strip() for ln in text if re.match(r"\s*(\[rank\d+\]:\s*)?[\w.]*(Error|Exception)\b", ln)
                and "ChildFailedError" not in ln]
-        err = own or [ln for ln in text if "Error" in ln or "error" in ln] or (text or ["no output"])
+        died = [ln.strip() for ln in text if ln.strip().startswith(("traceback :", "terminate called"))]
+        err = own or died or [ln for ln in text if "Error" in ln or "error" in ln] or (text or ["no output"])
         return {"case": case, "provider": provider, "error": f"exit {proc.returncode}: {' | '.join(err[-3:])[:600]}"}
     return json.loads(lines[-1])
 
@@ -287,6 +288,10 @@ if __name__ == "__main__":
         out = run_worker(c, prov, sz, dev, int(wu), int(it))
         if out is not None:
             print(json.dumps(out), flush=True)
-        sys.exit(0)
+        sys.stderr.flush()
+        # The process group is destroyed and the result printed. Leave without interpreter finalization:
+        # on the CPU, gloo's worker threads can still be joinable when torch's static objects are torn
+        # down, and the rank then dies of std::terminate (SIGABRT) after a complete, correct run.
+        os._exit(0)
     print("kernelforge.e2e_dist: run `kforge dist` (this module's --worker mode is internal)", file=sys.stderr)
     sys.exit(2)
