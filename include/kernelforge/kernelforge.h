@@ -14,6 +14,7 @@
 #include "kernelforge/graph.h"
 #include "kernelforge/grouped_mm.h"
 #include "kernelforge/linear.h"
+#include "kernelforge/mla.h"
 #include "kernelforge/norm.h"
 #include "kernelforge/rope.h"
 #include "kernelforge/softmax.h"

@@ -27,7 +27,7 @@ from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
-from .decode import decode_attention, kv_append
+from .decode import decode_attention, kv_append, mla_decode
 from .diagonal_matmul import diagonal_matmul
 from .dropout import dropout, dropout_add
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
@@ -82,6 +82,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "decode_attention",
     "kv_append",
+    "mla_decode",
     "linear",
     "gemm",
     "bmm",

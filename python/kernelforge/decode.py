@@ -1,5 +1,5 @@
-"""The decode family: the fake (meta) implementations of its ops (kernelforge::decode_attention and
-kernelforge::kv_append) and the functional API. Inference only: no autograd.
+"""The decode family: the fake (meta) implementations of its ops (kernelforge::decode_attention,
+kernelforge::kv_append, kernelforge::mla_decode) and the functional API. Inference only: no autograd.
 
 The ops live in C++ (`torch/kf_decode.cpp`; the contract and formula in include/kernelforge/decode.h);
 arguments are validated there. Per sequence b (n = seq_lens[b], the Lq new tokens included), new
@@ -50,6 +50,16 @@ def _decode_attention_fake(q, k_cache, v_cache, seq_lens, block_table, *, scale,
 @torch.library.register_fake("kernelforge::kv_append")
 def _kv_append_fake(k_cache, v_cache, k, v, seq_lens, block_table):
     return None
+
+
+@torch.library.register_fake("kernelforge::mla_decode")
+def _mla_decode_fake(q, kv_cache, seq_lens, block_table, *, scale, max_seq_len, return_lse):
+    # The C++ impl's shapes (kf_mla.cpp): out [B, Lq, H, 512] contiguous in q's dtype; lse float32
+    # [B, Lq, H] or [0]. max_seq_len and the lengths are not read.
+    if q.dim() != 4:
+        raise ValueError(f"mla_decode: q must have 4 dimensions [B, Lq, H, 576], got {q.dim()}")
+    lse_shape = tuple(q.shape[:3]) if return_lse else (0,)
+    return q.new_empty((*q.shape[:3], MLA_DV)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 # ---- functional API -------------------------------------------------------------------------------
@@ -123,6 +133,45 @@ def kv_append(
     _ops.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)
 
 
+MLA_DK = 576  # MLA's key / query width: 512 latent + 64 rope
+MLA_DV = 512  # MLA's value / output width: the latent columns
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    max_seq_len: int | None = None,
+    return_lse: bool = False,
+    check: bool = False,
+):
+    """MLA decode (DeepSeek-V2 / V3, absorbed form): the Lq newest tokens of H query heads against one
+    latent cache. Returns out [B, Lq, H, 512] (q's dtype, contiguous), or (out, lse) with
+    ``return_lse=True`` (lse float32 [B, Lq, H], natural log). No autograd.
+
+    q [B, Lq, H, 576] (512 latent columns, W_UK absorbed, then 64 rope columns), Lq 1..8 causal among
+    themselves, H 1..128. kv_cache [P, page_size, 576] or [P, page_size, 1, 576]: key j is the whole
+    row, its value the row's first 512 columns. Paging, ``seq_lens`` (int32 [B], the new tokens
+    included, read on the device only), ``max_seq_len`` and ``check`` as in decode_attention:
+
+        s_j = scale * q . kv[j]  (j <= seq_lens[b] - Lq + t),  out = softmax(s) @ kv[:, :512]
+
+    ``scale`` None: 1 / sqrt(576); DeepSeek passes its own softmax scale (qk_head_dim ** -0.5 with the
+    YaRN factor), which is not 1 / sqrt(576).
+    """
+    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1:
+        kv_cache = kv_cache.squeeze(2)
+    if check:
+        _check_cache_args("mla_decode", q, kv_cache.unsqueeze(2) if kv_cache.dim() == 3 else kv_cache, seq_lens,
+                          block_table, append=False)
+    out, lse = _ops.mla_decode(q, kv_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
+                               max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
 def static_cache_view(cache: torch.Tensor) -> torch.Tensor:
     """transformers' static KV cache tensor (B, Hkv, max_len, D), e.g. a ``StaticCache`` layer's
     ``keys`` / ``values``, as the [P, page_size, Hkv, D] cache that decode_attention and kv_append take
@@ -171,4 +220,4 @@ def _check_cache_args(op: str, new: torch.Tensor, k_cache: torch.Tensor, seq_len
                          f"(sequence {b} {'writes to' if append else 'reads'} it: seq_lens[{b}] = {int(lens[b])})")
 
 
-__all__ = ["decode_attention", "kv_append", "static_cache_view"]
+__all__ = ["decode_attention", "kv_append", "mla_decode", "static_cache_view"]

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernelforge/decode.h"
+#include "kernelforge/mla.h"
 
 namespace kernelforge {
 
@@ -57,6 +58,17 @@ struct DecodeCall {
 
 // Checks every argument of `c` and fills `p`; `dtype` receives q's dtype.
 Status validate_decode(const DecodeCall& c, DecodeParams* p, DType* dtype);
+
+// mla_decode (mla.h) in DecodeParams terms: one kv head whose keys are the whole 576-column rows of
+// kv_cache and whose values are their first 512 columns (k_cache == v_cache, same strides); group = H,
+// head_dim = 576, no window, softcap or sinks.
+struct MlaDecodeCall {
+  const char* name = "mla_decode";
+  bool cuda = true;  // false: the CPU reference (float32 / float64 also accepted)
+  MlaDecodeTensors t;
+  MlaDecodeOptions opts;
+};
+Status validate_mla_decode(const MlaDecodeCall& c, DecodeParams* p, DType* dtype);
 
 struct KvAppendParams {
   void* k_cache = nullptr;

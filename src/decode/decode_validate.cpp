@@ -1,5 +1,5 @@
-// Argument checks of the decode family (decode_attention, kv_append): every message names the entry
-// and the argument, and says what was expected.
+// Argument checks of the decode family (decode_attention, kv_append, mla_decode): every message names
+// the entry and the argument, and says what was expected.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -81,7 +81,7 @@ int log2_int(int64_t x) {
 // seq_lens and block_table, shared by both entries. Fills the paging fields.
 template <typename P>
 Status check_paging(const Check& ck, const TensorView* seq_lens, const TensorView* block_table, const TensorView& kc,
-                    int64_t B, P* p) {
+                    int64_t B, P* p, const char* cache = "k_cache") {
   Status s = ck.basic(seq_lens, "seq_lens", 1, "[B]");
   if (!s.ok()) return s;
   if (seq_lens->dtype != DType::kInt32)
@@ -103,7 +103,8 @@ Status check_paging(const Check& ck, const TensorView* seq_lens, const TensorVie
       return ck.fail("block_table must have " + std::to_string(B) + " rows (one per sequence), got shape " +
                      shape_str(*block_table));
     if (!is_pow2(kc.shape[1]) || kc.shape[1] > 65536)
-      return ck.fail("k_cache's page size (dimension 1) must be a power of two up to 65536 with a block_table, got " +
+      return ck.fail(std::string(cache) +
+                     "'s page size (dimension 1) must be a power of two up to 65536 with a block_table, got " +
                      std::to_string(kc.shape[1]));
     if (block_table->shape[1] * kc.shape[1] > INT32_MAX)
       return ck.fail("block_table's max_pages * page_size must fit int32, got " +
@@ -115,10 +116,10 @@ Status check_paging(const Check& ck, const TensorView* seq_lens, const TensorVie
     p->capacity = int32_t(block_table->shape[1] * kc.shape[1]);
   } else {
     if (kc.shape[0] < B)
-      return ck.fail(
-          "k_cache must hold at least one page per sequence without a block_table (page b is sequence b): "
-          "got " +
-          std::to_string(kc.shape[0]) + " pages for " + std::to_string(B) + " sequences");
+      return ck.fail(std::string(cache) +
+                     " must hold at least one page per sequence without a block_table (page b is sequence b): "
+                     "got " +
+                     std::to_string(kc.shape[0]) + " pages for " + std::to_string(B) + " sequences");
     p->max_pages = 1;
     p->page_shift = 0;
     p->capacity = int32_t(kc.shape[1]);
@@ -258,6 +259,96 @@ Status validate_kv_append(const char* name, bool cuda, const KvAppendTensors& t,
   p->heads_kv = int32_t(k.shape[2]);
   p->head_dim = int32_t(k.shape[3]);
   *dtype = k.dtype;
+  return Status::Ok();
+}
+
+Status validate_mla_decode(const MlaDecodeCall& c, DecodeParams* p, DType* dtype) {
+  const MlaDecodeTensors& t = c.t;
+  if (t.q == nullptr) return Status::Invalid(std::string(c.name) + ": q must not be null");
+  const Check ck{c.name, c.cuda, t.q};
+  Status s = ck.basic(t.q, "q", 4, "[B, Lq, H, 576]");
+  if (!s.ok()) return s;
+  if (!(s = ck.float_dtype(*t.q, "q")).ok()) return s;
+  if (!(s = ck.basic(t.kv_cache, "kv_cache", 3, "[pages, page_size, 576]")).ok()) return s;
+  const TensorView &q = *t.q, &kc = *t.kv_cache;
+  if (!(s = ck.same_dtype(kc, "kv_cache", q, "q")).ok()) return s;
+  const int64_t B = q.shape[0], Lq = q.shape[1], H = q.shape[2];
+  if (q.shape[3] != kMlaHeadDimK)
+    return ck.fail("q's last dimension must be " + std::to_string(kMlaHeadDimK) + " (512 latent + 64 rope), got " +
+                   std::to_string(q.shape[3]));
+  if (kc.shape[2] != kMlaHeadDimK)
+    return ck.fail("kv_cache's last dimension must be " + std::to_string(kMlaHeadDimK) +
+                   " (512 latent + 64 rope), got shape " + shape_str(kc));
+  if (kc.shape[1] > INT32_MAX || kc.shape[0] > INT32_MAX)
+    return ck.fail("kv_cache's pages and page size must fit int32, got shape " + shape_str(kc));
+  if (H < 1 || H > 128) return ck.fail("q must have 1 to 128 heads (dimension 2), got " + std::to_string(H));
+  if (Lq < 1 || Lq > 8)
+    return ck.fail("q must have 1 to 8 new tokens per sequence (dimension 1), got " + std::to_string(Lq));
+  if (B > 65535) return ck.fail("q's batch must be at most 65535, got " + std::to_string(B));
+  if (c.cuda && q.numel() > 0) {  // 16-byte cp.async of q rows
+    const bool ok = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && (q.strides[0] | q.strides[1] | q.strides[2]) % 8 == 0;
+    if (!ok)
+      return ck.fail(
+          "q must start at a 16-byte aligned address with strides that are multiples of 8 elements (16-byte row "
+          "loads), got strides " +
+          strides_str(q));
+  }
+  if (c.cuda && kc.numel() > 0) {
+    const bool ok = reinterpret_cast<uintptr_t>(kc.data) % 16 == 0 && (kc.strides[0] | kc.strides[1]) % 8 == 0;
+    if (!ok)
+      return ck.fail(
+          "kv_cache must start at a 16-byte aligned address with strides that are multiples of 8 elements (16-byte "
+          "row loads), got strides " +
+          strides_str(kc));
+  }
+  if (!(s = check_paging(ck, t.seq_lens, t.block_table, kc, B, p, "kv_cache")).ok()) return s;
+
+  if (!(s = ck.basic(t.out, "out", 4, "[B, Lq, H, 512]")).ok()) return s;
+  if (t.out->shape[0] != B || t.out->shape[1] != Lq || t.out->shape[2] != H || t.out->shape[3] != kMlaHeadDimV)
+    return ck.fail("out must have shape [" + std::to_string(B) + ", " + std::to_string(Lq) + ", " + std::to_string(H) +
+                   ", " + std::to_string(kMlaHeadDimV) + "] (q's with the 512 latent columns), got " +
+                   shape_str(*t.out));
+  if (!(s = ck.same_dtype(*t.out, "out", q, "q")).ok()) return s;
+  if (t.lse != nullptr) {
+    if (!(s = ck.basic(t.lse, "lse", 3, "[B, Lq, H]")).ok()) return s;
+    if (t.lse->dtype != (c.cuda ? DType::kFloat32 : t.lse->dtype) ||
+        (t.lse->dtype != DType::kFloat32 && t.lse->dtype != DType::kFloat64))
+      return ck.fail(std::string("lse must be float32, got ") + dtype_name(t.lse->dtype));
+    if (t.lse->shape[0] != B || t.lse->shape[1] != Lq || t.lse->shape[2] != H)
+      return ck.fail("lse must have shape [" + std::to_string(B) + ", " + std::to_string(Lq) + ", " +
+                     std::to_string(H) + "], got " + shape_str(*t.lse));
+    if (H > 1 && t.lse->strides[2] != 1)
+      return ck.fail("lse must be contiguous in its last dimension, got strides " + strides_str(*t.lse));
+  }
+  const MlaDecodeOptions& o = c.opts;
+  if (!(std::isfinite(o.scale) && o.scale >= 0.0f)) return ck.fail("scale must be finite and >= 0 (0: 1 / sqrt(576))");
+  if (o.max_seq_len < 0)
+    return ck.fail("max_seq_len must be >= 0 (0: the cache capacity), got " + std::to_string(o.max_seq_len));
+
+  p->q = q.data;
+  p->k_cache = kc.data;
+  p->v_cache = kc.data;  // values: the first 512 columns of the same rows
+  p->out = t.out->data;
+  p->lse = t.lse != nullptr ? static_cast<float*>(t.lse->data) : nullptr;
+  p->sinks = nullptr;
+  p->sinks_float = true;
+  p->q_sb = q.strides[0], p->q_st = q.strides[1], p->q_sh = q.strides[2];
+  p->o_sb = t.out->strides[0], p->o_st = t.out->strides[1], p->o_sh = t.out->strides[2];
+  if (t.lse != nullptr) p->lse_sb = t.lse->strides[0], p->lse_st = t.lse->strides[1];
+  p->k_sp = kc.strides[0], p->k_st = kc.strides[1], p->k_sh = 0;
+  p->v_sp = kc.strides[0], p->v_st = kc.strides[1], p->v_sh = 0;
+  p->batch = int32_t(B);
+  p->q_len = int32_t(Lq);
+  p->heads_q = int32_t(H);
+  p->heads_kv = 1;
+  p->group = int32_t(H);
+  p->rows = p->group * p->q_len;
+  p->head_dim = kMlaHeadDimK;
+  p->scale = o.scale > 0.0f ? o.scale : float(1.0 / std::sqrt(double(kMlaHeadDimK)));
+  p->softcap = 0.0f;
+  p->window_left = -1;
+  p->max_seq_len = o.max_seq_len > 0 && o.max_seq_len < p->capacity ? o.max_seq_len : p->capacity;
+  *dtype = q.dtype;
   return Status::Ok();
 }
 

@@ -1,7 +1,7 @@
-// float64 CPU reference of the decode family: the test oracle and the CPU implementation of the
-// PyTorch ops. The formula of decode.h in double, with the kernels' handling of out-of-range
-// inputs (seq_lens clamped to [0, capacity], an out-of-range page reads zeros / is not written),
-// every output rounded once to its dtype.
+// float64 CPU reference of the decode family (decode_attention, kv_append, mla_decode): the test
+// oracle and the CPU implementation of the PyTorch ops. The formulas of decode.h and mla.h in double,
+// with the kernels' handling of out-of-range inputs (seq_lens clamped to [0, capacity], an
+// out-of-range page reads zeros / is not written), every output rounded once to its dtype.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -128,6 +128,59 @@ Status kv_append(const KvAppendTensors& t) {
         }
       }
     }
+  return Status::Ok();
+}
+
+Status mla_decode(const MlaDecodeTensors& t, const MlaDecodeOptions& opts) {
+  MlaDecodeCall c;
+  c.cuda = false;
+  c.t = t;
+  c.opts = opts;
+  DecodeParams p;
+  DType dt;
+  Status s = validate_mla_decode(c, &p, &dt);
+  if (!s.ok()) return s;
+  const int64_t Dk = kMlaHeadDimK, Dv = kMlaHeadDimV, Lq = p.q_len;
+  const DType lse_t = t.lse ? t.lse->dtype : DType::kFloat32;
+  const double scale = opts.scale > 0.0f ? double(opts.scale) : 1.0 / std::sqrt(double(Dk));
+  std::vector<double> kv, qd(static_cast<size_t>(Dk)), sc, acc(static_cast<size_t>(Dv));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t n = clamped_len(p.seq_lens, b, p.capacity);
+    kv.assign(static_cast<size_t>(n * Dk), 0.0);  // rows of an out-of-range page stay zeros
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t page = page_of(p, b, j);
+      if (page < 0) continue;
+      const int64_t ko = page * p.k_sp + row_of(p, j) * p.k_st;
+      for (int64_t e = 0; e < Dk; ++e) kv[j * Dk + e] = load_as_double(p.k_cache, dt, ko + e);
+    }
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t tq = 0; tq < Lq; ++tq) {
+        const int64_t qo = b * p.q_sb + tq * p.q_st + h * p.q_sh;
+        for (int64_t e = 0; e < Dk; ++e) qd[e] = load_as_double(p.q, dt, qo + e);
+        const int64_t pos = n - Lq + tq;  // keys j <= pos are visible
+        sc.assign(static_cast<size_t>(n), kNegInf);
+        double m = kNegInf;
+        for (int64_t j = 0; j < n && j <= pos; ++j) {
+          double x = 0.0;
+          for (int64_t e = 0; e < Dk; ++e) x += qd[e] * kv[j * Dk + e];
+          sc[j] = x * scale;
+          m = std::max(m, sc[j]);
+        }
+        double den = 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < n && m != kNegInf; ++j) {
+          if (sc[j] == kNegInf) continue;
+          const double w = std::exp(sc[j] - m);
+          den += w;
+          for (int64_t e = 0; e < Dv; ++e) acc[e] += w * kv[j * Dk + e];  // the value: the row's first 512 columns
+        }
+        const int64_t oo = b * p.o_sb + tq * p.o_st + h * p.o_sh;
+        for (int64_t e = 0; e < Dv; ++e) store_from_double(t.out->data, dt, oo + e, den > 0.0 ? acc[e] / den : 0.0);
+        if (t.lse != nullptr)
+          store_from_double(t.lse->data, lse_t, b * p.lse_sb + tq * p.lse_st + h,
+                            den > 0.0 ? m + std::log(den) : kNegInf);
+      }
+  }
   return Status::Ok();
 }
 

@@ -95,14 +95,15 @@ def test_families_and_groups():
     assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode", "linear",
                              "gemm", "diagonal_matmul", "fused_linear_rowsum", "dropout", "graph")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
-    assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention",)
+    assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention", "mla_decode")
     assert GROUPS["linear"] == ("linear",) and GROUPS["gemm"] == ("gemm", "bmm", "grouped_mm")
     assert GROUPS["diagonal_matmul"] == ("diagonal_matmul",)
     assert GROUPS["fused_linear_rowsum"] == ("fused_linear_rowsum",)
     assert GROUPS["dropout"] == ("dropout", "dropout_add")
     assert GROUPS["graph"] == ("segment_sum", "segment_mean", "segment_max", "gather_scatter", "scatter_add")
     assert OPS[OPS.index("cross_entropy"):OPS.index("gemm") + 1] == (
-        "cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "linear", "gemm")
+        "cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "mla_decode", "linear",
+        "gemm")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
 
 
@@ -496,6 +497,7 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "cross_entropy": ((1, 7), (9, 301)), "fused_linear_cross_entropy": ((13, 16, 101), (1, 8, 7)),
                     "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128)),  # windows of 16..32
                     "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20)),
+                    "mla_decode": ((3, 1, 4, 37), (2, 3, 7, 20)),
                     "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9)), "gemm": ((1, 8, 8), (20, 17, 9)),
                     "bmm": ((1, 1, 1, 1), (3, 7, 17, 9)), "grouped_mm": ((1, 1, 8, 8), (3, 20, 17, 9)),
                     "diagonal_matmul": ((3, 17), BatchedRowsShape(2, 3, 9, True)),

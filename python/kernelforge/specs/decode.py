@@ -1,5 +1,5 @@
 """The decode family: decode_attention (the newest tokens of each sequence against a paged or
-contiguous KV cache; forward only, inference).
+contiguous KV cache; forward only, inference) and mla_decode (DeepSeek's latent cache; below).
 
 Bench shapes are DecodeShapes, written b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}]: B sequences of kv
 cached keys each (every sequence the same length), page size p (p0: a contiguous cache in
@@ -56,7 +56,7 @@ def decode_ref(q, k_cache, v_cache, seq_lens, block_table=None, *, scale=None, w
         cap = bt.shape[1] * page
         idx = bt.clamp(0, max(P - 1, 0))
         k = k_cache[idx].reshape(B, cap, Hkv, D)
-        v = v_cache[idx].reshape(B, cap, Hkv, D)
+        v = v_cache[idx].reshape(B, cap, Hkv, v_cache.shape[-1])  # mla_decode_ref: values narrower than keys
         page_ok = ((bt >= 0) & (bt < P)).repeat_interleave(page, dim=1)
     n = seq_lens.detach().to("cpu", torch.int64).clamp(0, cap)
     j = torch.arange(cap)
@@ -344,4 +344,140 @@ DECODE_ATTENTION = OpSpec(
     cpp_reference=_cpp_reference, reference=_reference, check_label=check_label,
 )
 
-SPECS = (DECODE_ATTENTION,)
+
+# ---- mla_decode -----------------------------------------------------------------------------------
+# MLA decode (DeepSeek-V2 / V3, absorbed; include/kernelforge/mla.h): q [B, Lq, H, 576] against one
+# latent cache [P, page_size, 576] whose rows are the keys and whose first 512 columns are the values.
+# Bench shapes are DecodeShapes with Hkv = 1 and D = 576 (b64h128/1kv4096d576p64: DeepSeek-V3's 128
+# heads). Memory-bound in bytes: every cache row once per sequence, B * kv * 576 elements, plus q read
+# and out written, B * Lq * H * (576 + 512); but 2 * H * (576 + 512) FLOPs per (query row, key), ~240
+# per cache byte at H = 128, so the tensor cores bound it as much as DRAM does.
+# Peers: ``eager`` gathers each sequence's rows through the block table, one matmul of all H * Lq query
+# rows against the keys, a float32 softmax rounded to the dtype, one matmul with the first 512
+# columns; ``compile`` is torch.compile of it.
+
+
+def mla_decode_ref(q, kv_cache, seq_lens, block_table=None, *, scale=None):
+    """mla.h's formula in float64 on the CPU: decode_ref with one kv head whose keys are the cache rows
+    and whose values are their first 512 columns. kv_cache [P, page, 576] or [P, page, 1, 576].
+    Returns (out [B, Lq, H, 512], lse [B, Lq, H])."""
+    kv = kv_cache.unsqueeze(2) if kv_cache.dim() == 3 else kv_cache
+    return decode_ref(q, kv, kv[..., :512], seq_lens, block_table, scale=scale)
+
+
+def _mla_flops(shape: DecodeShape, mode: str) -> int:
+    return 2 * shape.hq * (shape.d + 512) * _pairs(shape)
+
+
+def _mla_bytes(shape: DecodeShape, mode: str, elt: int) -> int:
+    # every cache row once per sequence, q read, out written
+    return (shape.b * shape.kv * shape.d + shape.b * shape.lq * shape.hq * (shape.d + 512)) * elt
+
+
+def _mla_inputs(shape: DecodeShape, dtype, device, gen):
+    """q [B, Lq, H, D]; the cache [P, page, D] (p0: [B, kv, D], sequence b in page b; otherwise pages
+    a random permutation of the pool, block_table int32 [B, ceil(kv / p)])."""
+    B, H, kv, D, page, Lq = shape.b, shape.hq, shape.kv, shape.d, shape.page, shape.lq
+    rows = randn(gen, device, dtype, B, kv, D)
+    t = {"q": randn(gen, device, dtype, B, Lq, H, D), "seq_lens": torch.full((B,), kv, dtype=torch.int32, device=device),
+         "max_seq_len": kv}
+    if page == 0:
+        t["kv_cache"], t["block_table"] = rows, None
+    else:
+        per = -(-kv // page)
+        table = torch.randperm(B * per, generator=gen, device=device).view(B, per)
+        if per * page > kv:
+            rows = torch.cat([rows, rows.new_zeros(B, per * page - kv, D)], dim=1)
+        c = torch.empty(B * per, page, D, dtype=dtype, device=device)
+        c[table.flatten()] = rows.reshape(B * per, page, D)
+        t["kv_cache"], t["block_table"] = c, table.to(torch.int32)
+    return t
+
+
+def _mla_run(t):
+    return (kf().mla_decode(t["q"], t["kv_cache"], t["seq_lens"], t["block_table"], max_seq_len=t["max_seq_len"]),)
+
+
+def _mla_eager():
+    """A plain PyTorch MLA decode over the same cache: the rows gathered through the block table (a
+    copy), the scores of all H * Lq query rows of a sequence in one matmul, the visibility mask from
+    seq_lens (on the device), a float32 softmax rounded to the dtype, one matmul with the rows' first
+    512 columns."""
+
+    def run(t):
+        q, kv, lens, table = t["q"], t["kv_cache"], t["seq_lens"], t["block_table"]
+        B, Lq, H, D = q.shape
+        L = t["max_seq_len"]
+        if table is None:
+            k = kv[:B, :L]
+        else:
+            idx = table[:, :-(-L // kv.shape[1])].long()
+            k = kv[idx].flatten(1, 2)[:, :L]  # [B, L, D]
+        s = torch.matmul(q.reshape(B, Lq * H, D), k.transpose(1, 2)).float() * D ** -0.5  # [B, Lq * H, L]
+        pos = lens.view(B, 1).long() - Lq + torch.arange(Lq, device=q.device).view(1, Lq)
+        visible = torch.arange(L, device=q.device).view(1, 1, L) <= pos.unsqueeze(-1)  # [B, Lq, L]
+        s = s.view(B, Lq, H, L).masked_fill(~visible.unsqueeze(2), float("-inf"))
+        p = torch.softmax(s, dim=-1).to(q.dtype).view(B, Lq * H, L)
+        return (torch.matmul(p, k[..., :512]).view(B, Lq, H, 512),)
+
+    return run
+
+
+# DeepSeek-V3's 128 heads: b64 x kv4k, page 64 (FlashMLA's page size), 1 and 2 new tokens (MTP); b16 x 16 heads
+MLA_SHAPES = (DecodeShape(64, 128, 1, 4096, 576, 64), DecodeShape(64, 128, 1, 4096, 576, 64, 2),
+              DecodeShape(16, 16, 1, 8192, 576, 64), DecodeShape(1, 128, 1, 16384, 576, 64))
+
+# (B, Lq, H, kv): H 16 / 128 / 7, Lq 1 .. 8, ragged lengths with an empty sequence (Lq = 1) and 4097
+MLA_CHECK_SHAPES = ((4, 1, 16, 4097), (3, 1, 128, 700), (2, 4, 7, 300), (2, 8, 128, 129), (3, 2, 64, 1000))
+MLA_VARIANTS = ({"page": 64}, {"page": 16, "lse": True}, {"page": 1, "lse": True}, {"page": 0, "scale": 0.1})
+
+
+def _mla_check_label(shape) -> str:
+    B, Lq, H, kv = shape
+    return f"b{B}h{H}kv{kv}" + (f"q{Lq}" if Lq != 1 else "")
+
+
+def _mla_check_inputs(shape, v, dtype, device):
+    B, Lq, H, kv = shape
+    t = make_cache(ragged_lens(kv, B, Lq), 1, 576, v["page"], dtype, device)
+    return {"q": randn(None, device, dtype, B, Lq, H, 576), "kv_cache": t["k_cache"][:, :, 0],
+            "seq_lens": t["seq_lens"], "block_table": t["block_table"]}
+
+
+def _mla_outputs(out, lse, v) -> dict:
+    return {"out": out, "lse": _finite_lse(lse)} if v.get("lse") else {"out": out}
+
+
+def _mla_check_run(kfm, t, v):
+    q = t["q"]
+    poison([(*q.shape[:3], 512)], q.dtype, q.device)
+    poison([q.shape[:3]], torch.float32, q.device)
+    out, lse = kfm.mla_decode(q, t["kv_cache"], t["seq_lens"], t["block_table"], scale=v.get("scale"),
+                              return_lse=True)
+    check_out("out", out, (*q.shape[:3], 512), q.dtype)
+    check_out("lse", lse, q.shape[:3], torch.float32)
+    return _mla_outputs(out, lse, v)
+
+
+def _mla_cpp_reference(a, v):
+    out, lse = torch.ops.kernelforge.mla_decode(a["q"], a["kv_cache"], a["seq_lens"], a["block_table"],
+                                                scale=v.get("scale"), max_seq_len=0, return_lse=True)
+    return _mla_outputs(out, lse, v)
+
+
+def _mla_reference(a, v):
+    out, lse = mla_decode_ref(a["q"], a["kv_cache"], a["seq_lens"], a["block_table"], scale=v.get("scale"))
+    return _mla_outputs(out, lse, v)
+
+
+MLA_DECODE = OpSpec(
+    name="mla_decode", family="decode", shape_kind="decode",
+    inputs=_mla_inputs, run=_mla_run, grad_inputs=(), grad_outputs=(), outputs=("out",),
+    row_bytes=_mla_bytes, flops=_mla_flops, shapes=MLA_SHAPES, eager=_mla_eager,
+    providers=("kernelforge", "eager", "compile"), modes=("fwd",), dtypes=(torch.bfloat16, torch.float16),
+    bound="memory", check_shapes=MLA_CHECK_SHAPES, variants=MLA_VARIANTS, check_inputs=_mla_check_inputs,
+    check_run=_mla_check_run, cpp_reference=_mla_cpp_reference, reference=_mla_reference,
+    check_label=_mla_check_label,
+)
+
+SPECS = (DECODE_ATTENTION, MLA_DECODE)
