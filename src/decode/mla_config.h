@@ -41,10 +41,14 @@ constexpr MlaTile kMlaTiles[] = {
 };
 constexpr int kMlaTileCount = int(sizeof(kMlaTiles) / sizeof(kMlaTiles[0]));
 
-// Opt-in shared memory per block of a compute capability (major * 10 + minor); 0 where MLA decode does
-// not run (before sm_80).
+// Opt-in shared memory per block of a compute capability (major * 10 + minor): 227 KB on the data-center
+// parts sm_90 / sm_100 / sm_103, 163 KB on sm_80 / sm_87, 99 KB on the others from sm_86 on (sm_89,
+// sm_120); 0 before sm_80, where MLA decode does not run.
 constexpr int64_t mla_smem_limit(int capability) {
-  return capability >= 90 ? 232448 : (capability == 80 || capability == 87) ? 166912 : capability >= 80 ? 101376 : 0;
+  return (capability == 90 || capability == 100 || capability == 103) ? 232448
+         : (capability == 80 || capability == 87)                     ? 166912
+         : capability >= 80                                             ? 101376
+                                                                        : 0;
 }
 
 }  // namespace kernelforge
