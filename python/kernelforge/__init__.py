@@ -16,6 +16,7 @@
     report = kf.patch(model)      # route a transformers / diffusers model's norms, MLPs, RoPE and
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
+    out = kf.generate(model, input_ids, max_new_tokens=128)  # HF causal LM: decode step in one CUDA graph
     kf.last_plan()                # the plan (kernel and launch parameters) of the last launch
 
 Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:
@@ -33,6 +34,7 @@ from .dropout import dropout, dropout_add
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
 from .distributed import _install_registration as _install_dtensor_rules
 from .fused_linear_rowsum import fused_linear_rowsum
+from .generate import generate
 from .gemm import bmm, gemm, matmul
 from .grouped_mm import grouped_mm, grouped_mm_wgrad
 from .graph import gather_scatter, scatter_add, segment_max, segment_mean, segment_sum
@@ -97,6 +99,7 @@ __all__ = [
     "scatter_add",
     "patch",
     "unpatch",
+    "generate",
     "PatchReport",
     "nn",
     "last_plan",

@@ -6,20 +6,25 @@ Cases (kernelforge/models.py builds the models, random weights):
   vit_train      ViT-B/16-shaped encoder, one training step on 32 images of 224 x 224
   ltx            LTX-Video transformer denoising step: 28 blocks, 2688 video + 128 text tokens, batch 2
   llama_generate the Llama-1B-shaped model generating 128 tokens after a 512-token prompt, batch 1,
-                 greedy (HF generate); reported per generated token, prefill included
+                 greedy (HF generate, or kernelforge.generate); reported per generated token, prefill
+                 included
   moe_train      a Mixtral-8x7B-shaped MoE block (8 experts, 4096 -> 14336, top-2), one training step
                  on 4 x 2048 tokens, experts as written (transformers' per-expert loop)
   moe_grouped_train  the same block with transformers' grouped_mm experts (torch._grouped_mm)
 Providers: eager (the model as written), compile (torch.compile), kernelforge (kf.patch), and
 kernelforge_compile (torch.compile of the patched model). For llama_generate, the compile providers
 use transformers' static cache with the model's forward compiled (HF's recipe for fast generation);
-eager and kernelforge its default dynamic cache. Each (case, provider) runs in a fresh
+eager and kernelforge its default dynamic cache. Generation cases also take generate
+(``kernelforge.generate`` of the unpatched model: static cache, the decode step in one CUDA graph) and
+kernelforge_generate (the same loop on the patched model); they report tokens/s and the step's floor
+(weights + the average KV cache read once per token, at the device's measured copy bandwidth,
+prefill excluded). Each (case, provider) runs in a fresh
 Python process (no compile cache, allocator state or patch shared with another provider), which
 prints one JSON line: milliseconds per step (median of CUDA-event times after warm-up) and the peak
 memory. The parent prints the table (speed-up over eager and over compile), writes OUT/e2e.csv and
 OUT/e2e.png and shows a progress bar.
 
-    kforge e2e [--cases llama_train,ltx] [--providers eager,compile,kernelforge,kernelforge_compile]
+    kforge e2e [--cases llama_train,ltx] [--providers eager,compile,kernelforge,kernelforge_compile,generate,...]
                [--size full|small] [--device cuda|cpu] [--warmup N] [--iters N] [--quick] [--out DIR]
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import statistics
@@ -45,10 +51,24 @@ CASES = {  # case -> (models.py builder, training step?)
     "moe_train": ("moe", True),
     "moe_grouped_train": ("moe_grouped", True),
 }
-PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile")
+PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile", "generate", "kernelforge_generate")
+GENERATE_PROVIDERS = ("generate", "kernelforge_generate")  # kernelforge.generate: generation cases only
+GENERATION_CASES = ("llama_generate",)
+
+
+def applies(case: str, provider: str) -> bool:
+    """Whether the provider runs the case (kernelforge.generate's providers run generation cases only)."""
+    return provider not in GENERATE_PROVIDERS or case in GENERATION_CASES
 
 
 # ---- worker: one (case, provider) in this process --------------------------------------------------------
+
+
+def _kf_generate(m, ids, new_tokens: int):
+    """The generate providers' step: every token generated (as the HF providers' min_new_tokens)."""
+    import kernelforge as kf  # noqa: PLC0415
+
+    return kf.generate(m, ids, new_tokens, ignore_eos=True)
 
 
 def run_worker(case: str, provider: str, size: str, device: str, warmup: int, iters: int) -> dict:
@@ -65,7 +85,13 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
     patched = 0
     if provider.startswith("kernelforge"):
         patched = len(kf.patch(module).patched)
-    if model.new_tokens and provider.endswith("compile"):  # generation: static cache, compiled forward
+    forward = model.forward
+    if provider in GENERATE_PROVIDERS:
+        if not model.new_tokens:
+            raise ValueError(f"e2e: provider {provider} runs generation cases only ({', '.join(GENERATION_CASES)})")
+        run = module
+        forward = functools.partial(_kf_generate, new_tokens=model.new_tokens)
+    elif model.new_tokens and provider.endswith("compile"):  # generation: static cache, compiled forward
         module.generation_config.cache_implementation = "static"
         module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
         run = module
@@ -75,7 +101,7 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
     def step():
         if not train:
             with torch.no_grad():
-                model.forward(run, *model.inputs)
+                forward(run, *model.inputs)
             return
         model.train_loss(run, *model.inputs).backward()
         for p in module.parameters():
@@ -91,8 +117,37 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
     times = [time_step_ms(step, device) for _ in range(iters)]
     peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else float("nan")
     ms = statistics.median(times) / (model.new_tokens or 1)  # generation: per generated token
-    return {"case": case, "provider": provider, "ms": ms, "peak_mib": peak, "setup_s": setup_s,
-            "patched_modules": patched, "what": model.what}
+    result = {"case": case, "provider": provider, "ms": ms, "peak_mib": peak, "setup_s": setup_s,
+              "patched_modules": patched, "what": model.what}
+    if model.new_tokens:
+        batch = model.inputs[0].shape[0]
+        result["tok_s"] = batch * 1e3 / ms
+        result["floor_ms"], result["step_mb"], result["copy_gbs"] = decode_floor(module, model.inputs[0],
+                                                                                 model.new_tokens, device)
+    return result
+
+
+def decode_floor(module, ids, new_tokens: int, device: str) -> tuple[float, float, float]:
+    """The decode step's floor: (ms per token, MB read per step, copy GB/s). A step reads every weight
+    once (tied embeddings counted once) and the KV cache of its sequence, on average prompt +
+    new_tokens / 2 keys; at the copy bandwidth of a 256 MiB device copy (read + write bytes over its
+    median time)."""
+    import torch  # noqa: PLC0415
+
+    from .models import time_step_ms  # noqa: PLC0415
+
+    weights = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in module.parameters()}.values())
+    cfg = module.config.get_text_config(decoder=True)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    elem = next(module.parameters()).element_size()
+    keys = ids.shape[1] + new_tokens / 2
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * elem * keys * ids.shape[0]
+    src = torch.empty(128 << 20, dtype=torch.int16, device=device)
+    dst = torch.empty_like(src)
+    times = sorted(time_step_ms(lambda: dst.copy_(src), device) for _ in range(10))
+    copy_gbs = 2 * src.numel() * src.element_size() / (times[len(times) // 2] * 1e6)
+    step_bytes = weights + kv
+    return step_bytes / (copy_gbs * 1e6), step_bytes / 1e6, copy_gbs
 
 
 # ---- parent: every (case, provider) in its own process -------------------------------------------------
@@ -126,7 +181,12 @@ def table_lines(results: list[dict]) -> list[str]:
         ve = f"{eager['ms'] / r['ms']:.2f}x" if "ms" in eager else "-"
         vc = f"{comp['ms'] / r['ms']:.2f}x" if "ms" in comp else "-"
         peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] == r["peak_mib"] else "-"
-        lines.append(f"{r['case']:<14} {r['provider']:<20} {r['ms']:>9.2f} {ve:>8} {vc:>10} {peak:>9}")
+        lines.append(f"{r['case']:<14} {r['provider']:<20} {r['ms']:>9.2f} {ve:>8} {vc:>10} {peak:>9}"
+                     + (f"  {r['tok_s']:.0f} tok/s" if "tok_s" in r else ""))
+    floors = {r["case"]: r for r in results if "floor_ms" in r}
+    for case, r in floors.items():
+        lines.append(f"{case}: decode floor {r['floor_ms']:.3f} ms/token ({r['step_mb']:.0f} MB per step at the "
+                     f"copy bandwidth {r['copy_gbs']:.0f} GB/s; prefill excluded)")
     return lines
 
 
@@ -134,12 +194,13 @@ def write_csv(path: str, results: list[dict], device_name: str, torch_version: s
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["case", "provider", "ms_per_step", "peak_mib", "setup_s", "patched_modules", "status", "device",
-                    "torch_version"])
+                    "torch_version", "tokens_per_s", "floor_ms_per_token"])
         for r in results:
             ok = "error" not in r
             w.writerow([r["case"], r["provider"], f"{r['ms']:.4f}" if ok else "", f"{r['peak_mib']:.1f}" if ok else "",
                         f"{r['setup_s']:.1f}" if ok else "", r.get("patched_modules", ""),
-                        "ok" if ok else r["error"], device_name, torch_version])
+                        "ok" if ok else r["error"], device_name, torch_version,
+                        f"{r['tok_s']:.1f}" if "tok_s" in r else "", f"{r['floor_ms']:.4f}" if "floor_ms" in r else ""])
 
 
 def plot(path: str, results: list[dict]) -> bool:
@@ -209,7 +270,8 @@ def main(args: argparse.Namespace) -> int:
     os.makedirs(args.out, exist_ok=True)
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     csv_path = os.path.join(args.out, "e2e.csv")
-    results = run_all([(c, p) for c in args.cases for p in args.providers], _spawn, args, device, "kforge e2e",
+    runs = [(c, p) for c in args.cases for p in args.providers if applies(c, p)]
+    results = run_all(runs, _spawn, args, device, "kforge e2e",
                       lambda rs: write_csv(csv_path, rs, device_name, torch.__version__))  # a cut run keeps them
     write_csv(csv_path, results, device_name, torch.__version__)
     whats = {r["case"]: r["what"] for r in results if "what" in r}

@@ -33,6 +33,11 @@ GQA) and returns ([B, Sq, Hq, Dv], None). It calls ``kernelforge.attention`` wit
 - decode steps (generation with a KV cache, no padding mask, no gradient: causal, Sq <= 16 new rows
   against Sk > Sq keys) run ``kernelforge.decode_attention`` on the key / value states in place (one
   contiguous cache page per sequence), with the same window, softcap, sinks and scale.
+- transformers' static cache without a padding mask: the keys are all max_cache_len rows, of which
+  each sequence holds the first n (n = the cache's length + Sq, the same for every sequence). The mask
+  function passes n as an int32 [B] device tensor (``_static_cache_lengths``); decode steps take it as
+  decode_attention's seq_lens, longer steps (prefill) run varlen over keys [0, n) (``_prefix``).
+  Padded batches on a static cache keep their 2-D mask and the padded path.
 
 Training: the gradients of query, key, value and s_aux flow through the kernel's backward (the
 padded path's gather / scatter and the dtype casts are ordinary differentiable torch ops).
@@ -107,14 +112,42 @@ def plain_mask_function(mask_function) -> bool:
                 and parts[1] is mu.bidirectional_mask_function))
 
 
+def _causal_pattern(mask_function) -> bool:
+    """Whether a plain mask function (``plain_mask_function``) is causal, with or without a window."""
+    from transformers import masking_utils as mu  # noqa: PLC0415
+
+    parts = _closure(mask_function, "mask_functions")
+    return mask_function is mu.causal_mask_function or (isinstance(parts, tuple) and parts[-1] is mu.causal_mask_function)
+
+
+def _static_cache_lengths(batch_size: int, q_length: int, q_offset, device) -> torch.Tensor:
+    """The "mask" of a causal step on transformers' static cache without a padding mask: int32 [B], the
+    keys each sequence holds after this step (every sequence the same, q_offset + q_length).
+
+    A static cache hands the attention all max_cache_len rows, the unfilled tail included, and
+    flash-attention's mask function would say "no mask" (None). Its length is q_offset, a device tensor
+    (``StaticLayer.cumulative_length``) once the cache is allocated, so the count is computed on the
+    device: no host synchronization, and a CUDA graph of the step replays for every new length.
+    ``hf_attention`` reads a 1-D mask as these key counts (keys [0, n) of each sequence)."""
+    if isinstance(q_offset, torch.Tensor):
+        n = (q_offset.reshape(1) + q_length).to(torch.int32)
+        return n.expand(batch_size).contiguous()
+    return torch.full((batch_size,), q_offset + q_length, dtype=torch.int32, device=device)
+
+
 def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                   attention_mask=None, **kwargs):
     """transformers' mask interface for "kernelforge": flash-attention's 2-D padding mask (or None) for
-    the plain patterns, SDPA's 4-D boolean mask for the others (the attention function then falls back)."""
+    the plain patterns, SDPA's 4-D boolean mask for the others (the attention function then falls back).
+    A causal pattern on a static cache without a padding mask (the cache longer than the keys it holds,
+    or its length a device tensor) gets the 1-D key counts of ``_static_cache_lengths`` instead."""
     from transformers import masking_utils as mu  # noqa: PLC0415
 
     fn = mu.causal_mask_function if mask_function is None else mask_function
     if plain_mask_function(fn):
+        if attention_mask is None and kv_offset == 0 and _causal_pattern(fn) and (
+                isinstance(q_offset, torch.Tensor) or kv_length > q_offset + q_length):
+            return _static_cache_lengths(batch_size, q_length, q_offset, kwargs.get("device"))
         return mu.flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, fn, attention_mask,
                                        **kwargs)
     return mu.sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, fn, attention_mask, **kwargs)
@@ -193,7 +226,7 @@ def _padded(q, k, v, mask, **opts):
     return out.masked_fill_(~keep_q[:, :, None, None], 0)
 
 
-def _decode(q, k, v, causal: bool, window, softcap: float, scale, sinks):
+def _decode(q, k, v, causal: bool, window, softcap: float, scale, sinks, seq_lens=None):
     """The decode kernel for a decode step (kernelforge.decode_attention), or None when it does not apply.
 
     A decode step is causal with a few new rows (Sq <= DECODE_MAX_ROWS) against more cached keys, no
@@ -201,7 +234,8 @@ def _decode(q, k, v, causal: bool, window, softcap: float, scale, sinks):
     place: the [B, Sk, Hkv, D] views of transformers' key / value states are the kernel's contiguous
     cache (sequence b in page b, every length Sk), so no copy is made; the kernel's 16-byte row loads
     need every stride a multiple of 8 elements and an aligned start (storage offsets are checked: the
-    storage itself is allocator-aligned, and storage_offset is known under torch.compile too)."""
+    storage itself is allocator-aligned, and storage_offset is known under torch.compile too).
+    ``seq_lens``: the keys each sequence holds (int32 [B], a static cache's counts); None: all Sk."""
     B, sq, _, d = q.shape
     sk = k.shape[1]
     if not causal or window[1] > 0 or not 1 <= sq <= DECODE_MAX_ROWS or sq >= sk or d not in (64, 128, 256):
@@ -212,9 +246,42 @@ def _decode(q, k, v, causal: bool, window, softcap: float, scale, sinks):
     if q.device.type == "cuda" and any(
             t.storage_offset() % 8 or t.stride(0) % 8 or t.stride(1) % 8 or t.stride(2) % 8 for t in (k, v)):
         return None
-    seq_lens = torch.full((B,), sk, dtype=torch.int32, device=q.device)
+    if seq_lens is None:
+        seq_lens = torch.full((B,), sk, dtype=torch.int32, device=q.device)
     return _dec.decode_attention(q, k, v, seq_lens, scale=scale, window_left=window[0], softcap=softcap,
                                  sinks=sinks, max_seq_len=sk)
+
+
+def _prefix(q, k, v, lengths, **opts):
+    """kernelforge.attention on [B, S, H, D] views when sequence b holds keys [0, lengths[b]) of the Sk
+    rows (a static cache) and its Sq queries are the last of them: varlen with two key sequences per
+    row (its keys, then the unused tail, a sequence without queries), no host synchronization. The
+    varlen layout packs the cache's rows: a copy of k and v (what the prefill of a static cache pays)."""
+    B, Sq = q.shape[:2]
+    Sk = k.shape[1]
+    n = lengths.to(torch.int32)
+    lens_k = torch.stack([n, Sk - n], dim=1).flatten()
+    lens_q = torch.stack([torch.full_like(n, Sq), torch.zeros_like(n)], dim=1).flatten()
+    cu_k, cu_q = (torch.nn.functional.pad(torch.cumsum(x, 0, dtype=torch.int32), (1, 0)) for x in (lens_k, lens_q))
+    out = _attn.attention(q.reshape(B * Sq, *q.shape[2:]), k.reshape(B * Sk, *k.shape[2:]),
+                          v.reshape(B * Sk, *v.shape[2:]), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=Sq,
+                          max_seqlen_k=Sk, layout="varlen", **opts)
+    return out.view(B, Sq, *out.shape[1:])
+
+
+def _prefix_visible(lengths, sq: int, sk: int, causal: bool, window) -> torch.Tensor:
+    """The boolean [B, 1, Sq, Sk] mask of ``_prefix``'s pattern (the fallback's): query t of sequence b
+    sits at i = lengths[b] - Sq + t and sees keys j < lengths[b], causal j <= i, window i - left <= j <= i + right."""
+    j = torch.arange(sk, device=lengths.device)
+    i = (lengths.view(-1, 1) - sq + torch.arange(sq, device=lengths.device)).unsqueeze(-1)  # [B, Sq, 1]
+    vis = j < lengths.view(-1, 1, 1)
+    if causal:
+        vis = vis & (j <= i)
+    if window[0] >= 0:
+        vis = vis & (j >= i - window[0])
+    if window[1] >= 0:
+        vis = vis & (j <= i + window[1])
+    return vis.unsqueeze(1)
 
 
 def _max_length(m, total: int) -> int:
@@ -228,6 +295,9 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     window = _window(sliding_window, bool(causal))
     training = module.training
     sinks = s_aux
+    lengths = None
+    if attention_mask is not None and attention_mask.dim() == 1:  # mask_function's static-cache key counts
+        lengths, attention_mask = attention_mask, None
     why = None
     dtype = _attn.reference_dtype(query)
     if dropout and training:
@@ -243,7 +313,9 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     if why is not None:
         _fallback(f"{type(module).__name__} attention", why, "attention (torch SDPA / eager formula)")
         mask = attention_mask
-        if mask is None or mask.dim() == 2:
+        if lengths is not None:
+            mask = _prefix_visible(lengths, query.shape[2], key.shape[2], bool(causal), window)
+        elif mask is None or mask.dim() == 2:
             sq, sk = query.shape[2], key.shape[2]
             if mask is not None and sk > mask.shape[1]:
                 key, value, sk = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]], mask.shape[1]
@@ -263,9 +335,11 @@ def hf_attention(module, query, key, value, attention_mask, dropout: float = 0.0
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     dec = None
     if attention_mask is None and cu_q is None:
-        dec = _decode(q, k, v, opts["causal"], window, opts["softcap"], scaling, sinks)
+        dec = _decode(q, k, v, opts["causal"], window, opts["softcap"], scaling, sinks, lengths)
     if dec is not None:
         out = dec
+    elif lengths is not None:
+        out = _prefix(q, k, v, lengths, **opts)
     elif attention_mask is not None:
         out = _padded(q, k, v, attention_mask, **opts)
     elif cu_q is not None and cu_k is not None:

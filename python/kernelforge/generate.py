@@ -1,0 +1,334 @@
+"""kernelforge.generate: token generation for transformers causal LMs (Llama, Qwen2, Mistral shapes)
+with the one-token decode step captured into a CUDA graph and replayed per token.
+
+    ids = kf.generate(model, input_ids, max_new_tokens=128)             # greedy, like HF generate
+    ids = kf.generate(model, input_ids, 128, do_sample=True, temperature=0.7, top_k=50, generator=g)
+
+The loop:
+
+- Prefill: one forward of the model over the prompt (eager) into a transformers ``StaticCache`` of
+  prompt + max_new_tokens rows. The first new token comes from its last position's logits.
+- Decode: one step = the model's forward of the last token with ``position_ids`` read from a device
+  buffer, the static cache (which counts its own length on the device), the choice of the next token
+  (argmax, or sampling), and in-place updates of the step's input buffers. On CUDA the step is
+  captured once into a CUDA graph per (batch size, cache length) and replayed; the graph, its buffers
+  and its cache are kept with the model (a weak dictionary), so a second call of the same shapes
+  replays the same graph after a prefill. A model whose weights, attention implementation or patch
+  state changed since, or another sampling configuration or generator, is captured again.
+- Host synchronizations: none inside the decode loop but the end-of-sequence check, every
+  ``EOS_CHECK_EVERY`` tokens (a sequence that ended emits the pad token until all have ended, as
+  transformers does; the output is cut where transformers' would end), and the read of the tokens at
+  the end.
+
+The patched model (``kf.patch``) runs its kernels inside the graph; its attention takes the static
+cache's key counts on the device (``patch/attention.py``), so each decode step runs
+``kernelforge.decode_attention``. The unpatched model works the same way (transformers' own
+attention with its static-cache mask), for comparison.
+
+Greedy output equals ``model.generate(input_ids, max_new_tokens=n, do_sample=False)`` (HF, default
+generation settings: no repetition penalty, no min length) on the same weights. Sampling draws from
+the same distribution as HF (temperature, then top-k, then softmax) by the exponential race
+(argmax of p_i / E_i with E_i ~ Exp(1), equivalent to Gumbel-max) with ``generator``: reproducible
+for a seeded generator, but not HF's random stream. With a graph, the graph draws from the generator
+registered at capture (``CUDAGraph.register_generator_state``).
+
+Not supported: padded batches (all rows share one prompt length; there is no attention_mask
+argument), beam search, repetition penalties, stop strings. CPU models (and ``cuda_graph=False``)
+run the same step in a Python loop without a graph; on CPU this is announced once (KF_STRICT=1: an
+error). Sliding-window layers whose window is shorter than prompt + max_new_tokens roll their cache
+with host-side state that a graph cannot replay: they run without a graph, announced.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from .patch._registry import STATE_ATTR
+from .patch._runtime import announce_fallback
+
+EOS_CHECK_EVERY = 16  # decode steps between two host reads of "every sequence has ended"
+
+# model -> {(batch size, cache length): _Loop}; an entry dies with its model
+_GRAPHS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class _Sampler:
+    do_sample: bool
+    temperature: float
+    top_k: int
+    eos: tuple  # token ids that end a sequence; () ignores them
+    pad: int  # the token a sequence emits after it ended
+
+
+@dataclass
+class _Loop:
+    """The decode step's state: every tensor the step reads or writes lives here at a fixed address
+    (a captured graph replays on these addresses)."""
+    cache: object  # transformers StaticCache
+    tokens: torch.Tensor  # int64 [B, 1]: the token the next step reads
+    positions: torch.Tensor  # int64 [B, 1]: its position
+    step: torch.Tensor  # int64 [1]: the column of ``out`` the next step writes
+    out: torch.Tensor  # int64 [B, cache length]: the new tokens, column 0 the prefill's
+    finished: torch.Tensor  # bool [B]: the sequence emitted an end-of-sequence token
+    eos: torch.Tensor  # int64 [E]
+    sampler: _Sampler
+    generator: torch.Generator | None
+    fingerprint: tuple
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None,
+             eos_token_id: int | list[int] | None = None, ignore_eos: bool = False,
+             cuda_graph: bool = True) -> torch.Tensor:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (int [B, S], no padding) with the
+    transformers causal LM ``model``; returns int64 [B, S + n], the prompt then the n new tokens (n <
+    max_new_tokens when every sequence ended, as HF generate).
+
+    Greedy by default; ``do_sample=True`` samples from softmax(logits / ``temperature``) restricted
+    to the ``top_k`` most likely tokens (None or 0: all), with ``generator`` (on the model's device;
+    None: torch's default generator). ``eos_token_id``: the tokens that end a sequence (None: the
+    model's generation_config); ``ignore_eos=True`` always generates max_new_tokens. ``cuda_graph``:
+    capture the decode step into a CUDA graph (CUDA models); False runs the same loop eagerly.
+    """
+    B, S, device = _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k, generator)
+    if max_new_tokens == 0:
+        return input_ids.to(torch.int64).clone()
+    sampler = _sampler(model, do_sample, temperature, top_k, eos_token_id, ignore_eos)
+    cache_len = S + max_new_tokens
+    use_graph = cuda_graph and _graph_possible(model, device, cache_len)
+    with torch.no_grad():
+        loop = _loop(model, B, cache_len, device, sampler, generator, use_graph)
+        logits = _forward(model, input_ids.to(device, torch.int64), _arange_positions(B, S, device), loop.cache)
+        _start(loop, logits, S)
+        steps = 1
+        if use_graph and loop.graph is None and steps < max_new_tokens:
+            _warm_up_and_capture(model, loop)  # runs one real step, then records the step (not run)
+            steps += 1
+        while steps < max_new_tokens:
+            for _ in range(min(EOS_CHECK_EVERY, max_new_tokens - steps)):
+                if loop.graph is not None:
+                    loop.graph.replay()
+                else:
+                    _step(model, loop)
+                steps += 1
+            if sampler.eos and bool(loop.finished.all()):  # the loop's one host synchronization
+                break
+        new = loop.out[:, :steps].clone()
+    return torch.cat([input_ids.to(device, torch.int64), new[:, :_length(new, sampler)]], dim=1)
+
+
+# ---- arguments ----------------------------------------------------------------------------------------------
+
+
+def _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k, generator):
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"generate: model must be a transformers causal LM (a torch.nn.Module with a config), "
+                        f"got {type(model).__name__}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point() \
+            or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        what = (f"a {input_ids.dim()}-D {input_ids.dtype} tensor" if isinstance(input_ids, torch.Tensor)
+                else type(input_ids).__name__)
+        raise ValueError(f"generate: input_ids must be a 2-D integer tensor [batch, prompt length], got {what}")
+    if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"generate: input_ids must hold at least one token per row and one row, got shape "
+                         f"{list(input_ids.shape)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if do_sample and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                      or not temperature > 0):
+        raise ValueError(f"generate: temperature must be a number > 0 with do_sample=True, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise ValueError(f"generate: top_k must be None or an int >= 0 (0: no restriction), got {top_k!r}")
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        raise ValueError("generate: model has no parameters to take the device from") from None
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generate: generator must be a torch.Generator, got {type(generator).__name__}")
+        if generator.device.type != device.type:
+            raise ValueError(f"generate: generator must be on the model's device ({device.type}), got a "
+                             f"{generator.device.type} generator")
+    vocab = getattr(model.config.get_text_config(decoder=True), "vocab_size", None)
+    if top_k is not None and vocab is not None and top_k > vocab:
+        raise ValueError(f"generate: top_k must be at most the vocabulary size {vocab}, got {top_k}")
+    return input_ids.shape[0], input_ids.shape[1], device
+
+
+def _sampler(model, do_sample, temperature, top_k, eos_token_id, ignore_eos) -> _Sampler:
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = eos_token_id if eos_token_id is not None else getattr(gen_cfg, "eos_token_id", None)
+    eos = () if ignore_eos or eos is None else tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    pad = getattr(gen_cfg, "pad_token_id", None)
+    pad = int(pad) if pad is not None else (eos[0] if eos else 0)  # HF: the pad token defaults to the first eos
+    return _Sampler(bool(do_sample), float(temperature) if do_sample else 1.0, int(top_k or 0) if do_sample else 0,
+                    eos, pad)
+
+
+# ---- the loop's parts -----------------------------------------------------------------------------------------
+
+
+def _graph_possible(model, device: torch.device, cache_len: int) -> bool:
+    """Whether the decode step can be captured; False after announcing why (CPU models, rolling caches)."""
+    if device.type != "cuda":
+        announce_fallback("kernelforge.generate", f"a model on {device.type}",
+                          "decode loop without CUDA graph capture",
+                          "CUDA graphs need a CUDA model; pass cuda_graph=False to ask for the eager loop.", 4)
+        return False
+    window = _short_window(model, cache_len)
+    if window is not None:
+        announce_fallback("kernelforge.generate", f"a sliding window of {window} tokens shorter than prompt + "
+                          f"max_new_tokens = {cache_len} (the static cache rolls with host-side state)",
+                          "decode loop without CUDA graph capture",
+                          "Generate at most the window's length to capture the step.", 4)
+        return False
+    return True
+
+
+def _text_config(model):
+    return model.config.get_text_config(decoder=True)
+
+
+def _short_window(model, cache_len: int) -> int | None:
+    """The sliding window of the model's sliding layers when it is shorter than the cache, else None."""
+    cfg = _text_config(model)
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    sliding = window is not None and (types is None or "sliding_attention" in types)
+    return int(window) if sliding and window < cache_len else None
+
+
+def _new_cache(model, cache_len: int):
+    """transformers' StaticCache of cache_len rows. Sliding layers whose window covers the whole cache
+    never drop a key: they become full StaticLayers, whose length is a device tensor (a sliding
+    layer counts on the host, which a graph replay would not update)."""
+    from transformers import StaticCache  # noqa: PLC0415
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer  # noqa: PLC0415
+
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is StaticSlidingWindowLayer and layer.max_cache_len >= cache_len:
+            cache.layers[i] = StaticLayer(max_cache_len=cache_len)
+    return cache
+
+
+def _fingerprint(model, sampler: _Sampler) -> tuple:
+    """What a captured graph depends on besides the shapes and the generator: the weights' addresses
+    and dtypes, the attention implementation, which modules kf.patch replaced, the sampling."""
+    params = tuple((p.data_ptr(), p.dtype) for p in model.parameters())
+    patched = tuple(name for name, m in model.named_modules() if STATE_ATTR in m.__dict__)
+    impl = getattr(model.config, "_attn_implementation", None)
+    return (params, patched, impl, sampler)
+
+
+def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, use_graph: bool) -> _Loop:
+    """The cached loop of (B, cache_len) when its graph still applies (its cache emptied, ready for a
+    prefill), else a new one (kept for the next call when it will hold a graph)."""
+    fingerprint = _fingerprint(model, sampler) if use_graph else None
+    if use_graph:
+        loop = _GRAPHS.get(model, {}).get((B, cache_len))
+        if loop is not None and loop.fingerprint == fingerprint and loop.generator is generator:
+            loop.cache.reset()
+            loop.finished.zero_()
+            return loop
+    i64 = dict(dtype=torch.int64, device=device)
+    loop = _Loop(cache=_new_cache(model, cache_len), tokens=torch.zeros(B, 1, **i64),
+                 positions=torch.zeros(B, 1, **i64), step=torch.zeros(1, **i64), out=torch.zeros(B, cache_len, **i64),
+                 finished=torch.zeros(B, dtype=torch.bool, device=device),
+                 eos=torch.tensor(sampler.eos or (-1,), **i64), sampler=sampler, generator=generator,
+                 fingerprint=fingerprint)
+    if use_graph:
+        _GRAPHS.setdefault(model, {})[(B, cache_len)] = loop  # replaces a loop whose graph no longer applies
+    return loop
+
+
+def _arange_positions(B: int, S: int, device) -> torch.Tensor:
+    return torch.arange(S, device=device).expand(B, S)
+
+
+def _forward(model, ids, positions, cache) -> torch.Tensor:
+    """The last position's logits [B, V] of one forward through the static cache. No attention mask:
+    every sequence holds the same keys, which the cache counts (the mask functions read its length)."""
+    out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1]
+
+
+def _pick(logits: torch.Tensor, sampler: _Sampler, generator) -> torch.Tensor:
+    """The next token [B] int64 from logits [B, V]: argmax, or a sample (temperature, top-k, then the
+    exponential race argmax(p_i / E_i), E_i ~ Exp(1), which draws token i with probability p_i: no
+    normalization, no host synchronization, graph-safe)."""
+    if not sampler.do_sample:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / sampler.temperature
+    if sampler.top_k:
+        kth = torch.topk(scores, sampler.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    race = torch.empty_like(scores).exponential_(generator=generator)
+    race.clamp_min_(torch.finfo(race.dtype).tiny)  # a draw of exactly 0 would win whatever its logit
+    return (scores - race.log()).argmax(dim=-1)
+
+
+def _record(loop: _Loop, token: torch.Tensor) -> None:
+    """Stores the new tokens [B] (pad for sequences that had ended) and prepares the next step's
+    inputs, all in place."""
+    if loop.sampler.eos:
+        token = torch.where(loop.finished, loop.sampler.pad, token)
+        loop.finished |= (token.unsqueeze(1) == loop.eos).any(dim=1)
+    loop.out.index_copy_(1, loop.step, token.unsqueeze(1))
+    loop.tokens.copy_(token.unsqueeze(1))
+    loop.positions.add_(1)
+    loop.step.add_(1)
+
+
+def _start(loop: _Loop, logits: torch.Tensor, prompt_len: int) -> None:
+    """The prefill's token: out column 0; the first decode step reads it at position prompt_len."""
+    loop.step.zero_()
+    loop.positions.fill_(prompt_len - 1)
+    _record(loop, _pick(logits, loop.sampler, loop.generator))
+
+
+def _step(model, loop: _Loop) -> None:
+    """One decode step, on fixed buffers only (what the graph records)."""
+    logits = _forward(model, loop.tokens, loop.positions, loop.cache)
+    _record(loop, _pick(logits, loop.sampler, loop.generator))
+
+
+def _warm_up_and_capture(model, loop: _Loop) -> None:
+    """Runs one decode step eagerly on a side stream (lazy initializations: library handles, kernel
+    plans, allocations), then records the step into ``loop.graph`` (recording runs nothing: the next
+    step is the first replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _step(model, loop)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if loop.generator is not None:
+        graph.register_generator_state(loop.generator)
+    try:
+        with torch.cuda.graph(graph):
+            _step(model, loop)
+    except RuntimeError as e:
+        _GRAPHS.get(model, {}).pop((loop.tokens.shape[0], loop.out.shape[1]), None)
+        raise RuntimeError(f"generate: capturing the decode step of {type(model).__name__} into a CUDA graph failed "
+                           f"({e}); pass cuda_graph=False to run the loop without a graph") from e
+    loop.graph = graph
+
+
+def _length(new: torch.Tensor, sampler: _Sampler) -> int:
+    """How many of the generated columns HF generate returns: all, unless every sequence emitted an
+    end-of-sequence token, then up to the step at which the last one did."""
+    if not sampler.eos:
+        return new.shape[1]
+    ended = torch.isin(new, torch.tensor(sampler.eos, device=new.device))
+    if not bool(ended.any(dim=1).all()):
+        return new.shape[1]
+    return int(ended.int().argmax(dim=1).max()) + 1
+
+
+__all__ = ["generate", "EOS_CHECK_EVERY"]
