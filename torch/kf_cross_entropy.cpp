@@ -1,6 +1,6 @@
-// PyTorch binding of the cross-entropy family: kernelforge::cross_entropy (+ backward) over our
-// kernels, and kernelforge::fused_linear_cross_entropy composed here from cuBLAS GEMMs (at::mm) and
-// the cross-entropy kernels, chunked over tokens so the [tokens, vocab] logits never exist at once.
+// PyTorch binding of the cross-entropy family: kernelforge::cross_entropy (+ backward) and
+// kernelforge::fused_linear_cross_entropy (the core's chunk loop over cuBLASLt GEMMs and our
+// cross-entropy kernels: the [tokens, vocab] logits never exist at once), with their autograd.
 // Schemas: the TORCH_LIBRARY_FRAGMENT at the end. Fake impls: python/kernelforge/cross_entropy.py.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -175,210 +175,135 @@ void cross_entropy_shard_backward_impl(const Tensor& dloss, const Tensor& logits
 }
 
 // ---- fused_linear_cross_entropy -----------------------------------------------------------------
-// loss of logits = hidden @ weight^T (+ bias) without the [T, V] logits: for each chunk of C tokens
-//   logits_c = hidden_c @ weight^T (+ bias)             cuBLAS, [C, V] in the weight's dtype
-//   row_loss_c, lse_c = cross_entropy(logits_c)          our kernels (one read)
-//   and, when gradients are wanted and the reduction is mean/sum (the gradient of a scalar loss is
-//   known up to the loss gradient g, which the backward multiplies in):
-//   logits_c <- dlogits_c (g = 1)                        our backward kernel, in place
-//   dhidden_c = dlogits_c @ weight,  dweight += dlogits_c^T @ hidden_c,  dbias += sum_rows dlogits_c
-// Extra memory: one [C, V] chunk (C from free memory and kFlceChunkCapBytes) plus float32 [V] and
-// [T] vectors (and, for an odd vocabulary on CUDA, a zero-padded copy of the weight: FlceWeight).
-// reduction="none": the gradients need the per-row g, so the backward recomputes the chunks (one
-// more GEMM per chunk).
-// Logits chunk: at most kFlceChunkCapBytes, a quarter of free memory, and an eighth of the [T, V]
-// float32 logits the eager path would hold (T / 4 tokens in bf16: 4 chunks at any size, so the
-// extra memory stays a small share of eager's). Each chunk after the first costs one more
-// read-modify-write of dweight in the dW GEMM (beta = 1: 2 x 1 GB at V x H = 128256 x 4096 bf16,
-// ~0.7 ms on an H100) and one more rounding of the running sum (measured, 8192 x 4096 x 128256
-// fwd+bwd: 40.0 ms with 4 chunks, 39.3-39.7 ms with 2 chunks of 1 GiB; torch.compile 37.7-38.2 ms).
-constexpr int64_t kFlceChunkCapBytes = int64_t(1) << 30;
-constexpr int64_t kFlceEagerShare = 8;    // chunk bytes <= T * V * 4 / kFlceEagerShare
+// The chunk loop is the core's (kernelforge::fused_linear_cross_entropy, cross_entropy.h): cuBLASLt
+// GEMMs and our cross-entropy kernels over one [C, V] logits chunk at a time. This binding allocates
+// the outputs and the workspace, and bounds the chunk by the free memory it can see (the core's default
+// bounds it by the problem only): a quarter of what the device and torch's cache have free.
+// For mean / sum the gradients are computed in the forward (for a loss gradient of 1) and scaled in
+// place by the loss gradient in the backward (a second backward through the same graph is refused);
+// "none" recomputes the chunks in the backward.
 constexpr int64_t kFlceChunkAlign = 128;  // tokens: a GEMM tile multiple
 
-int64_t flce_chunk(const Tensor& weight, int64_t tokens, int64_t asked) {
-  if (asked > 0) return std::max<int64_t>(1, std::min(asked, tokens));
-  int64_t budget = kFlceChunkCapBytes;
-  if (weight.is_cuda() && at::cuda::currentStreamCaptureStatusMayInitCtx() == at::cuda::CaptureStatus::None) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(weight.get_device());
-      const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
-      budget = std::min<int64_t>(budget, (int64_t(free_b) + std::max<int64_t>(cached, 0)) / 4);
-    } else {
-      cudaGetLastError();
-    }
+int64_t flce_free_chunk(const Tensor& weight, int64_t padded_vocab, int64_t chunk) {
+  if (!weight.is_cuda() || at::cuda::currentStreamCaptureStatusMayInitCtx() != at::cuda::CaptureStatus::None)
+    return chunk;
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return chunk;
   }
-  budget = std::min<int64_t>(budget, std::max<int64_t>(1, tokens * weight.size(0) * 4 / kFlceEagerShare));
-  const int64_t row_bytes = std::max<int64_t>(1, weight.size(0) * int64_t(weight.element_size()));
-  int64_t c = std::max<int64_t>(1, budget / row_bytes);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(weight.get_device());
+  const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+  const int64_t budget = (int64_t(free_b) + std::max<int64_t>(cached, 0)) / 4;
+  int64_t c = std::max<int64_t>(1, budget / std::max<int64_t>(1, padded_vocab * int64_t(weight.element_size())));
   if (c >= kFlceChunkAlign) c -= c % kFlceChunkAlign;
-  return std::min(c, std::max<int64_t>(tokens, 1));
+  return std::min(chunk, c);
 }
 
-// Message pieces as plain strings (shape via kf_common.h's shape_str, dtype "BFloat16", device
-// "cuda:0"): see shape_str for why nothing numeric is streamed into TORCH_CHECK (covered by
-// test_flce_all_ignored_and_errors[cuda]).
-const char* msg_dtype(const Tensor& t) { return c10::toString(t.scalar_type()); }
-std::string msg_device(const Tensor& t) { return t.device().str(); }
-
-void flce_check(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& target,
-                const OptTensor& bias) {
-  TORCH_CHECK(hidden.dim() == 2, op, ": hidden must have shape [tokens, hidden] (2 dimensions), got ",
-              shape_str(hidden));
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(1), op, ": weight must have shape [vocab, ",
-              std::to_string(hidden.size(1)), "] to match hidden's last dimension, got ", shape_str(weight));
-  TORCH_CHECK(weight.size(0) >= 1, op, ": weight must have at least one row (vocab >= 1)");
-  TORCH_CHECK(at::isFloatingType(hidden.scalar_type()), op, ": hidden must be a floating-point tensor, got ",
-              msg_dtype(hidden));
-  TORCH_CHECK(weight.scalar_type() == hidden.scalar_type(), op, ": weight must have the dtype of hidden (",
-              msg_dtype(hidden), "), got ", msg_dtype(weight));
-  TORCH_CHECK(weight.device() == hidden.device(), op, ": weight must be on the device of hidden (", msg_device(hidden),
-              "), got ", msg_device(weight));
-  TORCH_CHECK(target.dim() == 1 && target.size(0) == hidden.size(0), op, ": target must have shape [",
-              std::to_string(hidden.size(0)), "] to match hidden's tokens, got ", shape_str(target));
-  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kInt, op,
-              ": target must be an int64 (or int32) tensor of class indices, got ", msg_dtype(target));
-  TORCH_CHECK(target.device() == hidden.device(), op, ": target must be on the device of hidden (", msg_device(hidden),
-              "), got ", msg_device(target));
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must have shape [",
-                std::to_string(weight.size(0)), "], got ", shape_str(*bias));
-    TORCH_CHECK(bias->scalar_type() == hidden.scalar_type(), op, ": bias must have the dtype of hidden (",
-                msg_dtype(hidden), "), got ", msg_dtype(*bias));
-    TORCH_CHECK(bias->device() == hidden.device(), op, ": bias must be on the device of hidden (", msg_device(hidden),
-                "), got ", msg_device(*bias));
-  }
-}
-
-// The weight (and bias) the GEMMs use. On CUDA a vocabulary whose rows are not a multiple of 16
-// bytes (an odd one, e.g. GPT-2's 50257) is padded with zero rows to Vp (V rounded up to 16 bytes):
-// cuBLAS ran the three GEMMs of H100 bf16 4096 x 2048 x 50257 at 100 / 136 / 496 TF/s against
-// ~760 at 50304, and the padded logits rows start 16-byte aligned for the
-// cross-entropy kernels. The padding columns of the logits are exactly 0 (zero weight rows and
-// bias) and are never read by the loss; their gradient is set to 0 before the backward GEMMs.
-// Costs one copy of the weight per call (V x H elements, ~0.3 ms at 50257 x 4096 bf16).
-struct FlceWeight {
-  Tensor w;        // [Vp, H]
-  OptTensor b;     // [Vp] or none
-  int64_t v = 0;   // vocabulary
-  int64_t vp = 0;  // padded vocabulary (v when not padded)
-  FlceWeight(const Tensor& weight, const OptTensor& bias) : w(weight), b(bias), v(weight.size(0)), vp(weight.size(0)) {
-    const int64_t per16 = 16 / int64_t(weight.element_size());
-    if (!weight.is_cuda() || v % per16 == 0) return;
-    vp = (v + per16 - 1) / per16 * per16;
-    w = at::empty({vp, weight.size(1)}, weight.options());
-    w.narrow(0, 0, v).copy_(weight);
-    w.narrow(0, v, vp - v).zero_();
-    if (bias.has_value() && bias->defined()) {
-      Tensor bp = at::zeros({vp}, bias->options());
-      bp.narrow(0, 0, v).copy_(*bias);
-      b = bp;
-    }
-  }
-  bool padded() const { return vp != v; }
-  bool has_bias() const { return b.has_value() && b->defined(); }
-  // logits of the chunk, [C, Vp]
-  Tensor logits(const Tensor& hc) const { return has_bias() ? at::addmm(*b, hc, w.t()) : at::mm(hc, w.t()); }
-};
-
-// The gradients of hidden, weight and bias, accumulated chunk by chunk from the chunk's dlogits
-// (held in its logits buffer, [C, Vp]). dweight is written by the first chunk's GEMM (beta = 0), so
-// it is only zero-filled when there is no chunk at all (0 tokens); dbias sums in float32. With a
-// padded vocabulary dweight is computed [Vp, H] and its first V rows returned (a contiguous view).
-struct FlceGrads {
-  Tensor dh, dw, db_acc;
-  FlceGrads(const Tensor& hidden, const FlceWeight& fw, bool gh, bool gw, bool gb) {
+// The outputs of one call: row_loss, lse, valid, loss (float32) and the gradients asked for (dbias in
+// float32, converted by the caller).
+struct FlceBuffers {
+  Tensor row_loss, lse, valid, loss, dh, dw, db;
+  FlceBuffers(const Tensor& hidden, const Tensor& weight, bool gh, bool gw, bool gb) {
+    const int64_t t = hidden.dim() == 2 ? hidden.size(0) : 0;
+    row_loss = f32_empty(hidden, {t}), lse = f32_empty(hidden, {t});
+    valid = f32_empty(hidden, {}), loss = f32_empty(hidden, {});
     if (gh) dh = at::empty(hidden.sizes(), hidden.options());
-    if (gw) dw = hidden.size(0) > 0 ? at::empty(fw.w.sizes(), fw.w.options()) : at::zeros(fw.w.sizes(), fw.w.options());
-    if (gb && fw.has_bias()) db_acc = at::zeros({fw.vp}, hidden.options().dtype(at::kFloat));
-  }
-  void add_chunk(const Tensor& dl, const Tensor& hc, const FlceWeight& fw, int64_t c0) {
-    if (fw.padded()) dl.narrow(1, fw.v, fw.vp - fw.v).zero_();
-    if (dh.defined()) {
-      Tensor dh_c = dh.narrow(0, c0, hc.size(0));
-      at::mm_out(dh_c, dl, fw.w);
-    }
-    if (dw.defined()) {
-      if (c0 == 0) {
-        at::mm_out(dw, dl.t(), hc);
-      } else {
-        dw.addmm_(dl.t(), hc);
-      }
-    }
-    if (db_acc.defined()) db_acc.add_(at::sum(dl, {0}, false, at::kFloat));
-  }
-  // (dhidden, dweight, dbias); absent ones are empty [0] tensors, as the ops return them
-  std::tuple<Tensor, Tensor, Tensor> finish(const Tensor& hidden, const OptTensor& bias, const FlceWeight& fw) const {
-    auto or_empty = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
-    const Tensor dwv = dw.defined() ? dw.narrow(0, 0, fw.v) : dw;
-    const Tensor db = db_acc.defined() ? db_acc.narrow(0, 0, fw.v).to(bias->scalar_type()) : Tensor();
-    return {or_empty(dh), or_empty(dwv), or_empty(db)};
+    if (gw) dw = at::empty(weight.sizes(), weight.options());
+    if (gb) db = f32_empty(hidden, {weight.dim() == 2 ? weight.size(0) : 0});
   }
 };
+
+// One call into the core: CUDA (float16 / bfloat16 / float32) runs the kernels; CPU tensors, and float64
+// CUDA tensors (announced once: needs_fallback), the float64 reference on CPU copies.
+void flce_run(const char* op, bool backward, const Tensor& hidden, const Tensor& weight, const Tensor& target,
+              const OptTensor& bias, const Tensor& dloss, const kf::CrossEntropyOptions& o, int64_t chunk_tokens,
+              FlceBuffers& b, bool want_loss) {
+  TORCH_CHECK(chunk_tokens >= 0, op, ": chunk_tokens must be >= 0 (0: chosen from the sizes and free memory)");
+  const bool fallback = hidden.is_cuda() && needs_fallback(op, hidden);
+  auto host = [&](const Tensor& x) { return fallback && x.defined() ? x.cpu() : x; };
+  const Tensor h = host(hidden), w = host(weight), tg = host(target), dl = host(dloss);
+  const OptTensor bs = defined(bias) ? OptTensor(host(*bias)) : bias;
+  FlceBuffers out = b;
+  if (fallback) {
+    for (Tensor* x : {&out.row_loss, &out.lse, &out.valid, &out.loss, &out.dh, &out.dw, &out.db})
+      if (x->defined()) *x = x->cpu();
+  }
+  const kf::TensorView hv = view(h), wv = view(w), tv = view(tg), rv = view(out.row_loss), lv = view(out.lse),
+                       vv = view(out.valid), sv = view(out.loss);
+  kf::TensorView bv, dhv, dwv, dbv, dlv;
+  kf::FlceTensors t;
+  t.hidden = &hv, t.weight = &wv, t.target = &tv, t.row_loss = &rv, t.lse = &lv, t.valid = &vv;
+  t.loss = want_loss ? &sv : nullptr;
+  if (defined(bs)) bv = view(*bs), t.bias = &bv;
+  if (out.dh.defined()) dhv = view(out.dh), t.dhidden = &dhv;
+  if (out.dw.defined()) dwv = view(out.dw), t.dweight = &dwv;
+  if (out.db.defined()) dbv = view(out.db), t.dbias = &dbv;
+  if (backward) dlv = view(dl), t.dloss = &dlv;
+  if (h.is_cuda()) {
+    c10::cuda::CUDAGuard guard(h.device());
+    kf::FlcePlan plan;
+    size_t bytes = 0;
+    check(kf::fused_linear_cross_entropy_plan(t, o, chunk_tokens, &plan, &bytes));
+    if (chunk_tokens == 0) {
+      const int64_t c = flce_free_chunk(w, plan.padded_vocab, plan.chunk_tokens);
+      if (c != plan.chunk_tokens) check(kf::fused_linear_cross_entropy_plan(t, o, c, &plan, &bytes));
+    }
+    const Tensor ws = workspace(h, bytes);
+    check(backward ? kf::fused_linear_cross_entropy_backward(plan, t, o, ws.data_ptr(), bytes, stream_of(h))
+                   : kf::fused_linear_cross_entropy(plan, t, o, ws.data_ptr(), bytes, stream_of(h)));
+  } else {
+    check(backward ? kf::ref::fused_linear_cross_entropy_backward(t, o) : kf::ref::fused_linear_cross_entropy(t, o));
+  }
+  if (fallback) {  // the outputs back (the backward's lse is an input)
+    Tensor* dst[] = {&b.row_loss, &b.lse, &b.valid, &b.loss, &b.dh, &b.dw, &b.db};
+    const Tensor* src[] = {&out.row_loss, &out.lse, &out.valid, &out.loss, &out.dh, &out.dw, &out.db};
+    for (int i = 0; i < 7; ++i)
+      if (dst[i]->defined() && !(backward && i == 1)) dst[i]->copy_(*src[i]);
+  }
+}
+
+// Hidden and weight as the core takes them: stride 1 along the hidden size (a copy only otherwise).
+Tensor hidden_rows(const Tensor& x) { return x.dim() == 2 && x.size(1) > 1 && x.stride(1) != 1 ? x.contiguous() : x; }
+
+// (dhidden, dweight, dbias); absent ones are empty [0] tensors, as the ops return them
+std::tuple<Tensor, Tensor, Tensor> flce_grads(const FlceBuffers& b, const Tensor& hidden, const OptTensor& bias) {
+  auto or_empty = [&](const Tensor& t) { return t.defined() ? t : at::empty({0}, hidden.options()); };
+  return {or_empty(b.dh), or_empty(b.dw), or_empty(b.db.defined() ? b.db.to(bias->scalar_type()) : Tensor())};
+}
 
 // returns (loss, lse, dhidden, dweight, dbias); the gradients are empty unless computed here
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flce_forward_impl(
-    const Tensor& hidden, const Tensor& weight, const Tensor& target, const OptTensor& bias, int64_t ignore_index,
+    const Tensor& hidden_in, const Tensor& weight_in, const Tensor& target, const OptTensor& bias, int64_t ignore_index,
     double smoothing, double z_loss, double softcap, c10::string_view reduction, int64_t chunk_tokens, bool grad_hidden,
     bool grad_weight, bool grad_bias) {
   const char* op = "fused_linear_cross_entropy";
-  flce_check(op, hidden, weight, target, bias);
   const kf::Reduction red = reduction_of(op, reduction);
-  const bool has_bias = bias.has_value() && bias->defined();
-  const int64_t tokens = hidden.size(0);
+  const Tensor hidden = hidden_rows(hidden_in), weight = hidden_rows(weight_in);
+  const bool has_bias = defined(bias);
   const bool grads = red != kf::Reduction::kNone && (grad_hidden || grad_weight || (grad_bias && has_bias));
-  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, kf::Reduction::kNone);
-  Tensor row_loss = f32_empty(hidden, {tokens}), lse = f32_empty(hidden, {tokens});
-  Tensor valid = target.ne(ignore_index).sum().to(at::kFloat);  // all rows (the mean's divisor); no host sync
-  Tensor chunk_valid = f32_empty(hidden, {}), unused = f32_empty(hidden, {});
-  const FlceWeight fw(weight, bias);
-  FlceGrads gr(hidden, fw, grads && grad_hidden, grads && grad_weight, grads && grad_bias);
-  const Tensor one = at::ones({}, hidden.options().dtype(at::kFloat));
-  kf::CrossEntropyOptions ob = o;
-  ob.reduction = red;
-  const Tensor h = hidden.contiguous();
-  const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
-  for (int64_t c0 = 0; c0 < tokens; c0 += c) {
-    const int64_t n = std::min(c, tokens - c0);
-    const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
-    const Tensor full = fw.logits(hc), logits = full.narrow(1, 0, fw.v);
-    const Tensor lse_c = lse.narrow(0, c0, n);
-    ce_forward_into(op, logits, tc, o, row_loss.narrow(0, c0, n), lse_c, unused, chunk_valid);
-    if (!grads) continue;
-    ce_backward_into(op, one, logits, tc, lse_c, valid, ob, logits);  // in place: logits <- dlogits (g = 1)
-    gr.add_chunk(full, hc, fw, c0);
-  }
-  Tensor loss =
-      red == kf::Reduction::kNone ? row_loss : (red == kf::Reduction::kMean ? row_loss.sum() / valid : row_loss.sum());
-  auto [dh, dw, db] = gr.finish(hidden, bias, fw);
-  return {loss, lse, dh, dw, db};
+  FlceBuffers b(hidden, weight, grads && grad_hidden, grads && grad_weight, grads && grad_bias && has_bias);
+  flce_run(op, false, hidden, weight, target, bias, Tensor(), options(ignore_index, smoothing, z_loss, softcap, red),
+           chunk_tokens, b, red != kf::Reduction::kNone);
+  auto [dh, dw, db] = flce_grads(b, hidden, bias);
+  return {red == kf::Reduction::kNone ? b.row_loss : b.loss, b.lse, dh, dw, db};
 }
 
 // reduction="none": the gradients for the per-row loss gradient dloss [T], chunks recomputed.
-std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const Tensor& hidden, const Tensor& weight,
-                                                      const Tensor& target, const OptTensor& bias, const Tensor& lse,
-                                                      int64_t ignore_index, double smoothing, double z_loss,
-                                                      double softcap, int64_t chunk_tokens, bool grad_hidden,
-                                                      bool grad_weight, bool grad_bias) {
+std::tuple<Tensor, Tensor, Tensor> flce_backward_impl(const Tensor& dloss, const Tensor& hidden_in,
+                                                      const Tensor& weight_in, const Tensor& target,
+                                                      const OptTensor& bias, const Tensor& lse, int64_t ignore_index,
+                                                      double smoothing, double z_loss, double softcap,
+                                                      int64_t chunk_tokens, bool grad_hidden, bool grad_weight,
+                                                      bool grad_bias) {
   const char* op = "fused_linear_cross_entropy_backward";
-  flce_check(op, hidden, weight, target, bias);
-  const int64_t tokens = hidden.size(0);
-  kf::CrossEntropyOptions o = options(ignore_index, smoothing, z_loss, softcap, kf::Reduction::kNone);
-  const Tensor g = dloss.to(at::kFloat).reshape({tokens});
-  const Tensor valid = at::ones({}, hidden.options().dtype(at::kFloat));  // unused for kNone
-  const FlceWeight fw(weight, bias);
-  FlceGrads gr(hidden, fw, grad_hidden, grad_weight, grad_bias);
-  const Tensor h = hidden.contiguous();
-  const int64_t c = flce_chunk(weight, tokens, chunk_tokens);
-  for (int64_t c0 = 0; c0 < tokens; c0 += c) {
-    const int64_t n = std::min(c, tokens - c0);
-    const Tensor hc = h.narrow(0, c0, n), tc = target.narrow(0, c0, n);
-    const Tensor full = fw.logits(hc), logits = full.narrow(1, 0, fw.v);
-    ce_backward_into(op, g.narrow(0, c0, n), logits, tc, lse.narrow(0, c0, n), valid, o, logits);
-    gr.add_chunk(full, hc, fw, c0);
-  }
-  return gr.finish(hidden, bias, fw);
+  const Tensor hidden = hidden_rows(hidden_in), weight = hidden_rows(weight_in);
+  FlceBuffers b(hidden, weight, grad_hidden, grad_weight, grad_bias && defined(bias));
+  b.lse = lse;
+  const int64_t t = hidden.dim() == 2 ? hidden.size(0) : 0;
+  flce_run(op, true, hidden, weight, target, bias, dloss.to(at::kFloat).reshape({t}),
+           options(ignore_index, smoothing, z_loss, softcap, kf::Reduction::kNone), chunk_tokens, b, false);
+  return flce_grads(b, hidden, bias);
 }
 
 // The public op without autograd (inference, or below the autograd layer): the loss only.

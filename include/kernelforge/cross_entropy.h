@@ -41,7 +41,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
@@ -71,8 +73,73 @@ Status cross_entropy_backward(const TensorView& dloss, const TensorView& logits,
                               const TensorView& lse, const TensorView& valid, const CrossEntropyOptions& opts,
                               const TensorView& dlogits, cudaStream_t stream);
 
+// ---- fused linear cross-entropy --------------------------------------------------------------
+// The loss of logits = hidden weight^T (+ bias) without the [T, V] logits, chunk by chunk of C tokens:
+//   logits_c = hidden_c weight^T (+ bias)         the GEMM family (cuBLASLt), [C, V] in the weight's dtype
+//   row_loss_c, lse_c = cross_entropy(logits_c)    this family's forward (one read of the chunk)
+// and, when gradients are asked for (reduction mean or sum; they are the gradients of a loss gradient
+// of 1: the caller scales them by its own, which is known only after the forward):
+//   logits_c <- dlogits_c                         this family's backward, in place
+//   dhidden_c = dlogits_c weight,  dweight += dlogits_c^T hidden_c,  dbias += sum over rows of dlogits_c
+// The backward entry (reduction none: the per-row gradient dloss [T] comes after the forward)
+// recomputes each chunk's logits and writes the same three gradients for dloss.
+//
+// Tensors:
+//   hidden  [T, H]   stride 1 along H; weight [V, H] stride 1 along H; bias optional [V] contiguous;
+//                    one dtype: float16, bfloat16 or float32
+//   target  [T]      int64 or int32, any stride (as cross_entropy)
+//   row_loss, lse [T] float32 contiguous; valid [] float32 (rows whose target != ignore_index, over all
+//                    T); loss [] float32 (reduction mean / sum)
+//   dhidden [T, H] hidden's dtype, dweight [V, H] weight's dtype (both stride 1 along H), dbias [V]
+//                    float32 contiguous: each optional
+//   dloss   [T] float32, any stride: the backward entry's input
+// Options: cross_entropy's, without vocabulary shards (class_start 0, num_classes 0).
+// FLOPs: 2 T V H for the logits, 4 T V H more for dhidden and dweight.
+// Extra memory (the workspace): one [C, Vp] logits chunk; for a vocabulary whose weight rows do not
+// make 16-byte aligned logits rows (V * sizeof(T) % 16 != 0, e.g. GPT-2's 50257) a zero-padded copy of
+// the weight (and bias) with Vp rows, since cuBLASLt runs odd N and K several times slower; the
+// cross-entropy partials; cuBLASLt's workspace.
+struct FlceTensors {
+  const TensorView* hidden = nullptr;
+  const TensorView* weight = nullptr;
+  const TensorView* bias = nullptr;  // optional
+  const TensorView* target = nullptr;
+  const TensorView* row_loss = nullptr;
+  const TensorView* lse = nullptr;
+  const TensorView* valid = nullptr;
+  const TensorView* loss = nullptr;     // reduction mean / sum
+  const TensorView* dhidden = nullptr;  // optional
+  const TensorView* dweight = nullptr;  // optional
+  const TensorView* dbias = nullptr;    // optional (with bias)
+  const TensorView* dloss = nullptr;    // the backward entry
+};
+
+// chunk_tokens: C; padded_vocab: Vp (V unless the weight is padded); workspace: bytes.
+struct FlcePlan {
+  int64_t chunk_tokens = 0;
+  int64_t padded_vocab = 0;
+  size_t workspace = 0;
+};
+std::string to_string(const FlcePlan& plan);  // e.g. "flce chunk=2048 vocab=128256 ws=1073741824"
+
+// chunk_tokens 0: chunks of at most 1 GiB of logits and an eighth of the [T, V] float32 logits an
+// unfused loss would hold (so at least 4 chunks), in multiples of 128 tokens; a caller that knows its
+// free memory passes a smaller count. The plan reads shapes only (the backward entry takes the same plan).
+Status fused_linear_cross_entropy_plan(const FlceTensors& t, const CrossEntropyOptions& opts, int64_t chunk_tokens,
+                                       FlcePlan* plan, size_t* workspace_bytes);
+// Writes row_loss, lse, valid, loss (reduction mean / sum) and the gradients given.
+Status fused_linear_cross_entropy(const FlcePlan& plan, const FlceTensors& t, const CrossEntropyOptions& opts,
+                                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Reduction none: the gradients for dloss (lse: the forward's); row_loss, valid and loss are not used.
+Status fused_linear_cross_entropy_backward(const FlcePlan& plan, const FlceTensors& t, const CrossEntropyOptions& opts,
+                                           void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // ---- float64 CPU reference (the test oracle and the CPU implementation of the ops) -----------
 namespace ref {
+// The fused linear cross-entropy of the same tensors in double: the whole [T, V] logits, one rounding
+// of each output.
+Status fused_linear_cross_entropy(const FlceTensors& t, const CrossEntropyOptions& opts);
+Status fused_linear_cross_entropy_backward(const FlceTensors& t, const CrossEntropyOptions& opts);
 Status cross_entropy(const TensorView& logits, const TensorView& target, const CrossEntropyOptions& opts,
                      const TensorView& row_loss, const TensorView& lse, const TensorView& loss,
                      const TensorView& valid);

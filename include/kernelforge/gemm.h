@@ -16,9 +16,13 @@
 // apart), a [B, M, K] or [M, K], b [B, N, K] or [N, K] (a 2-D operand is shared by every batch, batch
 // stride 0), aux [B, M, N] contiguous, bias [N] shared; one strided-batched cuBLASLt call. a_sum takes
 // 2-D calls only.
-// a, b, bias, out and aux share one dtype, float16 or bfloat16; products accumulate in float32 and out
-// is rounded once. Activations: none, relu, gelu_tanh (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+// a, b, bias, out and aux share one dtype, float16, bfloat16 or float32; products accumulate in float32
+// and out is rounded once (float32 runs cuBLASLt's plain float32 compute, no TF32: torch's default). Activations: none, relu, gelu_tanh (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
 // cuBLASLt's GELU). M, N or K may be 0 (K = 0: out = act(bias), or act(0)).
+//
+// accumulate: out += a b^T (cuBLASLt's beta = 1; out is read), without bias, activation, aux or a_sum:
+// the running sums of a chunked weight gradient. Its first run is not timed (timing would add the product
+// several times); it takes the timed choice of the same product without accumulate when one exists.
 //
 // FLOPs 2 B M N K. The fused epilogue saves the separate pass over out (a read and a write of M N
 // elements) that an unfused bias + activation costs.
@@ -41,6 +45,10 @@ namespace kernelforge {
 
 enum class GemmActivation { kNone, kRelu, kGeluTanh };
 
+// The most workspace a plan asks for (cuBLAS's recommendation on Hopper; split-K and stream-K use it):
+// a caller that reserves this much can run any plan.
+constexpr size_t kGemmMaxWorkspace = size_t(32) << 20;
+
 const char* to_string(GemmActivation act);  // "none", "relu", "gelu_tanh"
 
 struct GemmTensors {
@@ -50,6 +58,7 @@ struct GemmTensors {
   const TensorView* out = nullptr;
   const TensorView* aux = nullptr;    // optional (with an activation)
   const TensorView* a_sum = nullptr;  // optional
+  bool accumulate = false;            // out += a b^T
 };
 
 // A cuBLASLt algorithm for one problem, kept opaque (cublasLtMatmulAlgo_t is 8 64-bit words), with the

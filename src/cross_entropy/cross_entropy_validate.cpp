@@ -6,6 +6,7 @@
 
 #include "common/validate_util.h"
 #include "cross_entropy/cross_entropy_problem.h"
+#include "cross_entropy/flce_problem.h"
 
 namespace kernelforge {
 
@@ -13,6 +14,7 @@ namespace {
 
 using validate_util::device_str;
 using validate_util::shape_str;
+using validate_util::strides_str;
 
 struct Checker {
   const CeCall& c;
@@ -167,5 +169,131 @@ struct Checker {
 }  // namespace
 
 Status validate_cross_entropy(const CeCall& c, CeParams* p, DType* dtype) { return Checker(c).run(p, dtype); }
+
+int64_t flce_padded_vocab(int64_t vocab, DType dtype) {
+  const int64_t per16 = 16 / int64_t(dtype_size(dtype));
+  return (vocab + per16 - 1) / per16 * per16;
+}
+
+Status validate_flce(const char* name, bool cuda, bool backward, const FlceTensors& t, const CrossEntropyOptions& o,
+                     FlceParams* p) {
+  auto fail = [&](const std::string& m) { return Status::Invalid(std::string(name) + ": " + m); };
+  if (t.hidden == nullptr || t.weight == nullptr || t.target == nullptr || t.lse == nullptr)
+    return fail("hidden, weight, target and lse must not be null");
+  const TensorView& h = *t.hidden;
+  const TensorView& w = *t.weight;
+  const bool float_ok = h.dtype == DType::kFloat32 || h.dtype == DType::kFloat16 || h.dtype == DType::kBFloat16 ||
+                        (!cuda && h.dtype == DType::kFloat64);
+  if (!float_ok)
+    return fail(std::string("hidden must be a ") + (cuda ? "float32/float16/bfloat16" : "floating-point") +
+                " tensor, got " + dtype_name(h.dtype));
+  if (cuda && h.device.type != DeviceType::kCUDA) return fail("hidden must be a CUDA tensor, got a CPU tensor");
+  if (!cuda && h.device.type != DeviceType::kCPU)
+    return fail("the reference takes CPU tensors, got hidden on " + device_str(h.device));
+  if (h.ndim != 2) return fail("hidden must have shape [tokens, hidden] (2 dimensions), got " + shape_str(h));
+  const int64_t tokens = h.shape[0], hid = h.shape[1];
+  if (w.ndim != 2 || w.shape[1] != hid)
+    return fail("weight must have shape [vocab, " + std::to_string(hid) + "] to match hidden's last dimension, got " +
+                shape_str(w));
+  const int64_t vocab = w.shape[0];
+  if (vocab < 1) return fail("weight must have at least one row (vocab >= 1)");
+  // A matrix [rows, H]: stride 1 along H, rows apart (the GEMMs read it row-major).
+  auto rows_of = [&](const TensorView& v, const char* arg, int64_t* ld) -> Status {
+    std::string e = validate_util::placement_error(v, arg, h, "hidden", cuda);
+    if (e.empty()) e = validate_util::strided_view_error(v, arg);
+    if (!e.empty()) return fail(e);
+    *ld = v.shape[0] > 1 ? v.strides[0] : v.shape[1];
+    if (v.shape[0] > 1 && v.numel() > 0 && *ld < v.shape[1])
+      return fail(std::string(arg) + "'s rows overlap (row stride " + std::to_string(*ld) + " < " +
+                  std::to_string(v.shape[1]) + ")");
+    return Status::Ok();
+  };
+  Status s = rows_of(h, "hidden", &p->ldh);
+  if (!s.ok()) return s;
+  if (!(s = rows_of(w, "weight", &p->ldw)).ok()) return s;
+  if (t.bias != nullptr) {
+    const TensorView& b = *t.bias;
+    std::string e = validate_util::placement_error(b, "bias", h, "hidden", cuda);
+    if (!e.empty()) return fail(e);
+    if (b.ndim != 1 || b.shape[0] != vocab)
+      return fail("bias must have shape [" + std::to_string(vocab) + "], got " + shape_str(b));
+    if (vocab > 1 && b.strides[0] != 1) return fail("bias must be contiguous, got strides " + strides_str(b));
+  }
+  // target
+  const TensorView& tg = *t.target;
+  if (tg.dtype != DType::kInt64 && tg.dtype != DType::kInt32)
+    return fail(std::string("target must be an int64 (or int32) tensor of class indices, got ") + dtype_name(tg.dtype));
+  if (tg.ndim != 1 || tg.shape[0] != tokens)
+    return fail("target must have shape [" + std::to_string(tokens) + "] to match hidden's tokens, got " +
+                shape_str(tg));
+  if (tg.device.type != h.device.type || tg.device.index != h.device.index)
+    return fail("target must be on hidden's device (" + device_str(h.device) + "), got " + device_str(tg.device));
+  // options
+  if (o.class_start != 0 || o.num_classes != 0)
+    return fail("vocabulary shards (class_start, num_classes) are not taken: the weight holds every class");
+  if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0))
+    return fail("label_smoothing must be in [0, 1], got " + std::to_string(o.label_smoothing));
+  if (!(o.z_loss_scale >= 0.0) || !std::isfinite(o.z_loss_scale))
+    return fail("z_loss_scale must be finite and >= 0, got " + std::to_string(o.z_loss_scale));
+  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
+    return fail("softcap must be finite and > 0 (or 0 / None: no softcap), got " + std::to_string(o.softcap));
+  if (o.reduction != Reduction::kNone && o.reduction != Reduction::kMean && o.reduction != Reduction::kSum)
+    return fail("reduction must be none (0), mean (1) or sum (2), got " + std::to_string(int(o.reduction)));
+  // float32 vectors and scalars
+  auto f32 = [&](const TensorView* v, const char* arg, bool vector, bool any_stride) -> Status {
+    if (v == nullptr) return fail(std::string(arg) + " must not be null");
+    if (v->device.type != h.device.type || v->device.index != h.device.index)
+      return fail(std::string(arg) + " must be on hidden's device (" + device_str(h.device) + "), got " +
+                  device_str(v->device));
+    if (v->dtype != DType::kFloat32) return fail(std::string(arg) + " must be float32, got " + dtype_name(v->dtype));
+    if (!vector) {
+      if (v->numel() != 1) return fail(std::string(arg) + " must have one element, got shape " + shape_str(*v));
+    } else if (v->ndim != 1 || v->shape[0] != tokens) {
+      return fail(std::string(arg) + " must have shape [" + std::to_string(tokens) + "], got " + shape_str(*v));
+    } else if (!any_stride && tokens > 1 && v->strides[0] != 1) {
+      return fail(std::string(arg) + " must be contiguous, got strides " + strides_str(*v));
+    }
+    if (v->numel() > 0 && v->data == nullptr) return fail(std::string(arg) + " has a null data pointer");
+    return Status::Ok();
+  };
+  if (!(s = f32(t.lse, "lse", true, false)).ok()) return s;
+  if (backward) {
+    if (o.reduction != Reduction::kNone)
+      return fail("the backward entry takes reduction none (mean and sum compute their gradients in the forward)");
+    if (!(s = f32(t.dloss, "dloss", true, true)).ok()) return s;
+  } else {
+    if (!(s = f32(t.row_loss, "row_loss", true, false)).ok()) return s;
+    if (!(s = f32(t.valid, "valid", false, false)).ok()) return s;
+    if (o.reduction != Reduction::kNone && !(s = f32(t.loss, "loss", false, false)).ok()) return s;
+  }
+  // gradients
+  const bool grads = t.dhidden != nullptr || t.dweight != nullptr || t.dbias != nullptr;
+  if (grads && !backward && o.reduction == Reduction::kNone)
+    return fail("gradients in the forward take reduction mean or sum (reduction none: the backward entry, for dloss)");
+  if (t.dhidden != nullptr) {
+    if (t.dhidden->ndim != 2 || t.dhidden->shape[0] != tokens || t.dhidden->shape[1] != hid)
+      return fail("dhidden must have hidden's shape " + shape_str(h) + ", got " + shape_str(*t.dhidden));
+    if (!(s = rows_of(*t.dhidden, "dhidden", &p->lddh)).ok()) return s;
+  }
+  if (t.dweight != nullptr) {
+    if (t.dweight->ndim != 2 || t.dweight->shape[0] != vocab || t.dweight->shape[1] != hid)
+      return fail("dweight must have weight's shape " + shape_str(w) + ", got " + shape_str(*t.dweight));
+    if (!(s = rows_of(*t.dweight, "dweight", &p->lddw)).ok()) return s;
+  }
+  if (t.dbias != nullptr) {
+    if (t.bias == nullptr) return fail("dbias goes with a bias");
+    const TensorView& db = *t.dbias;
+    if (db.device.type != h.device.type || db.device.index != h.device.index)
+      return fail("dbias must be on hidden's device (" + device_str(h.device) + "), got " + device_str(db.device));
+    if (db.dtype != DType::kFloat32) return fail(std::string("dbias must be float32, got ") + dtype_name(db.dtype));
+    if (db.ndim != 1 || db.shape[0] != vocab || (vocab > 1 && db.strides[0] != 1))
+      return fail("dbias must be contiguous with shape [" + std::to_string(vocab) + "], got " + shape_str(db) +
+                  " strides " + strides_str(db));
+  }
+  p->dtype = h.dtype;
+  p->tokens = tokens, p->hidden = hid, p->vocab = vocab;
+  p->grads = grads;
+  return Status::Ok();
+}
 
 }  // namespace kernelforge

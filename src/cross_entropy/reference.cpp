@@ -3,12 +3,14 @@
 // gradient rounded once to the logits' dtype. The backward recomputes lse in double (the lse
 // argument is only checked), so the reference gradient does not inherit a float32 rounding; the
 // mean's divisor is the `valid` argument, as on the GPU.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "common/host_convert.h"
 #include "cross_entropy/cross_entropy_problem.h"
+#include "cross_entropy/flce_problem.h"
 
 namespace kernelforge {
 namespace ref {
@@ -125,6 +127,78 @@ Status cross_entropy_backward(const TensorView& dloss, const TensorView& logits,
     }
   }
   return Status::Ok();
+}
+
+// The fused linear cross-entropy in double: the whole [T, V] logits (h W^T + b), the loss and its
+// gradient through the functions above on those float64 logits, then dhidden = dl W, dweight = dl^T h
+// and dbias = the column sums of dl, each output rounded once.
+namespace {
+
+Status flce(const char* name, bool backward, const FlceTensors& t, const CrossEntropyOptions& opts) {
+  FlceParams p;
+  Status s = validate_flce(name, false, backward, t, opts, &p);
+  if (!s.ok()) return s;
+  const int64_t T = p.tokens, H = p.hidden, V = p.vocab;
+  const DType dt = p.dtype;
+  // hidden and weight in double once (row-major, contiguous): the loops below then run over contiguous rows
+  std::vector<double> h(size_t(T * H)), w(size_t(V * H));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t k = 0; k < H; ++k) h[size_t(i * H + k)] = load_as_double(t.hidden->data, dt, i * p.ldh + k);
+  for (int64_t v = 0; v < V; ++v)
+    for (int64_t k = 0; k < H; ++k) w[size_t(v * H + k)] = load_as_double(t.weight->data, dt, v * p.ldw + k);
+  std::vector<double> logits(size_t(T * V)), dl(size_t(T * V));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t v = 0; v < V; ++v) {
+      double acc = t.bias != nullptr ? load_as_double(t.bias->data, dt, v) : 0.0;
+      for (int64_t k = 0; k < H; ++k) acc += h[size_t(i * H + k)] * w[size_t(v * H + k)];
+      logits[size_t(i * V + v)] = acc;
+    }
+  const Device cpu{DeviceType::kCPU, 0};
+  const TensorView lv = make_view(logits.data(), DType::kFloat64, {T, V}, cpu);
+  const TensorView dv = make_view(dl.data(), DType::kFloat64, {T, V}, cpu);
+  float local_loss = 0.f, local_valid = 0.f, one = 1.f;
+  const TensorView local_loss_v = make_view(&local_loss, DType::kFloat32, {}, cpu),
+                   local_valid_v = make_view(&local_valid, DType::kFloat32, {}, cpu),
+                   one_v = make_view(&one, DType::kFloat32, {}, cpu);
+  if (!backward) {
+    const TensorView& loss = opts.reduction != Reduction::kNone ? *t.loss : local_loss_v;
+    if (!(s = cross_entropy(lv, *t.target, opts, *t.row_loss, *t.lse, loss, *t.valid)).ok()) return s;
+    if (!p.grads) return Status::Ok();
+    if (!(s = cross_entropy_backward(one_v, lv, *t.target, *t.lse, *t.valid, opts, dv)).ok()) return s;
+  } else if (!(s = cross_entropy_backward(*t.dloss, lv, *t.target, *t.lse, local_valid_v, opts, dv)).ok()) {
+    return s;
+  }
+  std::vector<double> acc(static_cast<size_t>(H));
+  if (t.dhidden != nullptr)
+    for (int64_t i = 0; i < T; ++i) {  // dhidden[i] = sum_v dl[i, v] w[v]
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t v = 0; v < V; ++v)
+        for (int64_t k = 0; k < H; ++k) acc[size_t(k)] += dl[size_t(i * V + v)] * w[size_t(v * H + k)];
+      for (int64_t k = 0; k < H; ++k) store_from_double(t.dhidden->data, dt, i * p.lddh + k, acc[size_t(k)]);
+    }
+  if (t.dweight != nullptr)
+    for (int64_t v = 0; v < V; ++v) {  // dweight[v] = sum_i dl[i, v] h[i]
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t k = 0; k < H; ++k) acc[size_t(k)] += dl[size_t(i * V + v)] * h[size_t(i * H + k)];
+      for (int64_t k = 0; k < H; ++k) store_from_double(t.dweight->data, dt, v * p.lddw + k, acc[size_t(k)]);
+    }
+  if (t.dbias != nullptr)
+    for (int64_t v = 0; v < V; ++v) {
+      double sum = 0;
+      for (int64_t i = 0; i < T; ++i) sum += dl[size_t(i * V + v)];
+      static_cast<float*>(t.dbias->data)[v] = float(sum);
+    }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status fused_linear_cross_entropy(const FlceTensors& t, const CrossEntropyOptions& opts) {
+  return flce("fused_linear_cross_entropy", false, t, opts);
+}
+Status fused_linear_cross_entropy_backward(const FlceTensors& t, const CrossEntropyOptions& opts) {
+  return flce("fused_linear_cross_entropy_backward", true, t, opts);
 }
 
 }  // namespace ref

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "common/device.h"
+#include "common/dispatch.h"
 #include "gemm/gemm_problem.h"
 
 namespace kernelforge {
@@ -39,9 +40,6 @@ std::string to_string(const GemmPlan& plan) {
 
 namespace {
 
-// The largest workspace the heuristic may ask for: cuBLAS's recommendation on Hopper (split-K and
-// stream-K algorithms use it).
-constexpr size_t kMaxWorkspace = size_t(32) << 20;
 
 struct Prepared {
   GemmParams p;
@@ -123,7 +121,8 @@ Status set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, con
 }
 
 Status make_desc(const GemmParams& p, DType dtype, GemmActivation act, Desc* d) {
-  const cudaDataType_t type = dtype == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t type =
+      dtype == DType::kBFloat16 ? CUDA_R_16BF : (dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_32F);
   Status s = lt_status(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   if (!s.ok()) return s;
   // A <- b: N x K taken as is when column-major, K x N transposed when row-major.
@@ -200,7 +199,8 @@ std::string cache_key(const Prepared& w, GemmActivation act) {
                     p.batch,
                     p.a.bs,
                     p.b.bs,
-                    p.out_bs})
+                    p.out_bs,
+                    int64_t(p.accumulate)})
     k += std::to_string(v) + ",";
   return k;
 }
@@ -249,6 +249,19 @@ GemmPlan plan_of(const Entry& e) {
   return out;
 }
 
+// An accumulating product is never timed (each timed run would add into out): it takes the timed choice
+// of the same product without accumulate when that one is cached and among its own candidates (the
+// algorithms do not depend on beta), else the heuristic's first choice. Called with the cache locked.
+void adopt_plain_choice(const Prepared& w, GemmActivation act, Entry* e) {
+  Prepared plain = w;
+  plain.p.accumulate = false;
+  auto it = cache().find(cache_key(plain, act));
+  if (it == cache().end() || !it->second.tuned) return;
+  const cublasLtMatmulAlgo_t& want = it->second.cand[it->second.chosen].algo;
+  for (int i = 0; i < e->count; ++i)
+    if (std::memcmp(&e->cand[i].algo, &want, sizeof(want)) == 0) e->chosen = i;
+}
+
 Status heuristic(const Prepared& w, GemmActivation act, GemmPlan* plan) {
   const GemmParams& p = w.p;
   const std::string key = cache_key(w, act);
@@ -256,6 +269,7 @@ Status heuristic(const Prepared& w, GemmActivation act, GemmPlan* plan) {
     std::lock_guard<std::mutex> lock(cache_mutex());
     auto it = cache().find(key);
     if (it != cache().end()) {
+      if (p.accumulate) adopt_plain_choice(w, act, &it->second);  // the plain product may have been timed since
       *plan = plan_of(it->second);
       return Status::Ok();
     }
@@ -270,7 +284,7 @@ Status heuristic(const Prepared& w, GemmActivation act, GemmPlan* plan) {
   auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
     return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
   };
-  cublasStatus_t st = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kMaxWorkspace));
+  cublasStatus_t st = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(kGemmMaxWorkspace));
   if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(p.b.data));
   if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(p.a.data));
   if (st == CUBLAS_STATUS_SUCCESS) st = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(p.out));
@@ -292,8 +306,9 @@ Status heuristic(const Prepared& w, GemmActivation act, GemmPlan* plan) {
                                 (p.aux != nullptr ? " (aux wants N % 8 == 0 and 16-byte alignment)" : "") +
                                 (p.a_sum != nullptr ? " (a_sum wants a column-major a)" : ""));
   if (!(s = lt_status(st, "cublasLtMatmulAlgoGetHeuristic")).ok()) return s;
-  e.tuned = e.count == 1;
+  e.tuned = e.count == 1 || p.accumulate;
   std::lock_guard<std::mutex> lock(cache_mutex());
+  if (p.accumulate) adopt_plain_choice(w, act, &e);
   const Entry& stored = cache().emplace(key, e).first->second;
   *plan = plan_of(stored);
   return Status::Ok();
@@ -314,8 +329,7 @@ Status check_workspace(const GemmPlan& plan, const void* workspace, size_t bytes
 // The family's own kernels (gemm_<dtype>.cu) for the calls with no product.
 Status run_own(const Prepared& w, GemmActivation act, cudaStream_t stream) {
   const GemmParams& p = w.p;
-  const bool bf16 = w.dtype == DType::kBFloat16;
-  if (p.M == 0 || p.batch == 0) return Status::Ok();
+  if (p.M == 0 || p.batch == 0 || p.accumulate) return Status::Ok();  // accumulate with K = 0 adds nothing
   if (p.K == 0) {  // one launch per batch: an edge case, the batch count is the caller's
     const size_t elt = dtype_size(w.dtype);
     for (int64_t i = 0; i < p.batch; ++i) {
@@ -323,22 +337,21 @@ Status run_own(const Prepared& w, GemmActivation act, cudaStream_t stream) {
       one.batch = 1;
       one.out = static_cast<char*>(p.out) + i * p.out_bs * elt;
       if (p.aux != nullptr) one.aux = static_cast<char*>(p.aux) + i * p.M * p.N * elt;
-      Status s = bf16 ? launch_gemm_fill<__nv_bfloat16>(one, act, *w.dev, stream)
-                      : launch_gemm_fill<__half>(one, act, *w.dev, stream);
+      Status s = dispatch_dtype(w.dtype, "gemm",
+                                [&](auto t) { return launch_gemm_fill<decltype(t)>(one, act, *w.dev, stream); });
       if (!s.ok()) return s;
     }
     return Status::Ok();
   }
   if (p.a_sum != nullptr)  // N = 0: no output, the row sums alone
-    return bf16 ? launch_gemm_row_sum<__nv_bfloat16>(p, *w.dev, stream)
-                : launch_gemm_row_sum<__half>(p, *w.dev, stream);
+    return dispatch_dtype(w.dtype, "gemm", [&](auto t) { return launch_gemm_row_sum<decltype(t)>(p, *w.dev, stream); });
   return Status::Ok();
 }
 
 Status matmul(cublasLtHandle_t handle, const Desc& d, const GemmParams& p, const cublasLtMatmulAlgo_t& algo,
               void* workspace, size_t bytes, cudaStream_t stream) {
-  const float one = 1.0f, zero = 0.0f;
-  return lt_status(cublasLtMatmul(handle, d.op, &one, p.b.data, d.la, p.a.data, d.lb, &zero, p.out, d.lc, p.out, d.lc,
+  const float one = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  return lt_status(cublasLtMatmul(handle, d.op, &one, p.b.data, d.la, p.a.data, d.lb, &beta, p.out, d.lc, p.out, d.lc,
                                   &algo, workspace, bytes, stream),
                    "cublasLtMatmul");
 }

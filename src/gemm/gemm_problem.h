@@ -27,6 +27,7 @@ struct GemmParams {
   void* a_sum = nullptr;  // [M] or nullptr (batch 1 only)
   int64_t M = 0, N = 0, K = 0;
   int64_t batch = 1;  // the product count: out [batch, M, N]
+  bool accumulate = false;  // out += a b^T (beta = 1)
 };
 
 // Checks every argument; `cuda` = false admits float32 / float64 (the CPU reference).

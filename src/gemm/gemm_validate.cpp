@@ -99,10 +99,10 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
   Status s = batched_operand(*t.a, "a", "[B, M, K]", "[M, K]");
   if (!s.ok()) return s;
   const TensorView& a_full = *t.a;
-  const bool half = a_full.dtype == DType::kFloat16 || a_full.dtype == DType::kBFloat16;
-  const bool wide = a_full.dtype == DType::kFloat32 || a_full.dtype == DType::kFloat64;
-  if (!(half || (!cuda && wide)))
-    return fail(std::string("a must be float16 or bfloat16") + (cuda ? "" : " (float32 / float64 on CPU)") + ", got " +
+  const bool narrow = a_full.dtype == DType::kFloat16 || a_full.dtype == DType::kBFloat16 ||
+                      a_full.dtype == DType::kFloat32;
+  if (!(narrow || (!cuda && a_full.dtype == DType::kFloat64)))
+    return fail(std::string("a must be float16, bfloat16 or float32") + (cuda ? "" : " (float64 on CPU)") + ", got " +
                 dtype_name(a_full.dtype));
   if (!(s = batched_operand(*t.b, "b", "[B, N, K]", "[N, K]")).ok()) return s;
   if (!(s = basic(*t.out, "out", t.out->ndim, batched ? "[B, M, N]" : "[M, N]")).ok()) return s;
@@ -155,6 +155,9 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
   }
   if (t.a_sum != nullptr && (act != GemmActivation::kNone || t.bias != nullptr))
     return fail("a_sum (the bias gradient of a weight-gradient GEMM) goes without bias and activation");
+  if (t.accumulate && (act != GemmActivation::kNone || t.bias != nullptr || t.aux != nullptr || t.a_sum != nullptr))
+    return fail("accumulate (out += a b^T) goes without bias, activation, aux and a_sum");
+  p->accumulate = t.accumulate;
   p->out_bs = out_bs;
   p->batch = batch;
   p->bias = t.bias != nullptr ? t.bias->data : nullptr;

@@ -1,4 +1,5 @@
-// float64 CPU reference of the GEMM family: pre[m, n] = sum_k a[m, k] b[n, k] (+ bias[n]) in double;
+// float64 CPU reference of the GEMM family: pre[m, n] = sum_k a[m, k] b[n, k] (+ bias[n], or + out[m, n]
+// when accumulating) in double;
 // out = act(pre), aux = pre and a_sum[m] = sum_k a[m, k], each rounded once to the dtype. The test oracle
 // and the CPU implementation of the PyTorch ops.
 #include <cmath>
@@ -37,6 +38,7 @@ Status gemm(const GemmTensors& t, GemmActivation act) {
     for (int64_t m = 0; m < p.M; ++m) {
       for (int64_t n = 0; n < p.N; ++n) {
         double acc = p.bias != nullptr ? load_as_double(p.bias, dt, n) : 0.0;
+        if (p.accumulate) acc = load_as_double(p.out, dt, i * p.out_bs + m * p.ldo + n);
         for (int64_t k = 0; k < p.K; ++k)
           acc += load_as_double(p.a.data, dt, i * p.a.bs + at(p.a, m, k)) *
                  load_as_double(p.b.data, dt, i * p.b.bs + at(p.b, n, k));

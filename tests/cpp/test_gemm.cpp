@@ -29,6 +29,7 @@ using Act = kf::GemmActivation;
 
 constexpr DType F16 = DType::kFloat16;
 constexpr DType BF16 = DType::kBFloat16;
+constexpr DType F32 = DType::kFloat32;
 
 struct GemmCase {
   std::string name;
@@ -36,6 +37,7 @@ struct GemmCase {
   int64_t M = 64, N = 96, K = 80;
   Act act = Act::kNone;
   bool bias = true, aux = false, a_sum = false;
+  bool accumulate = false;  // out += a b^T on out's prior values
   bool a_col = false, b_col = false;  // column-major operand (a transposed view)
   Layout a_layout, b_layout, out_layout;
 };
@@ -78,13 +80,15 @@ TEST_P(GemmGpu, MatchesReference) {
   const HostTensor a = random_tensor(c.dtype, {c.M, c.K}, rng, -1.0, 1.0),
                    b = random_tensor(c.dtype, {c.N, c.K}, rng, -1.0, 1.0),
                    bias = random_tensor(c.dtype, {c.N}, rng, -1.0, 1.0);
-  HostTensor out_ref(c.dtype, {c.M, c.N}), aux_ref(c.dtype, {c.M, c.N}), sum_ref(c.dtype, {c.M});
+  const HostTensor prior = random_tensor(c.dtype, {c.M, c.N}, rng, -1.0, 1.0);  // out's values before accumulate
+  HostTensor out_ref = c.accumulate ? prior : HostTensor(c.dtype, {c.M, c.N});
+  HostTensor aux_ref(c.dtype, {c.M, c.N}), sum_ref(c.dtype, {c.M});
   {
     const TensorView av = a.view(), bv = b.view(), biv = bias.view(), ov = out_ref.view(), xv = aux_ref.view(),
                      sv = sum_ref.view();
     kf::GemmTensors t;
     t.a = &av, t.b = &bv, t.bias = c.bias ? &biv : nullptr, t.out = &ov;
-    t.aux = c.aux ? &xv : nullptr, t.a_sum = c.a_sum ? &sv : nullptr;
+    t.aux = c.aux ? &xv : nullptr, t.a_sum = c.a_sum ? &sv : nullptr, t.accumulate = c.accumulate;
     KF_ASSERT_OK(kf::ref::gemm(t, c.act));
   }
   Operand da(a, c.a_col, c.a_layout), db(b, c.b_col, c.b_layout);
@@ -92,11 +96,12 @@ TEST_P(GemmGpu, MatchesReference) {
       dsum(c.dtype, {c.M});
   ASSERT_TRUE(da.dev.ok() && db.dev.ok() && dbias.ok() && dout.ok() && daux.ok() && dsum.ok());
   dbias.upload(bias);
+  if (c.accumulate) dout.upload(prior);
   const TensorView av = da.view(), bv = db.view(), biv = dbias.view(), ov = dout.view(), xv = daux.view(),
                    sv = dsum.view();
   kf::GemmTensors t;
   t.a = &av, t.b = &bv, t.bias = c.bias ? &biv : nullptr, t.out = &ov;
-  t.aux = c.aux ? &xv : nullptr, t.a_sum = c.a_sum ? &sv : nullptr;
+  t.aux = c.aux ? &xv : nullptr, t.a_sum = c.a_sum ? &sv : nullptr, t.accumulate = c.accumulate;
   kf::GemmPlan plan;
   size_t bytes = 0;
   KF_ASSERT_OK(kf::gemm_plan(t, c.act, &plan, &bytes));
@@ -106,7 +111,7 @@ TEST_P(GemmGpu, MatchesReference) {
   KF_ASSERT_OK(kf::gemm(plan, t, c.act, ws, bytes, nullptr));
   KF_CUDA_CHECK(cudaDeviceSynchronize());
   if (ws) cudaFree(ws);
-  const double u = c.dtype == BF16 ? 1.0 / 256 : 1.0 / 2048;
+  const double u = c.dtype == BF16 ? 1.0 / 256 : (c.dtype == F16 ? 1.0 / 2048 : std::ldexp(1.0, -24));
   const Tol tol{2 * u, std::ldexp(double(c.K), -20) + u + (c.act == Act::kGeluTanh ? 1.0 / 2048 : 0.0)};
   EXPECT_TRUE(all_close("out", dout.download(), out_ref, tol));
   EXPECT_TRUE(dout.check_untouched("out"));
@@ -117,8 +122,9 @@ TEST_P(GemmGpu, MatchesReference) {
     EXPECT_TRUE(all_close("a_sum", dsum.download(), sum_ref, tol));
   }
 
-  // The first run timed cuBLASLt's candidates: planning again gives the kept one, tuned, whose workspace
-  // is at most the untuned plan's (that one fits every candidate).
+  // The first run timed cuBLASLt's candidates (an accumulating one is never timed, and planned as tuned):
+  // planning again gives the kept one, tuned, whose workspace is at most the untuned plan's (that one
+  // fits every candidate).
   kf::GemmPlan again;
   size_t again_bytes = 0;
   KF_ASSERT_OK(kf::gemm_plan(t, c.act, &again, &again_bytes));
@@ -130,6 +136,7 @@ TEST_P(GemmGpu, MatchesReference) {
 
   // The one-shot entry: size query, then the run, same result.
   dout.poison();
+  if (c.accumulate) dout.upload(prior);
   size_t need = 0;
   KF_ASSERT_OK(kf::gemm(t, c.act, nullptr, &need, nullptr));
   EXPECT_EQ(need, again_bytes);
@@ -142,8 +149,8 @@ TEST_P(GemmGpu, MatchesReference) {
 
 std::vector<GemmCase> gemm_cases() {
   std::vector<GemmCase> v;
-  for (DType t : {BF16, F16}) {
-    const std::string ts = t == BF16 ? "bf16" : "fp16";
+  for (DType t : {BF16, F16, F32}) {
+    const std::string ts = t == BF16 ? "bf16" : (t == F16 ? "fp16" : "fp32");
     for (Act act : {Act::kNone, Act::kRelu, Act::kGeluTanh})
       for (bool bias : {false, true}) {
         GemmCase c;
@@ -192,6 +199,21 @@ std::vector<GemmCase> gemm_cases() {
   v.push_back(c);
   c = GemmCase{};
   c.name = "m0", c.M = 0;
+  v.push_back(c);
+  // accumulate: a chunked weight gradient's running sum (dW += dy_c^T x_c: both operands transposed views)
+  for (DType t : {BF16, F32}) {
+    c = GemmCase{};
+    c.dtype = t, c.accumulate = true, c.bias = false, c.a_col = true, c.b_col = true, c.M = 136, c.N = 200,
+    c.K = 1000;
+    c.name = std::string("accumulate_") + (t == BF16 ? "bf16" : "fp32");
+    v.push_back(c);
+  }
+  c = GemmCase{};
+  c.name = "accumulate_odd_padded_out", c.accumulate = true, c.bias = false, c.M = 7, c.N = 129, c.K = 67,
+  c.out_layout = {8, 0};
+  v.push_back(c);
+  c = GemmCase{};
+  c.name = "accumulate_k0", c.accumulate = true, c.bias = false, c.K = 0;  // out keeps its values
   v.push_back(c);
   return v;
 }
@@ -322,7 +344,15 @@ TEST(GemmValidation, AcceptsAndRejects) {
                     "b must have a's dtype");
   KF_EXPECT_INVALID(validate(a, b, nullptr, cuda_view(BF16, {4, 31}, 0, uintptr_t{3} << 40)),
                     "out must have shape [4, 32]");
-  KF_EXPECT_INVALID(validate(cuda_view(DType::kFloat32, {4, 64}), b, nullptr, out), "a must be float16 or bfloat16");
+  KF_EXPECT_INVALID(validate(cuda_view(DType::kFloat64, {4, 64}), b, nullptr, out),
+                    "a must be float16, bfloat16 or float32");
+  {
+    kf::GemmTensors acc;
+    acc.a = &a, acc.b = &b, acc.bias = &bias, acc.out = &out, acc.accumulate = true;
+    kf::GemmParams p;
+    DType d;
+    KF_EXPECT_INVALID(kf::validate_gemm("gemm", true, acc, Act::kNone, &p, &d), "accumulate (out += a b^T) goes");
+  }
   TensorView strided = a;
   strided.strides[0] = 128, strided.strides[1] = 2;
   KF_EXPECT_INVALID(validate(strided, b, nullptr, out), "a must be row-major or column-major");

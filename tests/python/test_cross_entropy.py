@@ -298,7 +298,7 @@ def test_flce_all_ignored_and_errors(kf, device):
     assert torch.equal(gh, torch.zeros_like(gh)) and torch.equal(gw, torch.zeros_like(gw))
     with pytest.raises(RuntimeError, match=r"weight must have shape \[vocab, 8\]"):
         kf.fused_linear_cross_entropy(h, torch.randn(20, 7, device=device), tg)
-    with pytest.raises(RuntimeError, match="weight must have the dtype of hidden"):
+    with pytest.raises(RuntimeError, match="weight must have hidden's dtype"):
         kf.fused_linear_cross_entropy(h, w.double(), tg)
     with pytest.raises(RuntimeError, match="bias must have shape"):
         kf.fused_linear_cross_entropy(h, w, tg, torch.randn(19, device=device))
@@ -308,7 +308,8 @@ def test_flce_all_ignored_and_errors(kf, device):
 
 @pytest.mark.cuda
 def test_flce_memory_no_full_logits(kf):
-    """Peak memory above inputs and outputs stays near one chunk, far below [T, V] float32 logits."""
+    """Peak memory above inputs and outputs stays near one chunk (plus cuBLASLt's 32 MiB workspace), far below
+    [T, V] float32 logits."""
     t, hd, v = 4096, 256, 32000
     h = torch.randn(t, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(v, hd, device="cuda", dtype=torch.bfloat16) * 0.05).requires_grad_()
@@ -321,7 +322,7 @@ def test_flce_memory_no_full_logits(kf):
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base - h.numel() * 2 - w.numel() * 2
     chunk = 512 * v * 2
-    assert extra < 2 * chunk + (8 << 20), f"extra peak {extra / 2**20:.1f} MiB vs chunk {chunk / 2**20:.1f} MiB"
+    assert extra < 2 * chunk + (40 << 20), f"extra peak {extra / 2**20:.1f} MiB vs chunk {chunk / 2**20:.1f} MiB"
     assert extra < t * v * 4 / 4
 
 
