@@ -27,8 +27,8 @@ std::tuple<Tensor, Tensor> mla_decode_impl(bool cuda, const Tensor& q, const Ten
                                            const OptTensor& block_table, std::optional<double> scale,
                                            int64_t max_seq_len, bool return_lse) {
   if (scale.has_value() && !(std::isfinite(*scale) && *scale > 0.0))
-    TORCH_CHECK_VALUE(false, "mla_decode: scale must be a finite value > 0 or None (1 / sqrt(576)), got " +
-                                 std::to_string(*scale));
+    TORCH_CHECK_VALUE(
+        false, "mla_decode: scale must be a finite value > 0 or None (1 / sqrt(576)), got " + std::to_string(*scale));
   kf::MlaDecodeOptions o;
   o.scale = scale.has_value() ? static_cast<float>(*scale) : 0.0f;
   o.max_seq_len = max_seq_len;
@@ -74,9 +74,10 @@ std::tuple<Tensor, Tensor> mla_decode_impl(bool cuda, const Tensor& q, const Ten
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
-  def_op<&mla_decode_impl>(m,
-                           "mla_decode(Tensor q, Tensor kv_cache, Tensor seq_lens, Tensor? block_table, *, float? scale, "
-                           "SymInt max_seq_len, bool return_lse) -> (Tensor out, Tensor lse)");
+  def_op<&mla_decode_impl>(
+      m,
+      "mla_decode(Tensor q, Tensor kv_cache, Tensor seq_lens, Tensor? block_table, *, float? scale, "
+      "SymInt max_seq_len, bool return_lse) -> (Tensor out, Tensor lse)");
   // Not differentiable: the Autograd key falls through to the CUDA / CPU kernel (see kf_decode.cpp).
   m.impl("mla_decode", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
 }

@@ -286,7 +286,8 @@ Status validate_mla_decode(const MlaDecodeCall& c, DecodeParams* p, DType* dtype
     return ck.fail("q must have 1 to 8 new tokens per sequence (dimension 1), got " + std::to_string(Lq));
   if (B > 65535) return ck.fail("q's batch must be at most 65535, got " + std::to_string(B));
   if (c.cuda && q.numel() > 0) {  // 16-byte cp.async of q rows
-    const bool ok = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && (q.strides[0] | q.strides[1] | q.strides[2]) % 8 == 0;
+    const bool ok =
+        reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && (q.strides[0] | q.strides[1] | q.strides[2]) % 8 == 0;
     if (!ok)
       return ck.fail(
           "q must start at a 16-byte aligned address with strides that are multiples of 8 elements (16-byte row "

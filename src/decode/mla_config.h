@@ -47,8 +47,8 @@ constexpr int kMlaTileCount = int(sizeof(kMlaTiles) / sizeof(kMlaTiles[0]));
 constexpr int64_t mla_smem_limit(int capability) {
   return (capability == 90 || capability == 100 || capability == 103) ? 232448
          : (capability == 80 || capability == 87)                     ? 166912
-         : capability >= 80                                             ? 101376
-                                                                        : 0;
+         : capability >= 80                                           ? 101376
+                                                                      : 0;
 }
 
 }  // namespace kernelforge

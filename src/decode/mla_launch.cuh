@@ -42,8 +42,8 @@ Status launch_mla_tile(const MlaDecodePlan& plan, const DecodeParams& p, void* w
                                       (rows * kMlaHeadDimV * sizeof(float) + 255) / 256 * 256);
   }
   {  // row tiles fastest: the CTAs reading the same keys run side by side and share them through L2
-    Launch l(dim3(unsigned(mla_row_tiles(plan, p)), unsigned(plan.splits), unsigned(p.batch)),
-             dim3(32u * kMlaWarps), size_t(smem), stream, use_pdl(*dev));
+    Launch l(dim3(unsigned(mla_row_tiles(plan, p)), unsigned(plan.splits), unsigned(p.batch)), dim3(32u * kMlaWarps),
+             size_t(smem), stream, use_pdl(*dev));
     st = launched(l(kernel, p, plan.splits, ws_o, ws_lse), "mla_decode");
     if (!st.ok() || plan.splits == 1) return st;
   }

@@ -38,7 +38,7 @@ MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev) {
   plan.block_n = kMlaBlockN;
   plan.warps = kMlaWarps;
   plan.stages = kMlaTiles[kMlaTileCount - 1].stages;  // the shallowest: check_mla_decode_plan names a device too small
-  for (const MlaTile& c : kMlaTiles) {  // deepest first
+  for (const MlaTile& c : kMlaTiles) {                // deepest first
     if (dev.capability >= c.min_capability && mla_smem_bytes(c.stages) <= mla_smem_limit(dev.capability)) {
       plan.stages = c.stages;
       break;

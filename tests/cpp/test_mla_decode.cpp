@@ -95,8 +95,8 @@ TEST_P(MlaDecodeGpu, MatchesReference) {
   const int64_t max_pages = !paged ? 1 : (c.max_pages > 0 ? c.max_pages : (longest + page - 1) / page + 1);
   const int64_t P = paged ? B * max_pages + 2 : B;
   const std::vector<int64_t> cshape = {P, page, Dk};
-  const std::vector<int64_t> cstr = paged ? std::vector<int64_t>{page * Dk, Dk, 1}
-                                          : std::vector<int64_t>{page * (Dk + 8), Dk + 8, 1};
+  const std::vector<int64_t> cstr =
+      paged ? std::vector<int64_t>{page * Dk, Dk, 1} : std::vector<int64_t>{page * (Dk + 8), Dk + 8, 1};
   const int64_t celems = P * cstr[0];
   std::vector<double> kvh(size_t(celems), std::nan(""));
   std::vector<int32_t> bt(size_t(B * max_pages), 0);
@@ -110,7 +110,8 @@ TEST_P(MlaDecodeGpu, MatchesReference) {
     for (int64_t j = 0; j < std::min(c.lens[b], capacity); ++j) {
       const int64_t pg = paged ? bt[b * max_pages + j / page] : b;
       if (pg < 0 || pg >= P) continue;
-      for (int64_t e = 0; e < Dk; ++e) kvh[pg * cstr[0] + (j % page) * cstr[1] + e] = round_to(c.dtype, rng.uniform(-2.0, 2.0));
+      for (int64_t e = 0; e < Dk; ++e)
+        kvh[pg * cstr[0] + (j % page) * cstr[1] + e] = round_to(c.dtype, rng.uniform(-2.0, 2.0));
     }
   HostTensor kv(c.dtype, {celems});
   for (int64_t i = 0; i < celems; ++i) kv.set(i, kvh[i]);

@@ -116,7 +116,7 @@ def check_lse(lse, want):
 # ---- values ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scale", [None, 0.09375], ids=["default_scale", "scale"])  # a float32 value: the op takes a float
+@pytest.mark.parametrize("scale", [None, 0.09375], ids=["default_scale", "scale"])  # exact in float32 (the op's type)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("device,dtype", DEVICES)
 def test_values(kf, device, dtype, case, scale):

@@ -379,8 +379,8 @@ def _mla_inputs(shape: DecodeShape, dtype, device, gen):
     a random permutation of the pool, block_table int32 [B, ceil(kv / p)])."""
     B, H, kv, D, page, Lq = shape.b, shape.hq, shape.kv, shape.d, shape.page, shape.lq
     rows = randn(gen, device, dtype, B, kv, D)
-    t = {"q": randn(gen, device, dtype, B, Lq, H, D), "seq_lens": torch.full((B,), kv, dtype=torch.int32, device=device),
-         "max_seq_len": kv}
+    t = {"q": randn(gen, device, dtype, B, Lq, H, D),
+         "seq_lens": torch.full((B,), kv, dtype=torch.int32, device=device), "max_seq_len": kv}
     if page == 0:
         t["kv_cache"], t["block_table"] = rows, None
     else:

@@ -52,11 +52,11 @@ __global__ void __launch_bounds__(kMlaWarps * 32, 1)
     constexpr int kDk = kMlaHeadDimK, kDv = kMlaHeadDimV;
     constexpr int kRows = kMlaRows, kBlockN = kMlaBlockN, kThreads = kMlaWarps * 32;
     constexpr int kStride = kMlaStride, kPStride = kMlaPStride;
-    constexpr int kMTiles = kRows / 16;                  // m16 row blocks per CTA
-    constexpr int kThreadsPerRow = kThreads / kBlockN;   // threads copying one cache row
-    constexpr int kCopies = kDk / 8 / kThreadsPerRow;    // 16-byte chunks per thread and row
-    constexpr int kColsPerWarp = kDv / kMlaWarps;        // P V: output columns per warp
-    constexpr int kNd = kColsPerWarp / 8;                // ... in n8 tiles
+    constexpr int kMTiles = kRows / 16;                 // m16 row blocks per CTA
+    constexpr int kThreadsPerRow = kThreads / kBlockN;  // threads copying one cache row
+    constexpr int kCopies = kDk / 8 / kThreadsPerRow;   // 16-byte chunks per thread and row
+    constexpr int kColsPerWarp = kDv / kMlaWarps;       // P V: output columns per warp
+    constexpr int kNd = kColsPerWarp / 8;               // ... in n8 tiles
     static_assert(kStages >= 2, "the ring needs a stage in flight");
     static_assert(kMlaWarps == 2 * kMTiles && kBlockN == 32, "S: two 16-key halves per row block");
     static_assert(kThreads % kBlockN == 0 && (kDk / 8) % kThreadsPerRow == 0 && kRows % kBlockN == 0,
@@ -64,9 +64,9 @@ __global__ void __launch_bounds__(kMlaWarps * 32, 1)
     static_assert(kColsPerWarp % 16 == 0, "P V: 16-column ldmatrix.trans blocks per warp");
 
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t* sq = smem;                                               // [kRows][kStride]
-    uint16_t* skv = sq + kRows * kStride;                              // [kStages][kBlockN][kStride]
-    uint16_t* sp = skv + kStages * kBlockN * kStride;                  // [kRows][kPStride]
+    uint16_t* sq = smem;                                             // [kRows][kStride]
+    uint16_t* skv = sq + kRows * kStride;                            // [kStages][kBlockN][kStride]
+    uint16_t* sp = skv + kStages * kBlockN * kStride;                // [kRows][kPStride]
     float* s_max = reinterpret_cast<float*>(sp + kRows * kPStride);  // [2][kRows]: each key half's tile max
     float* s_alpha = s_max + 2 * kRows;                              // [kRows]: this tile's rescale
     float* s_sum = s_alpha + kRows;                                  // [2][kRows]: final partial sums
@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32, 1)
         for (int kk = 0; kk < kDk / 16; ++kk) {
           uint32_t a[4], kb[4];
           ldmatrix_x4(smem_addr(sq + (mt * 16 + lane % 16) * kStride + kk * 16 + 8 * (lane / 16)), a);
-          ldmatrix_x4(
-              smem_addr(sk + (kh * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * 16 + 8 * ((lane / 8) % 2)), kb);
+          ldmatrix_x4(smem_addr(sk + (kh * 16 + lane % 8 + 8 * (lane / 16)) * kStride + kk * 16 + 8 * ((lane / 8) % 2)),
+                      kb);
           mma_16816<T>(s[0], a, kb[0], kb[1]);
           mma_16816<T>(s[1], a, kb[2], kb[3]);
         }
@@ -293,7 +293,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32, 1)
           float* dst = ws_o + (row * splits + split) * kDv + c0 + 2 * tq;
 #pragma unroll
           for (int nd = 0; nd < kNd; ++nd)
-            *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[mb][nd][2 * hf] * inv, o[mb][nd][2 * hf + 1] * inv);
+            *reinterpret_cast<float2*>(dst + nd * 8) =
+                make_float2(o[mb][nd][2 * hf] * inv, o[mb][nd][2 * hf + 1] * inv);
           if (warp == 0 && tq == 0) ws_lse[row * splits + split] = lse2;
         }
       }
