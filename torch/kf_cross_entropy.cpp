@@ -263,8 +263,14 @@ void flce_run(const char* op, bool backward, const Tensor& hidden, const Tensor&
   }
 }
 
-// Hidden and weight as the core takes them: stride 1 along the hidden size (a copy only otherwise).
-Tensor hidden_rows(const Tensor& x) { return x.dim() == 2 && x.size(1) > 1 && x.stride(1) != 1 ? x.contiguous() : x; }
+// Hidden and weight as the core takes them: stride 1 along the hidden size and rows that do not overlap
+// (a copy only otherwise: e.g. a transposed view, or a row broadcast with expand, stride 0).
+Tensor hidden_rows(const Tensor& x) {
+  if (x.dim() != 2) return x;
+  const bool cols = x.size(1) > 1 && x.stride(1) != 1;
+  const bool rows = x.size(0) > 1 && x.size(1) > 0 && x.stride(0) < x.size(1);
+  return cols || rows ? x.contiguous() : x;
+}
 
 // (dhidden, dweight, dbias); absent ones are empty [0] tensors, as the ops return them
 std::tuple<Tensor, Tensor, Tensor> flce_grads(const FlceBuffers& b, const Tensor& hidden, const OptTensor& bias) {
