@@ -6,9 +6,9 @@
 // entry (the default plan) and then the same call with the key split forced to 1, 3 and 16, for each
 // kMlaTiles pipeline depth the GPU holds, each on outputs poisoned with NaN. Cases cover page sizes 1,
 // 16, 64 and the contiguous cache (with a padded row stride), ragged lengths with 0, 1, 7 and 4097,
-// q_len 1 to 8, H = 1, 7 (rows that do not fill a 16-row block), 16, 32, 64 and 128 (two row tiles;
-// with Lq = 8 sixteen), lengths beyond the capacity and block-table entries outside the cache (read
-// as zeros, as the reference does).
+// q_len 1 to 8, H = 1, 7 (rows that do not fill a 16-row block), 16, 24 (Lq = 3: a token's rows
+// across two row tiles), 32, 64 and 128 (two row tiles; with Lq = 8 sixteen), lengths below Lq and
+// beyond the capacity, and block-table entries outside the cache (read as zeros, as the reference does).
 //
 // Tolerance (u: 2^-8 bfloat16, 2^-11 float16; |v| < 2): out is a convex combination of value rows
 // with P rounded to the dtype before P V (at most u |v| = 2u) and rounded once more (u |out| / 2);
@@ -226,6 +226,10 @@ std::vector<MlaCase> mla_cases() {
   c.H = 128, c.Lq = 8, c.lens = {600, 8}, c.name = "h128_qlen8";  // 1024 rows: 16 row tiles
   add(c);
   c.H = 16, c.Lq = 5, c.lens = {37, 5, 6}, c.page = 0, c.name = "h16_qlen5_contiguous";
+  add(c);
+  // 72 rows: token 2's rows 48..71 straddle the two row tiles; lengths below Lq (0 < n < 3): the
+  // first tokens see no key (out 0, lse -inf) while the later ones of the same tile do
+  c.H = 24, c.Lq = 3, c.lens = {130, 2, 1, 3}, c.page = 16, c.name = "h24_qlen3_short";
   add(c);
   c = MlaCase{};
   c.lens = {100, 5000, -3};  // 5000 > capacity (clamped), -3 -> 0

@@ -27,8 +27,9 @@ CUDA = [pytest.param("cuda", dt, id=f"cuda-{str(dt)[6:]}") for dt in (torch.bflo
 DEVICES = [CPU] + CUDA
 ERR = (RuntimeError, ValueError)
 
-# (seq_lens, Lq, H, page): H 16 / 128 (two 64-row tiles) / 7 (a partial row block) / 1 / 32, Lq 1 .. 8,
-# page sizes 1, 16, 64 and a contiguous cache (0); an empty sequence, lengths 1 and 7, 4097 (past a split).
+# (seq_lens, Lq, H, page): H 16 / 128 (two 64-row tiles) / 7 (a partial row block) / 1 / 32 / 24, Lq 1 .. 8,
+# page sizes 1, 16, 64 and a contiguous cache (0); an empty sequence, lengths 1 and 7, 4097 (past a split),
+# lengths below Lq (the first new tokens see no key).
 CASES = [
     ([1, 7, 0, 33], 1, 16, 16),
     ([5, 17, 3], 2, 7, 1),
@@ -37,6 +38,7 @@ CASES = [
     ([23, 61, 0], 1, 32, 0),
     ([12, 31], 8, 16, 16),
     ([40], 1, 1, 16),
+    ([2, 130, 1], 3, 24, 16),  # 72 rows: token 2 across the two row tiles; lengths below Lq see nothing
 ]
 
 
