@@ -156,10 +156,11 @@ def test_linear_act_compiles(fresh_dynamo):
 
 
 @pytest.mark.cuda
-def test_float32_cuda_refused_with_an_activation():
+def test_float32_cuda_with_an_activation():
+    """float32 runs the GEMM family too (cuBLASLt's plain float32 compute, no TF32)."""
     x, w = torch.randn(32, 16, device="cuda"), torch.randn(8, 16, device="cuda")
-    with pytest.raises(RuntimeError, match="a must be float16 or bfloat16"):
-        kf.linear(x, w, activation="relu")
+    want = F.relu(F.linear(x.double(), w.double())).float()
+    torch.testing.assert_close(kf.linear(x, w, activation="relu"), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kf.linear(x, w), F.linear(x, w))  # no activation: torch's GEMM, by design
 
 
