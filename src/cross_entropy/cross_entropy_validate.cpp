@@ -16,6 +16,19 @@ using validate_util::device_str;
 using validate_util::shape_str;
 using validate_util::strides_str;
 
+// The options' ranges, shared by the cross-entropy and the fused linear cross-entropy: "" or why not.
+std::string options_error(const CrossEntropyOptions& o) {
+  if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0))
+    return "label_smoothing must be in [0, 1], got " + std::to_string(o.label_smoothing);
+  if (!(o.z_loss_scale >= 0.0) || !std::isfinite(o.z_loss_scale))
+    return "z_loss_scale must be finite and >= 0, got " + std::to_string(o.z_loss_scale);
+  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
+    return "softcap must be finite and > 0 (or 0 / None: no softcap), got " + std::to_string(o.softcap);
+  if (o.reduction != Reduction::kNone && o.reduction != Reduction::kMean && o.reduction != Reduction::kSum)
+    return "reduction must be none (0), mean (1) or sum (2), got " + std::to_string(int(o.reduction));
+  return "";
+}
+
 struct Checker {
   const CeCall& c;
   explicit Checker(const CeCall& call) : c(call) {}
@@ -78,14 +91,8 @@ struct Checker {
       if (!why.empty()) return fail("logits" + why);
     }
     // options
-    if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0))
-      return fail("label_smoothing must be in [0, 1], got " + std::to_string(o.label_smoothing));
-    if (!(o.z_loss_scale >= 0.0) || !std::isfinite(o.z_loss_scale))
-      return fail("z_loss_scale must be finite and >= 0, got " + std::to_string(o.z_loss_scale));
-    if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
-      return fail("softcap must be finite and > 0 (or 0 / None: no softcap), got " + std::to_string(o.softcap));
-    if (o.reduction != Reduction::kNone && o.reduction != Reduction::kMean && o.reduction != Reduction::kSum)
-      return fail("reduction must be none (0), mean (1) or sum (2), got " + std::to_string(int(o.reduction)));
+    const std::string bad_option = options_error(o);
+    if (!bad_option.empty()) return fail(bad_option);
     const int64_t classes = o.num_classes == 0 ? vocab : o.num_classes;
     if (o.class_start < 0 || o.num_classes < 0 || o.class_start > classes - vocab)
       return fail("a vocabulary shard must lie inside the classes: class_start (" + std::to_string(o.class_start) +
@@ -231,14 +238,8 @@ Status validate_flce(const char* name, bool cuda, bool backward, const FlceTenso
   // options
   if (o.class_start != 0 || o.num_classes != 0)
     return fail("vocabulary shards (class_start, num_classes) are not taken: the weight holds every class");
-  if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0))
-    return fail("label_smoothing must be in [0, 1], got " + std::to_string(o.label_smoothing));
-  if (!(o.z_loss_scale >= 0.0) || !std::isfinite(o.z_loss_scale))
-    return fail("z_loss_scale must be finite and >= 0, got " + std::to_string(o.z_loss_scale));
-  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
-    return fail("softcap must be finite and > 0 (or 0 / None: no softcap), got " + std::to_string(o.softcap));
-  if (o.reduction != Reduction::kNone && o.reduction != Reduction::kMean && o.reduction != Reduction::kSum)
-    return fail("reduction must be none (0), mean (1) or sum (2), got " + std::to_string(int(o.reduction)));
+  const std::string bad_option = options_error(o);
+  if (!bad_option.empty()) return fail(bad_option);
   // float32 vectors and scalars
   auto f32 = [&](const TensorView* v, const char* arg, bool vector, bool any_stride) -> Status {
     if (v == nullptr) return fail(std::string(arg) + " must not be null");
