@@ -8,7 +8,7 @@
 // dtypes; several chunks with a partial last one; an odd vocabulary (the zero-padded weight copy);
 // label smoothing, z-loss and softcap; mean, sum and the backward entry (reduction none, a strided
 // dloss); a bias and its float32 gradient; one token; no tokens (loss NaN for the mean, zero dweight);
-// row-padded hidden and gradients. Outputs must leave the bytes around them untouched.
+// row-padded hidden, weight and gradients; hidden size 1. Outputs must leave the bytes around them untouched.
 // Tolerance, one per dtype: the GPU rounds the logits chunk to the dtype (2^-8 relative in bfloat16)
 // before the loss, and the gradient chunk before the two GEMMs, so errors are relative to the largest
 // element of each output: |err| <= c (|want| + max |want|).
@@ -42,7 +42,7 @@ struct FlceCase {
   kf::Reduction reduction = kf::Reduction::kMean;
   bool backward = false;  // the backward entry (reduction none)
   double smoothing = 0, z_loss = 0, softcap = 0;
-  Layout hidden_layout, grad_layout;
+  Layout hidden_layout, grad_layout, weight_layout;
 };
 void PrintTo(const FlceCase& c, std::ostream* os) { *os << c.name; }
 
@@ -96,10 +96,10 @@ TEST_P(FlceGpu, MatchesReference) {
     }
   }
 
-  DeviceTensor d_h(c.dtype, {c.T, c.H}, c.hidden_layout), d_w(c.dtype, {c.V, c.H}), d_b(c.dtype, {c.V}),
-      d_tg(DType::kInt64, {c.T}), d_rl(F32, {c.T}), d_lse(F32, {c.T}), d_valid(F32, {}), d_loss(F32, {}),
-      d_dh(c.dtype, {c.T, c.H}, c.grad_layout), d_dw(c.dtype, {c.V, c.H}, c.grad_layout), d_db(F32, {c.V}),
-      d_dloss(F32, {2 * c.T});
+  DeviceTensor d_h(c.dtype, {c.T, c.H}, c.hidden_layout), d_w(c.dtype, {c.V, c.H}, c.weight_layout),
+      d_b(c.dtype, {c.V}), d_tg(DType::kInt64, {c.T}), d_rl(F32, {c.T}), d_lse(F32, {c.T}), d_valid(F32, {}),
+      d_loss(F32, {}), d_dh(c.dtype, {c.T, c.H}, c.grad_layout), d_dw(c.dtype, {c.V, c.H}, c.grad_layout),
+      d_db(F32, {c.V}), d_dloss(F32, {2 * c.T});
   ASSERT_TRUE(d_h.ok() && d_w.ok() && d_b.ok() && d_tg.ok() && d_rl.ok() && d_lse.ok() && d_valid.ok() &&
               d_loss.ok() && d_dh.ok() && d_dw.ok() && d_db.ok() && d_dloss.ok());
   d_h.upload(h), d_w.upload(w), d_b.upload(b), d_tg.upload(tg), d_dloss.upload(dloss);
@@ -186,6 +186,14 @@ std::vector<FlceCase> flce_cases() {
   v.push_back(c);
   c = FlceCase{};
   c.name = "padded_rows", c.T = 77, c.V = 333, c.chunk = 32, c.hidden_layout = {8, 0}, c.grad_layout = {8, 0};
+  c.weight_layout = {8, 0};  // an odd vocabulary: the padded copy reads the caller's row stride
+  v.push_back(c);
+  c = FlceCase{};  // a vocabulary that needs no padding: the GEMMs read the caller's weight with its row stride
+  c.name = "weight_row_stride", c.T = 100, c.V = 256, c.chunk = 48, c.weight_layout = {8, 0};
+  c.reduction = kf::Reduction::kSum;
+  v.push_back(c);
+  c = FlceCase{};  // hidden size 1: W^T and hidden_c^T are single rows (row-major and column-major at once)
+  c.name = "hidden_size_1", c.T = 40, c.H = 1, c.V = 40, c.chunk = 16;
   v.push_back(c);
   return v;
 }
