@@ -226,6 +226,34 @@ def test_empty_sequences(kf, device, dtype, cache):
     check_lse(lse, want_lse)
 
 
+@pytest.mark.parametrize("lq", [1, 4])
+@pytest.mark.parametrize("device,dtype", [CPU] + CUDA)
+def test_shared_prefix_pages(kf, device, dtype, lq):
+    """A shared prefix (a system prompt, beams, parallel samples): every sequence's block table starts with
+    the same physical pages, then its own. One call attends to prefix + suffix; the prefix is stored
+    once and each (sequence, kv head) CTA reads it (through L2 when they run together)."""
+    page, prefix_pages, hk, hq, d = 16, 5, 2, 8, 128
+    c = make_cache([prefix_pages * page + n for n in (1, 9, 40, 3)], hk, d, page, dtype, device)
+    table = c["block_table"].clone()
+    table[:, :prefix_pages] = table[0, :prefix_pages]  # sequences 1..3 read sequence 0's prefix pages
+    c["block_table"] = table
+    c["q"] = torch.randn(4, lq, hq, d, device=device).to(dtype)
+    out, lse = run(kf, c)
+    want, want_lse = want_of(c)
+    close(out, want, dtype, "out")
+    check_lse(lse, want_lse)
+    # the same as each sequence holding a private copy of the prefix
+    own = make_cache([prefix_pages * page + n for n in (1, 9, 40, 3)], hk, d, page, dtype, device)
+    for b in range(4):
+        for j in range(int(c["seq_lens"][b])):
+            for name in ("k", "v"):
+                p_own = int(own["block_table"][b, j // page])
+                own[f"{name}_cache"][p_own, j % page] = cache_row(c, name, b, j)
+    own["q"] = c["q"]
+    out_own, _ = run(kf, own)
+    close(out_own, want, dtype, "out (private prefix copies)")
+
+
 @pytest.mark.parametrize("device,dtype", [CPU] + CUDA)
 def test_strided_inputs_and_no_lse(kf, device, dtype):
     """q a slice of a fused projection [B, Lq, 3, Hq, D], v_cache with strides of its own (a slice of
