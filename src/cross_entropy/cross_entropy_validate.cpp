@@ -235,6 +235,7 @@ Status validate_flce(const char* name, bool cuda, bool backward, const FlceTenso
                 shape_str(tg));
   if (tg.device.type != h.device.type || tg.device.index != h.device.index)
     return fail("target must be on hidden's device (" + device_str(h.device) + "), got " + device_str(tg.device));
+  if (tokens > 0 && tg.data == nullptr) return fail("target has a null data pointer");
   // options
   if (o.class_start != 0 || o.num_classes != 0)
     return fail("vocabulary shards (class_start, num_classes) are not taken: the weight holds every class");

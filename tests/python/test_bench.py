@@ -29,7 +29,7 @@ CPU = torch.device("cpu")
 SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
          "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16),
          "linear": LinearShape(3, 40, 64, True), "graph": GraphShape(50, 400, 16), "bmm": BmmShape(3, 7, 40, 24),
-         "grouped": GroupedShape(3, 20, 24, 16)}
+         "grouped": GroupedShape(3, 20, 24, 16), "mla": DecodeShape(2, 4, 1, 40, 576, 16)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -49,6 +49,7 @@ def test_spec_is_complete(op):
     assert not backward or (s.grad_inputs and s.grad_outputs)
     assert s.bound in ("memory", "compute")
     assert all(runner._kind(sh) == s.shape_kind for sh in s.shapes + s.sweep_shapes)
+    assert s.shape_applies is None or all(s.shape_applies(sh) for sh in s.shapes + s.sweep_shapes)
     for sh in s.shapes:
         for mode in ("fwd", "fwdbwd", "fwd_graph", "fwd_call"):
             if mode == "fwdbwd" and not backward:
@@ -73,7 +74,7 @@ def test_spec_inputs_cpu(op):
     """The bench inputs hold every differentiated input and incoming gradient, never all zeros, and
     are the same for the same seed."""
     s = SPECS[op]
-    sh = SMALL[s.shape_kind]
+    sh = SMALL["mla"] if op == "mla_decode" else SMALL[s.shape_kind]
     t = s.inputs(sh, torch.bfloat16, CPU, torch.Generator().manual_seed(0))
     u = s.inputs(sh, torch.bfloat16, CPU, torch.Generator().manual_seed(0))
     for k in s.grad_inputs + s.grad_outputs:
@@ -447,7 +448,7 @@ def test_bench_smoke_cpu(tmp_path, capsys):
 def test_bench_smoke_cpu_every_family(tmp_path):
     """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
     has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
-    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "linear",
+    shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "mla", "linear",
                                                                     "graph", "bmm", "grouped"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)

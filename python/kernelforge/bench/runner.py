@@ -148,7 +148,8 @@ def op_shapes(spec: OpSpec, shapes: list | None, sweep: bool = False, rows: list
     """The op's shapes: those of its kind in --shapes, else its sweep or default shapes; --rows keeps
     the shapes with those rows."""
     if shapes is not None:
-        out = [sh for sh in shapes if _kind(sh) == spec.shape_kind]
+        out = [sh for sh in shapes
+               if _kind(sh) == spec.shape_kind and (spec.shape_applies is None or spec.shape_applies(sh))]
     else:
         out = list(spec.sweep_shapes if sweep else spec.shapes)
     if rows:

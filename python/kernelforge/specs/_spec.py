@@ -250,6 +250,9 @@ class OpSpec:
     # pinned to one backend, flex_attention)
     extra_peers: dict = field(default_factory=dict)
     peer_applies: Callable[[str, tuple], bool] | None = None  # (provider, shape) -> whether it runs the shape
+    # shape -> whether the op takes it at all (ops sharing a shape kind: decode_attention's head dims
+    # 64 / 128 / 256, mla_decode's 576); None: every shape of its kind
+    shape_applies: Callable[[tuple], bool] | None = None
     peer_modes: dict = field(default_factory=dict)  # provider -> the base modes it has (absent: all the op's)
     modes: tuple[str, ...] = MODES  # what the op has (a forward-only op: ("fwd",))
     dtypes: tuple | None = None  # the dtypes the op takes (None: every bench / check dtype)

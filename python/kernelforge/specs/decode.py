@@ -339,7 +339,8 @@ DECODE_ATTENTION = OpSpec(
     row_bytes=_bytes, flops=_flops, shapes=SHAPES, eager=_eager,
     providers=("kernelforge", "eager", "compile", "cudnn", "flash2"),
     extra_peers={"cudnn": lambda: _sdpa_peer("CUDNN_ATTENTION"), "flash2": lambda: _sdpa_peer("FLASH_ATTENTION")},
-    peer_applies=_peer_applies, modes=("fwd",), dtypes=(torch.bfloat16, torch.float16), bound="memory",
+    peer_applies=_peer_applies, shape_applies=lambda sh: sh.d in (64, 128, 256), modes=("fwd",),
+    dtypes=(torch.bfloat16, torch.float16), bound="memory",
     check_shapes=CHECK_SHAPES, variants=VARIANTS, check_inputs=_check_inputs, check_run=_check_run,
     cpp_reference=_cpp_reference, reference=_reference, check_label=check_label,
 )
@@ -474,6 +475,7 @@ MLA_DECODE = OpSpec(
     name="mla_decode", family="decode", shape_kind="decode",
     inputs=_mla_inputs, run=_mla_run, grad_inputs=(), grad_outputs=(), outputs=("out",),
     row_bytes=_mla_bytes, flops=_mla_flops, shapes=MLA_SHAPES, eager=_mla_eager,
+    shape_applies=lambda sh: sh.d == 576 and sh.hk == 1,
     providers=("kernelforge", "eager", "compile"), modes=("fwd",), dtypes=(torch.bfloat16, torch.float16),
     bound="memory", check_shapes=MLA_CHECK_SHAPES, variants=MLA_VARIANTS, check_inputs=_mla_check_inputs,
     check_run=_mla_check_run, cpp_reference=_mla_cpp_reference, reference=_mla_reference,
