@@ -17,8 +17,9 @@
 // stride 0), aux [B, M, N] contiguous, bias [N] shared; one strided-batched cuBLASLt call. a_sum takes
 // 2-D calls only.
 // a, b, bias, out and aux share one dtype, float16, bfloat16 or float32; products accumulate in float32
-// and out is rounded once (float32 runs cuBLASLt's plain float32 compute, no TF32: torch's default). Activations: none, relu, gelu_tanh (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
-// cuBLASLt's GELU). M, N or K may be 0 (K = 0: out = act(bias), or act(0)).
+// and out is rounded once (float32 runs cuBLASLt's plain float32 compute, no TF32: torch's default). Activations: none,
+// relu, gelu_tanh (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), cuBLASLt's GELU). M, N or K may be 0 (K = 0: out =
+// act(bias), or act(0)).
 //
 // accumulate: out += a b^T (cuBLASLt's beta = 1; out is read), without bias, activation, aux or a_sum:
 // the running sums of a chunked weight gradient. Its first run is not timed (timing would add the product

@@ -166,10 +166,9 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
 
   const TensorView& tg = *t.target;
   const int64_t tstride = tg.strides[0];
-  if (!backward &&
-      !(s = launch_flce_count_valid(tg.data, tstride, tg.dtype == DType::kInt64, T, o.ignore_index,
-                                    static_cast<float*>(t.valid->data), &scal[1], *dev, stream))
-           .ok())
+  if (!backward && !(s = launch_flce_count_valid(tg.data, tstride, tg.dtype == DType::kInt64, T, o.ignore_index,
+                                                 static_cast<float*>(t.valid->data), &scal[1], *dev, stream))
+                        .ok())
     return s;
   if (t.dbias != nullptr &&
       !(s = cuda_call(cudaMemsetAsync(t.dbias->data, 0, size_t(V) * sizeof(float), stream), name, "zeroing dbias"))
@@ -191,17 +190,17 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
   const size_t telt = dtype_size(tg.dtype);
   for (int64_t c0 = 0; c0 < T; c0 += C) {
     const int64_t n = std::min(C, T - c0);
-    const TensorView hc = matrix(static_cast<const char*>(t.hidden->data) + size_t(c0 * p.ldh) * elt, dt, device, n,
-                                 H, p.ldh, 1);
-    const TensorView tc = vector(static_cast<const char*>(tg.data) + size_t(c0 * tstride) * telt, tg.dtype, device, n,
-                                 tstride);
+    const TensorView hc =
+        matrix(static_cast<const char*>(t.hidden->data) + size_t(c0 * p.ldh) * elt, dt, device, n, H, p.ldh, 1);
+    const TensorView tc =
+        vector(static_cast<const char*>(tg.data) + size_t(c0 * tstride) * telt, tg.dtype, device, n, tstride);
     const TensorView full = matrix(logits, dt, device, n, Vp, Vp, 1), lv = matrix(logits, dt, device, n, V, Vp, 1);
     const TensorView lse_c = vector(static_cast<float*>(t.lse->data) + c0, DType::kFloat32, device, n, 1);
     if (!(s = gemm_into(hc, wv, has_bias ? &bv : nullptr, full, false, gemm_ws, stream)).ok()) return s;
     if (!backward) {
       const TensorView row_c = vector(static_cast<float*>(t.row_loss->data) + c0, DType::kFloat32, device, n, 1);
-      if (!(s = cross_entropy(lv, tc, o_none, row_c, lse_c, unused_loss, chunk_valid, ws + l.ce,
-                              l.scalars - l.ce, stream))
+      if (!(s = cross_entropy(lv, tc, o_none, row_c, lse_c, unused_loss, chunk_valid, ws + l.ce, l.scalars - l.ce,
+                              stream))
                .ok())
         return s;
       if (!p.grads) continue;
@@ -212,14 +211,14 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
           vector(static_cast<const float*>(t.dloss->data) + c0 * ds, DType::kFloat32, device, n, ds);
       if (!(s = cross_entropy_backward(dloss_c, lv, tc, lse_c, chunk_valid, o_none, lv, stream)).ok()) return s;
     }
-    if (padded && !(s = cuda_call(cudaMemset2DAsync(logits + size_t(V) * elt, size_t(Vp) * elt, 0,
-                                                    size_t(Vp - V) * elt, size_t(n), stream),
+    if (padded && !(s = cuda_call(cudaMemset2DAsync(logits + size_t(V) * elt, size_t(Vp) * elt, 0, size_t(Vp - V) * elt,
+                                                    size_t(n), stream),
                                   name, "zeroing the padding columns"))
-                        .ok())
+                       .ok())
       return s;
     if (t.dhidden != nullptr) {
-      const TensorView dh = matrix(static_cast<char*>(t.dhidden->data) + size_t(c0 * p.lddh) * elt, dt, device, n, H,
-                                   p.lddh, 1);
+      const TensorView dh =
+          matrix(static_cast<char*>(t.dhidden->data) + size_t(c0 * p.lddh) * elt, dt, device, n, H, p.lddh, 1);
       if (!(s = gemm_into(full, wt, nullptr, dh, false, gemm_ws, stream)).ok()) return s;
     }
     if (t.dweight != nullptr) {
@@ -230,8 +229,7 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
     }
     if (t.dbias != nullptr) {
       s = dispatch_dtype(dt, name, [&](auto x) {
-        return launch_flce_column_sum<decltype(x)>(logits, Vp, n, V, static_cast<float*>(t.dbias->data), *dev,
-                                                   stream);
+        return launch_flce_column_sum<decltype(x)>(logits, Vp, n, V, static_cast<float*>(t.dbias->data), *dev, stream);
       });
       if (!s.ok()) return s;
     }

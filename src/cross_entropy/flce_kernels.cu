@@ -39,7 +39,7 @@ template Status launch_flce_column_sum<float>(const void*, int64_t, int64_t, int
                                               cudaStream_t);
 template Status launch_flce_column_sum<__half>(const void*, int64_t, int64_t, int64_t, float*, const DeviceInfo&,
                                                cudaStream_t);
-template Status launch_flce_column_sum<__nv_bfloat16>(const void*, int64_t, int64_t, int64_t, float*,
-                                                      const DeviceInfo&, cudaStream_t);
+template Status launch_flce_column_sum<__nv_bfloat16>(const void*, int64_t, int64_t, int64_t, float*, const DeviceInfo&,
+                                                      cudaStream_t);
 
 }  // namespace kernelforge

@@ -15,10 +15,10 @@ namespace kernelforge {
 struct FlceParams {
   DType dtype = DType::kFloat32;  // hidden's, weight's and bias's
   int64_t tokens = 0, hidden = 0, vocab = 0;
-  int64_t ldh = 0;    // hidden's row stride
-  int64_t ldw = 0;    // weight's row stride
-  int64_t lddh = 0;   // dhidden's row stride
-  int64_t lddw = 0;   // dweight's row stride
+  int64_t ldh = 0;     // hidden's row stride
+  int64_t ldw = 0;     // weight's row stride
+  int64_t lddh = 0;    // dhidden's row stride
+  int64_t lddw = 0;    // dweight's row stride
   bool grads = false;  // the forward computes gradients (any of dhidden, dweight, dbias given)
 };
 

@@ -40,7 +40,6 @@ std::string to_string(const GemmPlan& plan) {
 
 namespace {
 
-
 struct Prepared {
   GemmParams p;
   DType dtype = DType::kFloat16;

@@ -26,7 +26,7 @@ struct GemmParams {
   void* aux = nullptr;    // [M, N] contiguous (batch stride M N) or nullptr
   void* a_sum = nullptr;  // [M] or nullptr (batch 1 only)
   int64_t M = 0, N = 0, K = 0;
-  int64_t batch = 1;  // the product count: out [batch, M, N]
+  int64_t batch = 1;        // the product count: out [batch, M, N]
   bool accumulate = false;  // out += a b^T (beta = 1)
 };
 

@@ -99,8 +99,8 @@ Status validate_gemm(const char* name, bool cuda, const GemmTensors& t, GemmActi
   Status s = batched_operand(*t.a, "a", "[B, M, K]", "[M, K]");
   if (!s.ok()) return s;
   const TensorView& a_full = *t.a;
-  const bool narrow = a_full.dtype == DType::kFloat16 || a_full.dtype == DType::kBFloat16 ||
-                      a_full.dtype == DType::kFloat32;
+  const bool narrow =
+      a_full.dtype == DType::kFloat16 || a_full.dtype == DType::kBFloat16 || a_full.dtype == DType::kFloat32;
   if (!(narrow || (!cuda && a_full.dtype == DType::kFloat64)))
     return fail(std::string("a must be float16, bfloat16 or float32") + (cuda ? "" : " (float64 on CPU)") + ", got " +
                 dtype_name(a_full.dtype));

@@ -100,8 +100,8 @@ TEST_P(FlceGpu, MatchesReference) {
       d_b(c.dtype, {c.V}), d_tg(DType::kInt64, {c.T}), d_rl(F32, {c.T}), d_lse(F32, {c.T}), d_valid(F32, {}),
       d_loss(F32, {}), d_dh(c.dtype, {c.T, c.H}, c.grad_layout), d_dw(c.dtype, {c.V, c.H}, c.grad_layout),
       d_db(F32, {c.V}), d_dloss(F32, {2 * c.T});
-  ASSERT_TRUE(d_h.ok() && d_w.ok() && d_b.ok() && d_tg.ok() && d_rl.ok() && d_lse.ok() && d_valid.ok() &&
-              d_loss.ok() && d_dh.ok() && d_dw.ok() && d_db.ok() && d_dloss.ok());
+  ASSERT_TRUE(d_h.ok() && d_w.ok() && d_b.ok() && d_tg.ok() && d_rl.ok() && d_lse.ok() && d_valid.ok() && d_loss.ok() &&
+              d_dh.ok() && d_dw.ok() && d_db.ok() && d_dloss.ok());
   d_h.upload(h), d_w.upload(w), d_b.upload(b), d_tg.upload(tg), d_dloss.upload(dloss);
   if (c.backward) d_lse.upload(lse);  // the forward's
   const TensorView hv = d_h.view(), wv = d_w.view(), bv = d_b.view(), tv = d_tg.view(), rlv = d_rl.view(),
@@ -203,7 +203,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlceGpu, ::testing::ValuesIn(flce_cases()),
 
 // ---- argument checks (no GPU needed: validation reads shapes only) ------------------------------------
 TEST(FlceValidation, AcceptsAndRejects) {
-  const TensorView h = cuda_view(BF16, {8, 64}, 0, uintptr_t{1} << 40), w = cuda_view(BF16, {100, 64}, 0, uintptr_t{2} << 40),
+  const TensorView h = cuda_view(BF16, {8, 64}, 0, uintptr_t{1} << 40),
+                   w = cuda_view(BF16, {100, 64}, 0, uintptr_t{2} << 40),
                    tg = cuda_view(DType::kInt64, {8}, 0, uintptr_t{3} << 40),
                    rl = cuda_view(F32, {8}, 0, uintptr_t{4} << 40), lse = cuda_view(F32, {8}, 0, uintptr_t{5} << 40),
                    valid = cuda_view(F32, {}, 0, uintptr_t{6} << 40), loss = cuda_view(F32, {}, 0, uintptr_t{7} << 40);
@@ -245,7 +246,8 @@ TEST(FlceValidation, AcceptsAndRejects) {
   TensorView strided = h;
   strided.strides[1] = 2, strided.strides[0] = 128;
   t.hidden = &strided;
-  KF_EXPECT_INVALID(kf::validate_flce("flce", true, false, t, o, &p), "hidden must be contiguous in its last dimension");
+  KF_EXPECT_INVALID(kf::validate_flce("flce", true, false, t, o, &p),
+                    "hidden must be contiguous in its last dimension");
   t.hidden = &h;
   const TensorView h64 = cuda_view(DType::kFloat64, {8, 64}, 0, uintptr_t{1} << 40);
   t.hidden = &h64;
@@ -258,9 +260,9 @@ TEST(FlceReference, TwoClasses) {
   HostTensor h(DType::kFloat64, {1, 2}), w(DType::kFloat64, {2, 2}), b(DType::kFloat64, {2}), tg(DType::kInt64, {1}),
       rl(F32, {1}), lse(F32, {1}), valid(F32, {}), loss(F32, {}), dh(DType::kFloat64, {1, 2}),
       dw(DType::kFloat64, {2, 2}), db(F32, {2});
-  h.set(0, 1), h.set(1, 2);                          // hidden (1, 2)
+  h.set(0, 1), h.set(1, 2);                            // hidden (1, 2)
   w.set(0, 1), w.set(1, 0), w.set(2, 0), w.set(3, 1);  // identity: logits = hidden + bias
-  b.set(0, 0), b.set(1, 1);                          // logits (1, 3)
+  b.set(0, 0), b.set(1, 1);                            // logits (1, 3)
   tg.set(0, 0);
   const TensorView hv = h.view(), wv = w.view(), bv = b.view(), tv = tg.view(), rlv = rl.view(), lv = lse.view(),
                    vv = valid.view(), sv = loss.view(), dhv = dh.view(), dwv = dw.view(), dbv = db.view();

@@ -37,7 +37,7 @@ struct GemmCase {
   int64_t M = 64, N = 96, K = 80;
   Act act = Act::kNone;
   bool bias = true, aux = false, a_sum = false;
-  bool accumulate = false;  // out += a b^T on out's prior values
+  bool accumulate = false;            // out += a b^T on out's prior values
   bool a_col = false, b_col = false;  // column-major operand (a transposed view)
   Layout a_layout, b_layout, out_layout;
 };
@@ -203,8 +203,7 @@ std::vector<GemmCase> gemm_cases() {
   // accumulate: a chunked weight gradient's running sum (dW += dy_c^T x_c: both operands transposed views)
   for (DType t : {BF16, F32}) {
     c = GemmCase{};
-    c.dtype = t, c.accumulate = true, c.bias = false, c.a_col = true, c.b_col = true, c.M = 136, c.N = 200,
-    c.K = 1000;
+    c.dtype = t, c.accumulate = true, c.bias = false, c.a_col = true, c.b_col = true, c.M = 136, c.N = 200, c.K = 1000;
     c.name = std::string("accumulate_") + (t == BF16 ? "bf16" : "fp32");
     v.push_back(c);
   }
