@@ -36,11 +36,13 @@ Not supported: padded batches (all rows share one prompt length; there is no att
 argument), beam search, repetition penalties, stop strings. CPU models (and ``cuda_graph=False``)
 run the same step in a Python loop without a graph; on CPU this is announced once (KF_STRICT=1: an
 error). Sliding-window layers whose window is shorter than prompt + max_new_tokens roll their cache
-with host-side state that a graph cannot replay: they run without a graph, announced.
+with host-side state that a graph cannot replay: they run without a graph, announced (as do caches with
+other layers than transformers' StaticLayer, e.g. chunked attention).
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 
@@ -101,7 +103,10 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     sampler = _sampler(model, do_sample, temperature, top_k, eos_token_id, ignore_eos)
     cache_len = S + max_new_tokens
     use_graph = cuda_graph and _graph_possible(model, device, cache_len)
-    with torch.no_grad():
+    # the model's device current: the side stream, the capture stream and the replays must be on its device
+    # (a model on cuda:1 with cuda:0 current would run its kernels outside the capture)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with torch.no_grad(), on_device:
         loop = _loop(model, B, cache_len, device, sampler, generator, use_graph)
         logits = _forward(model, input_ids.to(device, torch.int64), _arange_positions(B, S, device), loop.cache)
         _start(loop, logits, S)
@@ -187,6 +192,13 @@ def _graph_possible(model, device: torch.device, cache_len: int) -> bool:
                           "decode loop without CUDA graph capture",
                           "Generate at most the window's length to capture the step.", 4)
         return False
+    other = _host_state_layers(model, cache_len)
+    if other:
+        announce_fallback("kernelforge.generate", f"static cache layers {', '.join(other)} (their update keeps "
+                          f"host-side state that a graph replay would not update)",
+                          "decode loop without CUDA graph capture",
+                          "Models whose static cache has only full attention layers capture the step.", 4)
+        return False
     return True
 
 
@@ -201,6 +213,16 @@ def _short_window(model, cache_len: int) -> int | None:
     types = getattr(cfg, "layer_types", None)
     sliding = window is not None and (types is None or "sliding_attention" in types)
     return int(window) if sliding and window < cache_len else None
+
+
+def _host_state_layers(model, cache_len: int) -> list[str]:
+    """The static cache's layer classes other than StaticLayer (whose length is a device tensor), e.g.
+    chunked-attention layers (StaticSlidingWindowLayer with a chunk shorter than the cache): their
+    update counts on the host, which a replay does not repeat."""
+    from transformers.cache_utils import StaticLayer  # noqa: PLC0415
+
+    layers = _new_cache(model, cache_len).layers
+    return sorted({type(layer).__name__ for layer in layers if type(layer) is not StaticLayer})
 
 
 def _new_cache(model, cache_len: int):
@@ -218,9 +240,10 @@ def _new_cache(model, cache_len: int):
 
 
 def _fingerprint(model, sampler: _Sampler) -> tuple:
-    """What a captured graph depends on besides the shapes and the generator: the weights' addresses
-    and dtypes, the attention implementation, which modules kf.patch replaced, the sampling."""
-    params = tuple((p.data_ptr(), p.dtype) for p in model.parameters())
+    """What a captured graph depends on besides the shapes and the generator: the addresses, dtypes and
+    shapes of the weights and buffers (a replaced tensor may reuse a freed address), the attention
+    implementation, which modules kf.patch replaced, the sampling."""
+    params = tuple((p.data_ptr(), p.dtype, tuple(p.shape)) for p in (*model.parameters(), *model.buffers()))
     patched = tuple(name for name, m in model.named_modules() if STATE_ATTR in m.__dict__)
     impl = getattr(model.config, "_attn_implementation", None)
     return (params, patched, impl, sampler)
