@@ -92,12 +92,6 @@ TensorView scalar(float* data, Device dev) {
   return v;
 }
 
-Status cuda_call(cudaError_t err, const char* name, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  cudaGetLastError();
-  return Status::Cuda(std::string(name) + ": " + what + " failed: " + cudaGetErrorString(err));
-}
-
 Status gemm_into(const TensorView& a, const TensorView& b, const TensorView* bias, const TensorView& out,
                  bool accumulate, void* ws, cudaStream_t stream) {
   GemmTensors g;
@@ -140,24 +134,24 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
   const void* bdata = has_bias ? t.bias->data : nullptr;
   if (padded) {
     char* wp = ws + l.wpad;
-    if (!(s = cuda_call(cudaMemcpy2DAsync(wp, size_t(H) * elt, wdata, size_t(ldw) * elt, size_t(H) * elt, size_t(V),
-                                          cudaMemcpyDeviceToDevice, stream),
-                        name, "copying the weight into its padded copy"))
+    if (!(s = cuda_status(cudaMemcpy2DAsync(wp, size_t(H) * elt, wdata, size_t(ldw) * elt, size_t(H) * elt, size_t(V),
+                                            cudaMemcpyDeviceToDevice, stream),
+                          name, "copying the weight into its padded copy"))
              .ok())
       return s;
-    if (!(s = cuda_call(cudaMemsetAsync(wp + size_t(V) * H * elt, 0, size_t(Vp - V) * H * elt, stream), name,
-                        "zeroing the padding rows"))
+    if (!(s = cuda_status(cudaMemsetAsync(wp + size_t(V) * H * elt, 0, size_t(Vp - V) * H * elt, stream), name,
+                          "zeroing the padding rows"))
              .ok())
       return s;
     wdata = wp, ldw = H;
     if (has_bias) {
       char* bp = ws + l.bpad;
-      if (!(s = cuda_call(cudaMemcpyAsync(bp, bdata, size_t(V) * elt, cudaMemcpyDeviceToDevice, stream), name,
-                          "copying the bias"))
+      if (!(s = cuda_status(cudaMemcpyAsync(bp, bdata, size_t(V) * elt, cudaMemcpyDeviceToDevice, stream), name,
+                            "copying the bias"))
                .ok())
         return s;
-      if (!(s = cuda_call(cudaMemsetAsync(bp + size_t(V) * elt, 0, size_t(Vp - V) * elt, stream), name,
-                          "zeroing the bias padding"))
+      if (!(s = cuda_status(cudaMemsetAsync(bp + size_t(V) * elt, 0, size_t(Vp - V) * elt, stream), name,
+                            "zeroing the bias padding"))
                .ok())
         return s;
       bdata = bp;
@@ -171,12 +165,12 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
                         .ok())
     return s;
   if (t.dbias != nullptr &&
-      !(s = cuda_call(cudaMemsetAsync(t.dbias->data, 0, size_t(V) * sizeof(float), stream), name, "zeroing dbias"))
+      !(s = cuda_status(cudaMemsetAsync(t.dbias->data, 0, size_t(V) * sizeof(float), stream), name, "zeroing dbias"))
            .ok())
     return s;
   if (t.dweight != nullptr && T == 0 &&
-      !(s = cuda_call(cudaMemset2DAsync(t.dweight->data, size_t(p.lddw) * elt, 0, size_t(H) * elt, size_t(V), stream),
-                      name, "zeroing dweight"))
+      !(s = cuda_status(cudaMemset2DAsync(t.dweight->data, size_t(p.lddw) * elt, 0, size_t(H) * elt, size_t(V), stream),
+                        name, "zeroing dweight"))
            .ok())
     return s;
 
@@ -211,9 +205,9 @@ Status run(const char* name, bool backward, const FlcePlan& plan, const FlceTens
           vector(static_cast<const float*>(t.dloss->data) + c0 * ds, DType::kFloat32, device, n, ds);
       if (!(s = cross_entropy_backward(dloss_c, lv, tc, lse_c, chunk_valid, o_none, lv, stream)).ok()) return s;
     }
-    if (padded && !(s = cuda_call(cudaMemset2DAsync(logits + size_t(V) * elt, size_t(Vp) * elt, 0, size_t(Vp - V) * elt,
-                                                    size_t(n), stream),
-                                  name, "zeroing the padding columns"))
+    if (padded && !(s = cuda_status(cudaMemset2DAsync(logits + size_t(V) * elt, size_t(Vp) * elt, 0,
+                                                      size_t(Vp - V) * elt, size_t(n), stream),
+                                    name, "zeroing the padding columns"))
                        .ok())
       return s;
     if (t.dhidden != nullptr) {

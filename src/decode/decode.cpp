@@ -37,20 +37,6 @@ Status prepare(const DecodeCall& c, Prepared* w) {
 
 bool empty(const DecodeParams& p) { return p.batch == 0 || p.heads_q == 0; }
 
-Status check_workspace(const char* name, const DecodePlan& plan, const DecodeParams& p, const void* workspace,
-                       size_t bytes) {
-  const size_t need = decode_workspace_bytes(plan, p);
-  if (bytes < need)
-    return Status::Invalid(std::string(name) + ": workspace_bytes must be at least " + std::to_string(need) +
-                           " for plan " + to_string(plan) + ", got " + std::to_string(bytes));
-  if (need > 0 && workspace == nullptr)
-    return Status::Invalid(std::string(name) + ": workspace must not be null: plan " + to_string(plan) + " needs " +
-                           std::to_string(need) + " bytes");
-  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    return Status::Invalid(std::string(name) + ": workspace must be 256-byte aligned");
-  return Status::Ok();
-}
-
 Status launch(const DecodePlan& plan, const DecodeCall& c, const Prepared& w, void* workspace, cudaStream_t stream) {
   return dispatch_dtype(w.dtype, c.name, [&](auto tag) -> Status {
     using T = decltype(tag);
@@ -71,6 +57,19 @@ DecodeCall make_call(const char* name, const DecodeTensors& t, const DecodeOptio
 }
 
 }  // namespace
+
+Status check_decode_workspace(const char* name, const std::string& plan, size_t need, const void* workspace,
+                              size_t bytes) {
+  if (bytes < need)
+    return Status::Invalid(std::string(name) + ": workspace_bytes must be at least " + std::to_string(need) +
+                           " for plan " + plan + ", got " + std::to_string(bytes));
+  if (need > 0 && workspace == nullptr)
+    return Status::Invalid(std::string(name) + ": workspace must not be null: plan " + plan + " needs " +
+                           std::to_string(need) + " bytes");
+  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return Status::Invalid(std::string(name) + ": workspace must be 256-byte aligned");
+  return Status::Ok();
+}
 
 Status decode_attention_plan(const DecodeTensors& t, const DecodeOptions& opts, DecodePlan* plan, size_t* bytes) {
   if (plan == nullptr || bytes == nullptr)
@@ -97,7 +96,8 @@ Status decode_attention(const DecodePlan& plan, const DecodeTensors& t, const De
   if (empty(w.p)) return Status::Ok();
   if (!(s = check_decode_plan(plan, w.p)).ok())
     return Status(s.code(), s.message() + " (pass a plan from decode_attention_plan for the same shapes)");
-  if (!(s = check_workspace(c.name, plan, w.p, workspace, bytes)).ok()) return s;
+  if (!(s = check_decode_workspace(c.name, to_string(plan), decode_workspace_bytes(plan, w.p), workspace, bytes)).ok())
+    return s;
   return launch(plan, c, w, workspace, stream);
 }
 
@@ -119,7 +119,7 @@ Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts, void*
     *bytes = need;
     return Status::Ok();
   }
-  if (!(s = check_workspace(c.name, plan, w.p, workspace, *bytes)).ok()) return s;
+  if (!(s = check_decode_workspace(c.name, to_string(plan), need, workspace, *bytes)).ok()) return s;
   return launch(plan, c, w, workspace, stream);
 }
 

@@ -4,9 +4,9 @@
 // Splits: one CTA per (sequence, kv head, row tile) reads only its own keys, so a batch-1 call has
 // Hkv CTAs (8 for Llama 3) on a 132-SM GPU unless the keys are split. For each split count s the
 // model counts the CTA waves (s * base CTAs over the resident CTAs of the GPU) times the key tiles per
-// CTA plus a fixed cost per CTA (the pipeline fill and the merge of the warps, about kCtaOverheadTiles
+// CTA plus a fixed cost per CTA (the pipeline fill and the merge of the warps, about two
 // tiles), and the merge pass when s > 1; the smallest cost wins, the smaller s on ties. A split holds
-// at least kMinSplitKeys keys (shorter ones are all overhead).
+// at least 256 keys (shorter ones are all overhead). split_keys is the model, shared with MLA decode.
 #include "decode/decode_plan.h"
 
 #include <cstdint>
@@ -20,10 +20,8 @@ namespace kernelforge {
 
 namespace {
 
-constexpr int64_t kMinSplitKeys = 256;    // 4 tiles of 64 keys
-constexpr int64_t kCtaOverheadTiles = 2;  // pipeline fill + warp merge, in tile times
-constexpr int64_t kMergeTiles = 1;        // the split merge kernel, in tile times
-constexpr int kMaxSplits = 128;
+// at least 256 keys (4 tiles of 64) per split; pipeline fill + warp merge = 2 tiles per CTA; the merge 1
+constexpr SplitCost kSplitCost = {256, 2, 1, 128};
 constexpr int64_t kSmemPerSm = 227 * 1024;  // sm_80 / sm_90 opt-in per SM
 constexpr int kMaxResident = 2;             // CTAs per SM: the register file holds two 128-thread CTAs at 255 regs
 
@@ -57,18 +55,21 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
   resident = resident < 1 ? 1 : (resident > kMaxResident ? kMaxResident : resident);
   const int64_t slots = int64_t(dev.sm_count > 0 ? dev.sm_count : 1) * resident;
   const int64_t base = int64_t(p.batch) * p.heads_kv * decode_row_tiles(plan, p);
-  const int64_t keys = p.max_seq_len > 0 ? p.max_seq_len : 1;
-  int64_t max_s = ceil_div(keys, kMinSplitKeys);
-  max_s = max_s < 1 ? 1 : (max_s > kMaxSplits ? kMaxSplits : max_s);
+  plan.splits = split_keys(base, slots, p.max_seq_len > 0 ? p.max_seq_len : 1, plan.block_n, kSplitCost);
+  return plan;
+}
+
+int split_keys(int64_t base_ctas, int64_t slots, int64_t keys, int64_t block_n, const SplitCost& cost) {
+  int64_t max_s = ceil_div(keys, cost.min_split_keys);
+  max_s = max_s < 1 ? 1 : (max_s > cost.max_splits ? cost.max_splits : max_s);
   int64_t best_s = 1, best_cost = -1;
   for (int64_t s = 1; s <= max_s; ++s) {
-    const int64_t waves = ceil_div(base * s, slots);
-    const int64_t tiles = ceil_div(ceil_div(keys, s), int64_t(plan.block_n));
-    const int64_t cost = waves * (tiles + kCtaOverheadTiles) + (s > 1 ? kMergeTiles : 0);
-    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_s = s;
+    const int64_t waves = ceil_div(base_ctas * s, slots);
+    const int64_t tiles = ceil_div(ceil_div(keys, s), block_n);
+    const int64_t c = waves * (tiles + cost.cta_overhead) + (s > 1 ? cost.merge : 0);
+    if (best_cost < 0 || c < best_cost) best_cost = c, best_s = s;
   }
-  plan.splits = int(best_s);
-  return plan;
+  return int(best_s);
 }
 
 Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p) {

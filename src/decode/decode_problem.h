@@ -8,7 +8,9 @@
 //   page = block_table[b * bt_sb + j / page_size] (paged) or b (contiguous).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernelforge/decode.h"
 #include "kernelforge/mla.h"
@@ -69,6 +71,22 @@ struct MlaDecodeCall {
   MlaDecodeOptions opts;
 };
 Status validate_mla_decode(const MlaDecodeCall& c, DecodeParams* p, DType* dtype);
+
+// The key split of a decode-family plan (decode_plan.cpp): for each split count s, the CTA waves
+// (s * base_ctas over `slots` resident CTAs) times the key tiles per CTA plus a fixed cost per CTA, and
+// the merge pass when s > 1; the smallest cost wins, the smaller s on ties. Splits hold at least
+// min_split_keys keys and number at most max_splits.
+struct SplitCost {
+  int64_t min_split_keys;  // shorter splits are all overhead
+  int64_t cta_overhead;    // per CTA, in key-tile times
+  int64_t merge;           // the split merge kernel, in key-tile times
+  int64_t max_splits;
+};
+int split_keys(int64_t base_ctas, int64_t slots, int64_t keys, int64_t block_n, const SplitCost& cost);
+
+// A plan's workspace against what the call passes: an error naming the entry and the plan, or Ok.
+Status check_decode_workspace(const char* name, const std::string& plan, size_t need, const void* workspace,
+                              size_t bytes);
 
 struct KvAppendParams {
   void* k_cache = nullptr;

@@ -36,20 +36,6 @@ Status prepare(const MlaDecodeCall& c, Prepared* w) {
 
 bool empty(const DecodeParams& p) { return p.batch == 0; }
 
-Status check_workspace(const char* name, const MlaDecodePlan& plan, const DecodeParams& p, const void* workspace,
-                       size_t bytes) {
-  const size_t need = mla_decode_workspace_bytes(plan, p);
-  if (bytes < need)
-    return Status::Invalid(std::string(name) + ": workspace_bytes must be at least " + std::to_string(need) +
-                           " for plan " + to_string(plan) + ", got " + std::to_string(bytes));
-  if (need > 0 && workspace == nullptr)
-    return Status::Invalid(std::string(name) + ": workspace must not be null: plan " + to_string(plan) + " needs " +
-                           std::to_string(need) + " bytes");
-  if (need > 0 && reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    return Status::Invalid(std::string(name) + ": workspace must be 256-byte aligned");
-  return Status::Ok();
-}
-
 Status launch(const MlaDecodePlan& plan, const MlaDecodeCall& c, const Prepared& w, void* workspace,
               cudaStream_t stream) {
   return dispatch_dtype(w.dtype, c.name, [&](auto tag) -> Status {
@@ -97,7 +83,9 @@ Status mla_decode(const MlaDecodePlan& plan, const MlaDecodeTensors& t, const Ml
   if (empty(w.p)) return Status::Ok();
   if (!(s = check_mla_decode_plan(plan, w.p, *w.dev)).ok())
     return Status(s.code(), s.message() + " (pass a plan from mla_decode_plan for the same shapes)");
-  if (!(s = check_workspace(c.name, plan, w.p, workspace, bytes)).ok()) return s;
+  if (!(s = check_decode_workspace(c.name, to_string(plan), mla_decode_workspace_bytes(plan, w.p), workspace, bytes))
+           .ok())
+    return s;
   return launch(plan, c, w, workspace, stream);
 }
 
@@ -119,7 +107,7 @@ Status mla_decode(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, void*
     *bytes = need;
     return Status::Ok();
   }
-  if (!(s = check_workspace(c.name, plan, w.p, workspace, *bytes)).ok()) return s;
+  if (!(s = check_decode_workspace(c.name, to_string(plan), need, workspace, *bytes)).ok()) return s;
   return launch(plan, c, w, workspace, stream);
 }
 

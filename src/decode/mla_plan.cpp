@@ -5,7 +5,7 @@
 // 2 CTAs on a 132-SM GPU unless the keys are split. For each split count s the model counts the CTA
 // waves (s * base CTAs over the SMs) times the 32-key tiles per CTA plus a fixed cost per CTA (the
 // 72 KB Q tile is worth two tiles, the pipeline fill and the epilogue two more), and the merge pass
-// when s > 1; the smallest cost wins, the smaller s on ties. A split holds at least kMinSplitKeys keys.
+// when s > 1; the smallest cost wins, the smaller s on ties. A split holds at least 256 keys.
 #include "decode/mla_plan.h"
 
 #include <cstdint>
@@ -19,10 +19,9 @@ namespace kernelforge {
 
 namespace {
 
-constexpr int64_t kMinSplitKeys = 256;    // 8 tiles of 32 keys
-constexpr int64_t kCtaOverheadTiles = 4;  // Q tile + pipeline fill + epilogue, in tile times
-constexpr int64_t kMergeTiles = 2;        // the split merge kernel, in tile times
-constexpr int kMaxSplits = 128;
+// at least 256 keys (8 tiles of 32) per split; Q tile + pipeline fill + epilogue = 4 tiles per CTA; the
+// merge 2
+constexpr SplitCost kSplitCost = {256, 4, 2, 128};
 
 }  // namespace
 
@@ -46,17 +45,7 @@ MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev) {
   }
   const int64_t slots = int64_t(dev.sm_count > 0 ? dev.sm_count : 1);  // one CTA per SM (shared memory)
   const int64_t base = int64_t(p.batch) * mla_row_tiles(plan, p);
-  const int64_t keys = p.max_seq_len > 0 ? p.max_seq_len : 1;
-  int64_t max_s = ceil_div(keys, kMinSplitKeys);
-  max_s = max_s < 1 ? 1 : (max_s > kMaxSplits ? kMaxSplits : max_s);
-  int64_t best_s = 1, best_cost = -1;
-  for (int64_t s = 1; s <= max_s; ++s) {
-    const int64_t waves = ceil_div(base * s, slots);
-    const int64_t tiles = ceil_div(ceil_div(keys, s), int64_t(plan.block_n));
-    const int64_t cost = waves * (tiles + kCtaOverheadTiles) + (s > 1 ? kMergeTiles : 0);
-    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_s = s;
-  }
-  plan.splits = int(best_s);
+  plan.splits = split_keys(base, slots, p.max_seq_len > 0 ? p.max_seq_len : 1, plan.block_n, kSplitCost);
   return plan;
 }
 
