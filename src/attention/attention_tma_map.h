@@ -1,5 +1,5 @@
-// TMA tensor maps of the wgmma attention kernels (forward and backward): built on the host with
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link). Every map is 4-D
+// TMA tensor maps of the wgmma attention kernels (forward and backward), encoded with
+// common/tma_map.h's cuTensorMapEncodeTiled entry point. Every map is 4-D
 // (column, row, head, batch) over 16-bit elements, boxes of 64 columns (128 bytes, the swizzle span),
 // 128-byte swizzle, zero fill outside the tensor.
 #pragma once
@@ -12,23 +12,11 @@
 
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
+#include "common/tma_map.h"
 #include "kernelforge/status.h"
 
 namespace kernelforge {
-
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      ptr = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
 
 // A 4-D map (column, row, head, batch) of 16-bit elements: boxes of 64 columns x box_rows rows, 128-byte
 // swizzle, zero fill outside. Strides in elements; a stride of an extent-1 dimension is never used.
@@ -52,8 +40,7 @@ Status encode_attention_map(CUtensorMap* map, const void* base, int cols, int64_
     return Status::NotSupported(std::string(who) + ": the wgmma kernel needs " + what + " 16-byte aligned");
   const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = tensor_map_type<T>();
   const CUresult r =
       encode(map, type, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -43,9 +43,9 @@
 #include "attention/attention_bwd_workspace.h"
 #include "attention/attention_problem.h"
 #include "attention/kernels/attention_bwd_common.cuh"
-#include "attention/kernels/sm90_tma.cuh"
 #include "attention/kernels/sm90_wgmma.cuh"
 #include "common/launch.cuh"
+#include "common/tma.cuh"
 
 namespace kernelforge {
 

@@ -32,9 +32,9 @@
 #include <type_traits>
 
 #include "attention/attention_problem.h"
-#include "attention/kernels/sm90_tma.cuh"
 #include "attention/kernels/sm90_wgmma.cuh"
 #include "common/launch.cuh"
+#include "common/tma.cuh"
 
 namespace kernelforge {
 

@@ -28,14 +28,9 @@
 #include <type_traits>
 
 #include "attention/kernels/elementwise.cuh"
+#include "common/sm90a.h"
 
 namespace kernelforge {
-
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KF_SM90A 1
-#else
-#define KF_SM90A 0
-#endif
 
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   uint64_t d = 0;

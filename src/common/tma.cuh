@@ -1,8 +1,8 @@
-// Hopper (sm_90a) helpers of the warp-specialized attention kernels beyond common/bulk_copy.cuh: TMA
-// tile loads (cp.async.bulk.tensor, 4-D, completing on an mbarrier with a transaction byte count) and
-// reduce-adds (3-D, completing in bulk groups),
-// mbarriers with several arrivals, named barriers between warpgroups, and the register reallocation
-// between the producer and the consumer warpgroups. Compiled to nothing outside sm_90a.
+// Hopper (sm_90a) helpers of the warp-specialized kernels beyond common/bulk_copy.cuh: TMA tile loads
+// (cp.async.bulk.tensor, 2-D and 4-D, completing on an mbarrier with a transaction byte count) and
+// reduce-adds (3-D, completing in bulk groups), mbarriers with several arrivals, named barriers
+// between warp groups, and the register reallocation between producer and consumer warpgroups.
+// Host side: common/tma_map.h builds the CUtensorMap descriptors. Compiled to nothing outside sm_90a.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the type only; no driver library is linked)
@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "attention/kernels/sm90_wgmma.cuh"
 #include "common/bulk_copy.cuh"
+#include "common/sm90a.h"
 
 namespace kernelforge {
 
@@ -36,6 +36,20 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 #else
   (void)map;
+#endif
+}
+
+// Loads the box of `map` at element coordinates (c0, c1) (c0 the contiguous one) into `dst`, as
+// tma_load_4d below.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
+#if KF_SM90A
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+#else
+  (void)dst, (void)map, (void)bar, (void)c0, (void)c1;
 #endif
 }
 
