@@ -14,7 +14,7 @@
 // it, so the bound is the copy rate of N * K elements. FLOPs 2 * M * N * K, on tensor cores.
 //
 // Plan and run as in attention.h: linear_plan() reads only shapes, strides and the device; the run
-// needs a workspace when the plan splits K (float32 partial sums), CUB's size-query convention.
+// needs a workspace when a kCpAsync plan splits K (float32 partial sums), CUB's size-query convention.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,17 +37,30 @@ struct LinearTensors {
   const TensorView* y = nullptr;
 };
 
-// One CTA per (block_n output columns, K split); its warps each own block_n / warps columns and
-// stream their weight rows through a `stages`-deep cp.async ring, block_k columns per stage.
+// Which kernel runs (notes/linear.md):
+//   kCpAsync  any sm_80+ GPU, any alignment: every thread copies W and x with cp.async into a
+//             `stages`-deep ring; K splits write float32 partial sums to the workspace and a second
+//             kernel adds them and the bias.
+//   kTma      sm_90 with a 90a build, 16-byte aligned x and w with 16-byte multiple row strides and
+//             K >= 8: one producer warp issues TMA tile copies into the ring; the K splits of a column
+//             block form one thread-block cluster (splits <= 8) and add their partial sums through
+//             distributed shared memory (no workspace, no second kernel).
+enum class LinearKernel { kCpAsync, kTma };
+
+// One CTA per (block_n output columns, K split); `warps` warps each own 32 of the columns (kTma adds
+// one producer warp) and stream their weight rows through the ring, block_k columns per stage.
 struct LinearPlan {
+  LinearKernel kernel = LinearKernel::kCpAsync;
   int block_n = 0;
   int block_k = 0;
   int warps = 0;
   int stages = 0;
-  int splits = 1;  // K splits: > 1 writes float32 partial sums to the workspace, then a reduction
+  int splits = 1;  // K splits: kCpAsync writes float32 partial sums to the workspace then reduces them
 };
 
-std::string to_string(const LinearPlan& plan);  // e.g. "linear_skinny tile=128x64 warps=4 stages=4 splits=8"
+// e.g. "linear_skinny tile=128x64 warps=4 stages=4 splits=8",
+//      "linear_skinny_tma tile=128x64 warps=4+1 stages=6 splits=8"
+std::string to_string(const LinearPlan& plan);
 
 // ---- CUDA ------------------------------------------------------------------------------------
 Status linear_plan(const LinearTensors& t, LinearPlan* plan, size_t* workspace_bytes);

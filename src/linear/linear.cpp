@@ -36,6 +36,10 @@ Status prepare(const char* name, const LinearTensors& t, Prepared* w) {
 
 bool empty(const LinearParams& p) { return p.M == 0 || p.N == 0; }
 
+LinearPlan default_plan(const Prepared& w) {
+  return plan_linear(w.p, *w.dev, w.dev->capability == 90 && linear_tma_built());
+}
+
 Status check_workspace(const LinearPlan& plan, const LinearParams& p, const void* workspace, size_t bytes) {
   const size_t need = linear_workspace_bytes(plan, p);
   if (bytes < need)
@@ -68,7 +72,7 @@ Status linear_plan(const LinearTensors& t, LinearPlan* plan, size_t* bytes) {
   Prepared w;
   Status s = prepare("linear", t, &w);
   if (!s.ok()) return s;
-  *plan = plan_linear(w.p, *w.dev);
+  *plan = default_plan(w);
   *bytes = empty(w.p) ? 0 : linear_workspace_bytes(*plan, w.p);
   return Status::Ok();
 }
@@ -78,7 +82,7 @@ Status linear(const LinearPlan& plan, const LinearTensors& t, void* workspace, s
   Status s = prepare("linear", t, &w);
   if (!s.ok()) return s;
   if (empty(w.p)) return Status::Ok();
-  if (!(s = check_linear_plan(plan, w.p)).ok()) return s;
+  if (!(s = check_linear_plan(plan, w.p, *w.dev)).ok()) return s;
   if (!(s = check_workspace(plan, w.p, workspace, bytes)).ok()) return s;
   return launch(plan, w, workspace, stream);
 }
@@ -92,7 +96,7 @@ Status linear(const LinearTensors& t, void* workspace, size_t* bytes, cudaStream
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const LinearPlan plan = plan_linear(w.p, *w.dev);
+  const LinearPlan plan = default_plan(w);
   const size_t need = linear_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {
     *bytes = need;

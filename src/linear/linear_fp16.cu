@@ -1,4 +1,4 @@
-// The skinny linear kernel and its split-K reduction instantiated for __half.
+// The skinny linear kernels (cp.async with its split-K reduction, TMA) instantiated for __half.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

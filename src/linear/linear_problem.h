@@ -21,6 +21,10 @@ struct LinearParams {
   int64_t N = 0, K = 0;
   // every x / w base 16-byte aligned and every row stride a multiple of 8 elements: 16-byte cp.async
   bool vec16 = false;
+  // TMA copies (LinearKernel::kTma): x and w 16-byte aligned, their row strides multiples of 16
+  // bytes and at least K (no overlapping rows; a single row's stride is unused), K * 2 >= 16 bytes,
+  // K and N below 2^31 (int32 coordinates)
+  bool tma = false;
 };
 
 // Checks every argument; `cuda` = false admits float32 / float64 and any M (the CPU reference).

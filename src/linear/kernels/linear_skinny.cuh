@@ -18,6 +18,7 @@
 
 #include "attention/kernels/mma_common.cuh"
 #include "common/launch.cuh"
+#include "linear/kernels/linear_split.cuh"
 #include "linear/linear_config.h"
 #include "linear/linear_problem.h"
 
@@ -33,15 +34,6 @@ using attn_mma::smem_addr;
 // 16-byte global -> shared copy of `bytes` (0..16) bytes, the rest zero-filled.
 __device__ __forceinline__ void cp_async_bytes(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
-// The K range of split `split`: whole kBlockK tiles, the last split may be shorter.
-template <int kBlockK>
-__device__ __forceinline__ void split_range(int64_t K, int split, int splits, int64_t* k0, int64_t* k1) {
-  const int64_t tiles = (K + kBlockK - 1) / kBlockK;
-  const int64_t per = (tiles + splits - 1) / splits;
-  *k0 = min(K, split * per * kBlockK);
-  *k1 = min(K, (split + 1) * per * kBlockK);
 }
 
 template <typename T, int kBlockN, int kBlockK, int kWarps, int kStages>
