@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
       kf::validate_decode(call, &prm, &dt);
       const size_t need = kf::decode_workspace_bytes(p, prm);
       cudaMalloc(&ws, need + 256);
+      cudaMemset(ws, 0, need + 256);  // the split merge's counters start at zero (decode.h)
       const float us = median_us([&] { kf::decode_attention(p, t, o, ws, need, nullptr); });
       cudaFree(ws);
       char name[64];

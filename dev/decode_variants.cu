@@ -1,6 +1,7 @@
 // Lab probe of decode attention tile variants (warps = keys per stage / 16, stages) at split counts
-// 1..64 on the bench's shapes (GQA 32/8, d128, bf16, pages scattered), L2 flushed by a zero fill,
-// median of 30; prints the best split per variant. Self-contained: fills DecodeParams directly.
+// 1..64 (the split merge in the kernel's last CTA) on the bench's shapes (GQA 32/8, d128, bf16, pages
+// scattered), L2 flushed by a zero fill, median of 30; prints the best split per variant.
+// Self-contained: fills DecodeParams directly.
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
 //        dev/decode_variants.cu -o decode_variants && ./decode_variants
@@ -13,7 +14,6 @@
 
 #include "decode/decode_config.h"
 #include "decode/kernels/decode_attention.cuh"
-#include "decode/kernels/decode_merge.cuh"
 #include "sweep_common.cuh"
 
 namespace kf = kernelforge;
@@ -23,7 +23,7 @@ namespace {
 using kfdev::median_us;
 
 template <int kWarps, int kStages>
-void variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, double bytes) {
+void variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, int* counters, double bytes) {
   using T = __nv_bfloat16;
   constexpr int smem = int(kf::decode_smem_bytes(128, 16, kWarps, kStages));
   auto kernel = kf::decode::decode_attention_kernel<T, 128, 1, kWarps, kStages>;
@@ -33,12 +33,8 @@ void variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, double bytes
   float best = 1e30f;
   int best_s = 0;
   for (int s : {1, 2, 3, 4, 8, 16, 32, 64}) {
-    const float us = median_us([&] {
-      kernel<<<dim3(s, p.heads_kv, p.batch), 32 * kWarps, smem>>>(p, s, ws_o, ws_lse);
-      if (s > 1)
-        kf::decode::decode_merge_kernel<T, 128>
-            <<<unsigned((p.batch * p.q_len * p.heads_q + 3) / 4), 128>>>(p, s, ws_o, ws_lse);
-    });
+    const float us =
+        median_us([&] { kernel<<<dim3(s, p.heads_kv, p.batch), 32 * kWarps, smem>>>(p, s, ws_o, ws_lse, counters); });
     if (us < best) best = us, best_s = s;
   }
   std::printf("  warps=%d (keys/stage %3d) stages=%d (%d/SM, %3d KB): best splits=%2d  %7.1f us  %6.0f GB/s\n", kWarps,
@@ -58,9 +54,11 @@ int main() {
     const size_t cache = size_t(P) * s.page * Hkv * D * 2;
     void *q, *kc, *vc, *out, *lens, *bt;
     float *wo, *wl;
+    int* counters;
     cudaMalloc(&q, size_t(s.B) * Hq * D * 2), cudaMalloc(&out, size_t(s.B) * Hq * D * 2);
     cudaMalloc(&kc, cache), cudaMalloc(&vc, cache), cudaMalloc(&lens, s.B * 4), cudaMalloc(&bt, P * 4);
     cudaMalloc(&wo, size_t(64) * s.B * Hq * D * 4), cudaMalloc(&wl, size_t(64) * s.B * Hq * 4);
+    cudaMalloc(&counters, size_t(s.B) * Hkv * 4), cudaMemset(counters, 0, size_t(s.B) * Hkv * 4);
     cudaMemset(kc, 0x3c, cache), cudaMemset(vc, 0x3c, cache), cudaMemset(q, 0x3c, size_t(s.B) * Hq * D * 2);
     std::vector<int> hl(s.B, s.kv), hb(P);
     for (long i = 0; i < P; ++i) hb[i] = int((i * 7919) % P);
@@ -78,13 +76,14 @@ int main() {
     p.max_pages = int(pages_per), p.capacity = s.kv, p.scale = 0.088f, p.max_seq_len = s.kv;
     const double bytes = 2.0 * s.B * s.kv * Hkv * D * 2;
     std::printf("b%d kv%d page%d\n", s.B, s.kv, s.page);
-    variant<4, 3>(p, wo, wl, bytes);
-    variant<4, 2>(p, wo, wl, bytes);
-    variant<4, 4>(p, wo, wl, bytes);
-    variant<2, 4>(p, wo, wl, bytes);
-    variant<2, 6>(p, wo, wl, bytes);
-    variant<8, 2>(p, wo, wl, bytes);
-    cudaFree(q), cudaFree(out), cudaFree(kc), cudaFree(vc), cudaFree(lens), cudaFree(bt), cudaFree(wo), cudaFree(wl);
+    variant<4, 3>(p, wo, wl, counters, bytes);
+    variant<4, 2>(p, wo, wl, counters, bytes);
+    variant<4, 4>(p, wo, wl, counters, bytes);
+    variant<2, 4>(p, wo, wl, counters, bytes);
+    variant<2, 6>(p, wo, wl, counters, bytes);
+    variant<8, 2>(p, wo, wl, counters, bytes);
+    cudaFree(q), cudaFree(out), cudaFree(kc), cudaFree(vc), cudaFree(lens), cudaFree(bt), cudaFree(wo), cudaFree(wl),
+        cudaFree(counters);
   }
   std::printf("status: %s\n", cudaGetErrorString(cudaDeviceSynchronize()));
   return 0;

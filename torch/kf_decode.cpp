@@ -81,11 +81,17 @@ std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, con
   c10::cuda::CUDAGuard guard(q.device());
   // Plan (host only: shapes, strides, options, max_seq_len), then the split-KV workspace from the
   // caching allocator when the plan needs one: no host synchronization, stream-ordered on the current
-  // stream, so a CUDA graph captures the call and replays it for any new seq_lens.
+  // stream, so a CUDA graph captures the call and replays it for any new seq_lens. The block comes
+  // from the allocator with any contents, so its merge counters (decode.h: "Workspace counters", 256
+  // bytes for up to 64 sequence x kv head pairs) are zeroed on the stream first, a memset node in a
+  // captured graph.
   kf::DecodePlan plan;
   size_t bytes = 0;
   check(kf::decode_attention_plan(t, o, &plan, &bytes));
   Tensor ws = bytes > 0 ? workspace(q, bytes) : Tensor();
+  if (bytes > 0)
+    C10_CUDA_CHECK(cudaMemsetAsync(ws.data_ptr(), 0, kf::decode_attention_counter_bytes(q.size(0), k_cache.size(2)),
+                                   stream_of(q)));
   check(kf::decode_attention(plan, t, o, bytes > 0 ? ws.data_ptr() : nullptr, bytes, stream_of(q)));
   return {out, lse};
 }

@@ -35,6 +35,17 @@
 // Plan and run: decode_attention_plan() reads only shapes, strides and options (and max_seq_len, a
 // host upper bound of every seq_len) and fixes the grid and the split of the keys; the run reads the
 // lengths on the device. Workspace: CUB's convention, as attention.h.
+//
+// Workspace counters: a split plan (workspace_bytes > 0) keeps one int32 counter per (sequence, kv
+// head) in the first decode_attention_counter_bytes(B, Hkv) bytes of the workspace. The CTAs of a
+// (sequence, kv head) count themselves in as their partial results are stored, and the last one
+// merges the splits and puts the counter back to 0. So the counters must be zero when a call starts,
+// and every completed call leaves them zero: zero the workspace once when it is allocated
+// (cudaMemsetAsync); it then serves any number of calls and CUDA-graph replays, with any plan of the
+// same or a smaller B * Hkv, one call at a time (calls that may run at once, on different streams,
+// need their own workspaces). A call with a larger B * Hkv may find its counters where an earlier
+// call stored partial outputs: zero the counter bytes again first. The rest of the workspace needs no
+// initial value. The PyTorch op allocates its workspace per call and zeroes the counter bytes then.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,7 +80,7 @@ struct DecodeTensors {
 
 // A plan: one CTA per (split, row tile, kv head, sequence); its warps share each key tile (block_n
 // keys, block_n / warps per warp) and merge their partial softmax states at the end; with splits > 1
-// a merge kernel combines the splits by their logsumexp.
+// the last CTA of each (sequence, kv head) combines the splits by their logsumexp.
 struct DecodePlan {
   int head_dim = 0;
   int rows = 0;     // query rows per CTA (group * Lq rows of one kv head, in tiles of `rows`)
@@ -80,6 +91,12 @@ struct DecodePlan {
 };
 
 std::string to_string(const DecodePlan& plan);  // e.g. "decode d=128 rows=16 tile=64 warps=4 stages=3 splits=16"
+
+// The zero-initialized head of a split plan's workspace (see "Workspace counters" above): one int32 per
+// (sequence, kv head), rounded up to 256 bytes.
+inline size_t decode_attention_counter_bytes(int64_t batch, int64_t heads_kv) {
+  return (size_t(batch) * size_t(heads_kv) * sizeof(int32_t) + 255) / 256 * 256;
+}
 
 // ---- CUDA ------------------------------------------------------------------------------------
 Status decode_attention_plan(const DecodeTensors& t, const DecodeOptions& opts, DecodePlan* plan,

@@ -1,4 +1,5 @@
-// The decode attention kernels (every kDecodeTiles row) and the split merge instantiated for __nv_bfloat16.
+// The decode attention kernels (every kDecodeTiles row, the split merge fused) instantiated for
+// __nv_bfloat16.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -13,21 +13,37 @@ namespace kernelforge {
 
 constexpr int kDecodePad = 8;
 
+// What a tile is for; the planner (decode_plan.cpp) picks the use from the shape, then the row.
+enum class DecodeTileUse {
+  kDefault,    // every head dim and shape
+  kSmallGrid,  // few (sequence, kv head) pairs for the SMs: fewer, longer CTAs, twice the keys per stage
+  kPage1,      // page size 1: a smaller ring, three CTAs per SM, more rows in flight per SM
+};
+
 struct DecodeTile {
   int head_dim;
   int rows;    // query rows per CTA: 16 (group * Lq <= 16) or 32
   int warps;   // 16 keys per warp per stage: block_n = 16 * warps
   int stages;  // cp.async ring depth
+  // CTAs per SM that the registers allow: the kernel's __launch_bounds__ minimum (65536 / (32 * warps
+  // * ctas_per_sm) registers per thread, at most 255), and the planner's count of resident CTAs with
+  // the shared-memory limit
+  int ctas_per_sm;
+  DecodeTileUse use;
 };
 constexpr DecodeTile kDecodeTiles[] = {
     // 64 keys per stage; the ring holds 2 stages in flight while one is consumed. The stage count
     // keeps about 32-48 KB of K/V loads in flight per CTA at two CTAs per SM.
-    {64, 16, 4, 4},
-    {64, 32, 4, 4},
-    {128, 16, 4, 3},
-    {128, 32, 4, 3},
+    {64, 16, 4, 4, 2, DecodeTileUse::kDefault},
+    {64, 32, 4, 4, 2, DecodeTileUse::kDefault},
+    {128, 16, 4, 3, 2, DecodeTileUse::kDefault},
+    {128, 32, 4, 3, 2, DecodeTileUse::kDefault},
+    // d128, 16 rows: 128 keys per stage, 2 stages (140 KB, one CTA per SM, 64 KB of loads in flight)
+    {128, 16, 8, 2, 1, DecodeTileUse::kSmallGrid},
+    // d128, 16 rows: 64 keys per stage, 2 stages (72 KB, three CTAs per SM at <= 168 registers)
+    {128, 16, 4, 2, 3, DecodeTileUse::kPage1},
     // d256: one m16 tile only (the 128-float output accumulator per thread), Q read from shared memory
-    {256, 16, 4, 2},
+    {256, 16, 4, 2, 2, DecodeTileUse::kDefault},
 };
 constexpr int kDecodeTileCount = int(sizeof(kDecodeTiles) / sizeof(kDecodeTiles[0]));
 

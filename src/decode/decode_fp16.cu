@@ -1,4 +1,4 @@
-// The decode attention kernels (every kDecodeTiles row) and the split merge instantiated for __half.
+// The decode attention kernels (every kDecodeTiles row, the split merge fused) instantiated for __half.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

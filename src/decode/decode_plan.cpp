@@ -15,6 +15,7 @@
 #include "common/device.h"
 #include "common/math.h"
 #include "decode/decode_config.h"
+#include "decode/mla_config.h"
 
 namespace kernelforge {
 
@@ -23,7 +24,6 @@ namespace {
 // at least 256 keys (4 tiles of 64) per split; pipeline fill + warp merge = 2 tiles per CTA; the merge 1
 constexpr SplitCost kSplitCost = {256, 2, 1, 128};
 constexpr int64_t kSmemPerSm = 227 * 1024;  // sm_80 / sm_90 opt-in per SM
-constexpr int kMaxResident = 2;             // CTAs per SM: the register file holds two 128-thread CTAs at 255 regs
 
 }  // namespace
 
@@ -35,15 +35,39 @@ std::string to_string(const DecodePlan& plan) {
 
 DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
   DecodePlan plan;
+  const int64_t sms = dev.sm_count > 0 ? dev.sm_count : 1;
+  // The row: 16 rows, or 32 when group * Lq needs them and the head dim has a 32-row tile.
   const DecodeTile* pick = nullptr;
   for (const DecodeTile& c : kDecodeTiles) {
-    if (c.head_dim != p.head_dim) continue;
-    if (pick == nullptr || (pick->rows < p.rows && c.rows > pick->rows)) pick = &c;  // 16 rows, or 32 when needed
+    if (c.head_dim != p.head_dim || c.use != DecodeTileUse::kDefault) continue;
+    if (pick == nullptr || (pick->rows < p.rows && c.rows > pick->rows)) pick = &c;
   }
   if (pick == nullptr) {  // no kernel for this head dim: check_decode_plan says so
     plan.head_dim = p.head_dim;
     return plan;
   }
+  // The use, by shape (dev/decode_variants.cu on the H100, GQA 32/8, d128, each tile at its best
+  // split): 4 warps x 3 stages is the best at b16 x kv4k and b64 x kv2k (2244 / 2561 GB/s against
+  // 2194 / 2300 for 8 x 2). A grid of few (sequence, kv head) pairs runs on splits alone, and
+  // b1 x kv8k (8 pairs on 132 SMs) gains 11 % with 8 warps x 2 stages (1033 vs 929 GB/s): half as
+  // many CTAs, each with 128 keys per stage, so fewer pipeline fills and warp merges. Page size 1
+  // gains 14 % at b16 x kv4k with 4 warps x 2 stages (1873 vs 1640 GB/s): 72 KB of shared memory
+  // lets three CTAs share an SM, and every row is its own scattered 256-byte read, so more rows in
+  // flight per SM beat a deeper ring. "Few pairs": at most a quarter of the SMs (b1-b4 at 8 kv heads
+  // on 132 SMs); a small grid wins over page size 1 (its latency is the larger cost; not measured
+  // together).
+  const int64_t pairs = int64_t(p.batch) * p.heads_kv;
+  DecodeTileUse use = DecodeTileUse::kDefault;
+  if (pairs * 4 <= sms)
+    use = DecodeTileUse::kSmallGrid;
+  else if (p.block_table != nullptr && p.page_size == 1)
+    use = DecodeTileUse::kPage1;
+  // (only where the device's opt-in shared memory per block holds it: 140 KB is more than sm_86 / sm_89 give)
+  const int64_t smem_limit = dev.capability > 0 ? mla_smem_limit(dev.capability) : kSmemPerSm;
+  for (const DecodeTile& c : kDecodeTiles)
+    if (use != DecodeTileUse::kDefault && c.use == use && c.head_dim == pick->head_dim && c.rows == pick->rows &&
+        decode_smem_bytes(c.head_dim, c.rows, c.warps, c.stages) <= smem_limit)
+      pick = &c;
   plan.head_dim = pick->head_dim;
   plan.rows = pick->rows;
   plan.warps = pick->warps;
@@ -51,10 +75,11 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
   plan.stages = pick->stages;
 
   const int64_t smem = decode_smem_bytes(plan.head_dim, plan.rows, plan.warps, plan.stages);
-  int64_t resident = kSmemPerSm / (smem + 1024);
-  resident = resident < 1 ? 1 : (resident > kMaxResident ? kMaxResident : resident);
-  const int64_t slots = int64_t(dev.sm_count > 0 ? dev.sm_count : 1) * resident;
-  const int64_t base = int64_t(p.batch) * p.heads_kv * decode_row_tiles(plan, p);
+  int64_t resident = kSmemPerSm / (smem + 1024);  // 1 KB per CTA reserved by the hardware
+  resident = resident > pick->ctas_per_sm ? pick->ctas_per_sm : resident;
+  resident = resident < 1 ? 1 : resident;
+  const int64_t slots = sms * resident;
+  const int64_t base = pairs * decode_row_tiles(plan, p);
   plan.splits = split_keys(base, slots, p.max_seq_len > 0 ? p.max_seq_len : 1, plan.block_n, kSplitCost);
   return plan;
 }
@@ -89,12 +114,28 @@ Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p) {
   return Status::Ok();
 }
 
+namespace {
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+size_t partial_o_bytes(const DecodePlan& plan, const DecodeParams& p) {
+  return align256(size_t(p.batch) * p.q_len * p.heads_q * plan.splits * plan.head_dim * sizeof(float));
+}
+}  // namespace
+
 size_t decode_workspace_bytes(const DecodePlan& plan, const DecodeParams& p) {
   if (plan.splits <= 1) return 0;
   const size_t rows = size_t(p.batch) * p.q_len * p.heads_q * plan.splits;
-  const size_t o = (rows * plan.head_dim * sizeof(float) + 255) / 256 * 256;
-  const size_t l = (rows * sizeof(float) + 255) / 256 * 256;
-  return o + l;
+  return decode_attention_counter_bytes(p.batch, p.heads_kv) + partial_o_bytes(plan, p) +
+         align256(rows * sizeof(float));
+}
+
+DecodeWorkspace decode_workspace(const DecodePlan& plan, const DecodeParams& p, void* workspace) {
+  char* base = static_cast<char*>(workspace);
+  const size_t counters = decode_attention_counter_bytes(p.batch, p.heads_kv);
+  DecodeWorkspace w;
+  w.counters = reinterpret_cast<int32_t*>(base);
+  w.o = reinterpret_cast<float*>(base + counters);
+  w.lse = reinterpret_cast<float*>(base + counters + partial_o_bytes(plan, p));
+  return w;
 }
 
 }  // namespace kernelforge

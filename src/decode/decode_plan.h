@@ -1,6 +1,7 @@
 // The decode attention planner's interface (decode_plan.cpp): host code only, unit-tested without a
 // GPU. plan_decode picks the kDecodeTiles row and the key split; check_decode_plan refuses plans no
-// kernel is built for; decode_workspace_bytes sizes the split partials.
+// kernel is built for; decode_workspace_bytes sizes the split workspace and decode_workspace lays it
+// out.
 #pragma once
 
 #include <cstddef>
@@ -18,5 +19,18 @@ size_t decode_workspace_bytes(const DecodePlan& plan, const DecodeParams& p);
 inline int32_t decode_row_tiles(const DecodePlan& plan, const DecodeParams& p) {
   return (p.rows + plan.rows - 1) / plan.rows;
 }
+
+// The workspace of a split plan (splits > 1), each part 256-byte aligned:
+//   counters  int32 [B][Hkv]            the split merge's tickets, zero between calls (decode.h)
+//   o         float32 [rows][splits][D] normalized partial outputs (rows = B * Lq * Hq)
+//   lse       float32 [rows][splits]    their log2-sum-exp
+// The counters come first so that their place depends on B and Hkv only: a workspace zeroed once
+// keeps zero counters across plans that differ in the split or the tile.
+struct DecodeWorkspace {
+  int32_t* counters = nullptr;
+  float* o = nullptr;
+  float* lse = nullptr;
+};
+DecodeWorkspace decode_workspace(const DecodePlan& plan, const DecodeParams& p, void* workspace);
 
 }  // namespace kernelforge

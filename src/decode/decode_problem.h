@@ -79,7 +79,7 @@ Status validate_mla_decode(const MlaDecodeCall& c, DecodeParams* p, DType* dtype
 struct SplitCost {
   int64_t min_split_keys;  // shorter splits are all overhead
   int64_t cta_overhead;    // per CTA, in key-tile times
-  int64_t merge;           // the split merge kernel, in key-tile times
+  int64_t merge;           // the split merge (MLA: a second kernel; decode: the last CTA), in key-tile times
   int64_t max_splits;
 };
 int split_keys(int64_t base_ctas, int64_t slots, int64_t keys, int64_t block_n, const SplitCost& cost);

@@ -2,13 +2,15 @@
 // ref::kv_append), plus the planner and the argument checks.
 //
 // Every GPU case draws q, k in [-2, 2) and v in [-1, 1), fills the pages no sequence uses with NaN
-// (a read of one would poison the output), shuffles the block table, and runs the public entry (the
-// default plan) and then the same call with the key split forced to 1, 3 and 16, each on outputs
-// poisoned with NaN. Cases cover page sizes 1, 16, 64 and the contiguous cache (with a padded head
+// (a read of one would poison the output), shuffles the block table, and runs the planner's plan and
+// then every built tile of its head dim with the key split forced to 1, 3 and 16, each on outputs
+// poisoned with NaN, all on one workspace zeroed once: after every call the split merge's counters
+// must be zero again. Cases cover page sizes 1, 16, 64 and the contiguous cache (with a padded head
 // stride, as transformers' static cache gives), ragged lengths with 0, 1, 7 and 4097, q_len 1 to 8,
 // GQA groups 1, 4, 7, 8, 16, head dims 64, 128, 256, window, softcap, sinks (float32 and q's dtype),
 // lengths beyond the capacity and block-table entries outside the cache (clamped / read as zeros,
-// as the reference does).
+// as the reference does), batch 1 at 32k keys split up to 128 ways, and a split call captured into a
+// CUDA graph and replayed.
 //
 // Tolerance (u: 2^-8 bfloat16, 2^-11 float16; |v| < 1): out is a convex combination of v rows with
 // P rounded to the dtype before P V (at most 2u) and rounded once more (u |out|); float32 logits
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "common/device.h"
+#include "decode/decode_config.h"
 #include "decode/decode_plan.h"
 #include "kernelforge/decode.h"
 #include "test_util.h"
@@ -52,8 +55,10 @@ struct DecodeCase {
   float softcap = 0.0f;
   Sinks sinks = Sinks::kNone;
   bool lse = true;
-  int64_t bad_page_seq = -1;  // this sequence's first block-table entry points outside the cache
-  int64_t max_pages = 0;      // block-table columns (0: enough for the longest sequence)
+  int64_t bad_page_seq = -1;      // this sequence's first block-table entry points outside the cache
+  int64_t max_pages = 0;          // block-table columns (0: enough for the longest sequence)
+  std::vector<int> extra_splits;  // forced split counts beyond 1, 3 and 16
+  int replays = 0;                // > 0: the split call captured into a CUDA graph, replayed this often
 };
 
 void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
@@ -86,6 +91,34 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int d = int(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * shape[d + 1];
   return s;
+}
+
+// The plans a GPU case runs: the planner's, then every built tile of its head dim (the 16- and 32-row
+// tiles, the default, small-grid and page-1 tiles) with the keys unsplit and split 3 and 16 ways (and
+// `extra` ways): the unsplit path and the fused split merge of each tile, whatever the planner picks.
+std::vector<DecodePlan> candidate_plans(const DecodePlan& planned, const std::vector<int>& extra) {
+  std::vector<DecodePlan> v = {planned};
+  std::vector<int> splits = {1, 3, 16};
+  splits.insert(splits.end(), extra.begin(), extra.end());
+  for (const kf::DecodeTile& c : kf::kDecodeTiles) {
+    if (c.head_dim != planned.head_dim) continue;
+    for (int s : splits) {
+      DecodePlan p = planned;
+      p.rows = c.rows, p.warps = c.warps, p.block_n = 16 * c.warps, p.stages = c.stages, p.splits = s;
+      v.push_back(p);
+    }
+  }
+  return v;
+}
+
+// The split merge's counters (the workspace's first `bytes`) are all zero again after a call.
+::testing::AssertionResult counters_zero(const void* ws, size_t bytes) {
+  std::vector<int32_t> h(bytes / sizeof(int32_t));
+  if (cudaMemcpy(h.data(), ws, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return ::testing::AssertionFailure() << "cudaMemcpy of the counters failed";
+  for (size_t i = 0; i < h.size(); ++i)
+    if (h[i] != 0) return ::testing::AssertionFailure() << "counter " << i << " is " << h[i] << ", not 0";
+  return ::testing::AssertionSuccess();
 }
 
 class DecodeGpu : public ::testing::TestWithParam<DecodeCase> {};
@@ -175,23 +208,25 @@ TEST_P(DecodeGpu, MatchesReference) {
   DecodePlan plan;
   size_t bytes = 0;
   KF_ASSERT_OK(kf::decode_attention_plan(t, o, &plan, &bytes));
-  std::vector<DecodePlan> plans = {plan};
-  for (int s : {1, 3, 16}) {
-    DecodePlan p = plan;
-    p.splits = s;
-    plans.push_back(p);
-  }
   kf::DecodeParams params;
   DType dt;
   kf::DecodeCall call;
   call.t = t;
   call.opts = o;
   KF_ASSERT_OK(kf::validate_decode(call, &params, &dt));
+  const std::vector<DecodePlan> plans = candidate_plans(plan, c.extra_splits);
+  // One workspace for every plan, zeroed once: the merge counters sit at its head for every plan of
+  // these B and Hkv, and each call must leave them zero for the next (decode.h).
+  size_t ws_bytes = 16;
+  for (const DecodePlan& p : plans) ws_bytes = std::max(ws_bytes, kf::decode_workspace_bytes(p, params));
+  Buffer ws(ws_bytes);
+  ASSERT_TRUE(ws.ptr != nullptr);
+  KF_CUDA_CHECK(cudaMemset(ws.ptr, 0, ws_bytes));
+  const size_t counter_bytes = kf::decode_attention_counter_bytes(B, Hkv);
   for (const DecodePlan& p : plans) {
     SCOPED_TRACE(kf::to_string(p));
     dout.poison(), dlse.poison();
     const size_t need = kf::decode_workspace_bytes(p, params);
-    Buffer ws(need > 0 ? need : 16);
     KF_ASSERT_OK(kf::decode_attention(p, t, o, ws.ptr, need, nullptr));
     KF_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(all_close("out", dout.download(), out_ref, tol_out));
@@ -203,6 +238,35 @@ TEST_P(DecodeGpu, MatchesReference) {
       EXPECT_TRUE(all_close("lse", got, want, tol_lse));
     }
     EXPECT_TRUE(dout.check_untouched("out"));
+    EXPECT_TRUE(counters_zero(ws.ptr, counter_bytes));
+  }
+
+  // Replays: the planner's tile split 16 ways, captured once; every replay must find the counters
+  // that the previous one left at zero (no memset between them).
+  if (c.replays > 0) {
+    DecodePlan p = plan;
+    p.splits = 16;
+    SCOPED_TRACE("graph of " + kf::to_string(p));
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    KF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    KF_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const kf::Status st = kf::decode_attention(p, t, o, ws.ptr, kf::decode_workspace_bytes(p, params), stream);
+    KF_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    KF_ASSERT_OK(st);
+    KF_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < c.replays; ++r) {
+      SCOPED_TRACE("replay " + std::to_string(r));
+      dout.poison(), dlse.poison();
+      KF_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      KF_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_TRUE(all_close("out", dout.download(), out_ref, tol_out));
+      EXPECT_TRUE(counters_zero(ws.ptr, counter_bytes));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
 }
 
@@ -264,6 +328,16 @@ std::vector<DecodeCase> decode_cases() {
   add(c);
   c = DecodeCase{};
   c.lse = false, c.lens = {2048}, c.name = "nolse_b1";
+  add(c);
+  c = DecodeCase{};  // many splits: 128 of 256 keys; the last CTA merges 128 partials per row
+  c.lens = {32768}, c.extra_splits = {64, 128}, c.name = "b1_kv32k_many_splits";
+  add(c);
+  c = DecodeCase{};  // the same call replayed from a CUDA graph: the counters reset themselves
+  c.Hq = 32, c.Hkv = 8, c.lens = {3000, 1, 0, 4100}, c.sinks = Sinks::kFloat32, c.replays = 4;
+  c.name = "graph_replays";
+  add(c);
+  c = DecodeCase{};  // page size 1 with the GQA of the measured shapes
+  c.Hq = 32, c.Hkv = 8, c.page = 1, c.lens = {1200, 700, 5, 2047}, c.name = "page1_gqa32_8";
   add(c);
   return v;
 }
@@ -333,8 +407,77 @@ TEST(DecodePlan, SplitsFillTheGpu) {
   DecodePlan bad = p;
   bad.stages = 5;
   KF_EXPECT_INVALID(kf::check_decode_plan(bad, params_for(2, 1, 16, 2, 64, 4096)), "no such kernel");
+  // counters [1][8] (256 bytes), then the partial outputs and their lse
   EXPECT_EQ(kf::decode_workspace_bytes(b1, params_for(1, 1, 32, 8, 128, 8192)),
-            size_t((32 * b1.splits * 128 * 4 + 255) / 256 * 256 + (32 * b1.splits * 4 + 255) / 256 * 256));
+            size_t(256 + (32 * b1.splits * 128 * 4 + 255) / 256 * 256 + (32 * b1.splits * 4 + 255) / 256 * 256));
+}
+
+TEST(DecodePlan, TileByShape) {
+  kf::DeviceInfo h100;
+  h100.sm_count = 132, h100.capability = 90;
+  auto tile = [](const DecodePlan& p) {
+    return "warps=" + std::to_string(p.warps) + " stages=" + std::to_string(p.stages) +
+           " rows=" + std::to_string(p.rows);
+  };
+  auto paged = [](kf::DecodeParams p, int32_t page_size) {
+    static const int32_t table = 0;  // never read by the planner: only "paged or not"
+    p.block_table = &table, p.page_size = page_size;
+    return p;
+  };
+  // b1 x kv8k, GQA 32/8, d128: 8 (sequence, kv head) pairs on 132 SMs -> 8 warps x 2 stages, split
+  // into one wave of 128-key-stage CTAs (one per SM)
+  const DecodePlan b1 = kf::plan_decode(paged(params_for(1, 1, 32, 8, 128, 8192), 16), h100);
+  EXPECT_EQ(tile(b1), "warps=8 stages=2 rows=16") << kf::to_string(b1);
+  EXPECT_EQ(b1.block_n, 128);
+  EXPECT_EQ(b1.splits, 16);
+  EXPECT_EQ(kf::to_string(b1), "decode d=128 rows=16 tile=128 warps=8 stages=2 splits=16");
+  // b4 x 8 kv heads = 32 pairs <= 132 / 4: still small; b8 (64 pairs): the default
+  EXPECT_EQ(tile(kf::plan_decode(params_for(4, 1, 32, 8, 128, 8192), h100)), "warps=8 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(8, 1, 32, 8, 128, 8192), h100)), "warps=4 stages=3 rows=16");
+  // b16 x kv4k and b64 x kv2k, page 16: 4 warps x 3 stages
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(16, 1, 32, 8, 128, 4096), 16), h100)), "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(64, 1, 32, 8, 128, 2048), 16), h100)), "warps=4 stages=3 rows=16");
+  // page size 1 at b16: 4 warps x 2 stages (three CTAs per SM); the contiguous cache keeps the default
+  const kf::DecodeParams p1 = paged(params_for(16, 1, 32, 8, 128, 4096), 1);
+  EXPECT_EQ(tile(kf::plan_decode(p1, h100)), "warps=4 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(16, 1, 32, 8, 128, 4096), h100)), "warps=4 stages=3 rows=16");
+  // page size 1 at b1: the small grid wins
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(1, 1, 32, 8, 128, 8192), 1), h100)), "warps=8 stages=2 rows=16");
+  // 32 rows (Lq 4 x group 8) and the other head dims keep their default tiles at b1
+  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 4, 32, 4, 128, 8192), h100)), "warps=4 stages=3 rows=32");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 1, 32, 8, 64, 8192), h100)), "warps=4 stages=4 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(16, 1, 32, 8, 256, 4096), 1), h100)), "warps=4 stages=2 rows=16");
+  // sm_89 (99 KB per block): no 140 KB small-grid tile; the 72 KB page-1 tile fits
+  kf::DeviceInfo l40 = h100;
+  l40.capability = 89;
+  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 1, 32, 8, 128, 8192), l40)), "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(p1, l40)), "warps=4 stages=2 rows=16");
+  // every table row is a plan check_decode_plan accepts (a kernel is built for it)
+  for (const kf::DecodeTile& c : kf::kDecodeTiles) {
+    DecodePlan p;
+    p.head_dim = c.head_dim, p.rows = c.rows, p.warps = c.warps, p.block_n = 16 * c.warps, p.stages = c.stages;
+    EXPECT_TRUE(kf::check_decode_plan(p, params_for(2, 1, 16, 2, c.head_dim, 4096)).ok()) << kf::to_string(p);
+  }
+}
+
+TEST(DecodePlan, WorkspaceLayout) {
+  EXPECT_EQ(kf::decode_attention_counter_bytes(1, 8), 256u);
+  EXPECT_EQ(kf::decode_attention_counter_bytes(64, 1), 256u);
+  EXPECT_EQ(kf::decode_attention_counter_bytes(65, 1), 512u);
+  EXPECT_EQ(kf::decode_attention_counter_bytes(64, 8), 2048u);
+  const kf::DecodeParams p = params_for(3, 2, 16, 4, 128, 8192);
+  DecodePlan plan;
+  plan.head_dim = 128, plan.rows = 16, plan.warps = 4, plan.block_n = 64, plan.stages = 3, plan.splits = 5;
+  const uintptr_t base = uintptr_t{1} << 40;  // an address only: nothing is read or written
+  const kf::DecodeWorkspace w = kf::decode_workspace(plan, p, reinterpret_cast<void*>(base));
+  const size_t rows = 3 * 2 * 16 * 5;  // B * Lq * Hq * splits
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.counters), base);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.o), base + 256);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.lse), base + 256 + (rows * 128 * 4 + 255) / 256 * 256);
+  EXPECT_EQ(kf::decode_workspace_bytes(plan, p),
+            256 + (rows * 128 * 4 + 255) / 256 * 256 + (rows * 4 + 255) / 256 * 256);
+  plan.splits = 1;
+  EXPECT_EQ(kf::decode_workspace_bytes(plan, p), 0u);
 }
 
 // ---- validation --------------------------------------------------------------------------------

@@ -16,7 +16,12 @@
 // kStages * 2 * kBlockN * D * 2 bytes per CTA (48 KB at d128), two CTAs per SM.
 //
 // splits == 1: the CTA writes out and lse. splits > 1: it writes its normalized partial output and
-// log2-sum-exp (float32, the workspace) and decode_merge.cuh combines the splits.
+// log2-sum-exp (float32, the workspace) and takes a ticket from its (sequence, kv head)'s counter; the
+// CTA that takes the last one combines the splits (decode_merge.cuh's merge_split_row) and resets the
+// counter. No second launch: at batch 1 the merge kernel's launch and its read of the partials sat on
+// the critical path after the slowest split. The merge reads splits * (D + 1) * 4 bytes per row from
+// L2 (the partials were just written) in one CTA per (sequence, kv head): at 32 splits and 4 rows of
+// d128, 66 KB.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,6 +33,7 @@
 #include "common/launch.cuh"
 #include "decode/decode_config.h"
 #include "decode/decode_problem.h"
+#include "decode/kernels/decode_merge.cuh"
 
 namespace kernelforge {
 namespace decode {
@@ -71,9 +77,9 @@ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int 
   return {start, end, n};
 }
 
-template <typename T, int kD, int kMBlocks, int kWarps, int kStages>
-__global__ void __launch_bounds__(kWarps * 32)
-    decode_attention_kernel(DecodeParams p, int splits, float* ws_o, float* ws_lse) {
+template <typename T, int kD, int kMBlocks, int kWarps, int kStages, int kMinCtas = 1>
+__global__ void __launch_bounds__(kWarps * 32, kMinCtas)
+    decode_attention_kernel(DecodeParams p, int splits, float* ws_o, float* ws_lse, int32_t* counters) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -339,53 +345,85 @@ __global__ void __launch_bounds__(kWarps * 32)
     constexpr int kCols = kD / kThreadsPerRow;  // columns per thread
     static_assert(kThreads % kRows == 0 && kD % kThreadsPerRow == 0 && kCols % 2 == 0, "merge split");
     const int r = tid / kThreadsPerRow, c0 = (tid % kThreadsPerRow) * kCols;
-    if (r >= rows_here) return;
-    float mx = -INFINITY;
+    if (r < rows_here) {
+      float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mm[w * kRows + r]);
-    const int rg = r_first + r, t = rg / p.group, h = hkv * p.group + rg % p.group;
-    float sink = -INFINITY;
-    if (splits == 1 && p.sinks != nullptr)
-      sink = (p.sinks_float ? static_cast<const float*>(p.sinks)[h] : to_float(static_cast<const T*>(p.sinks)[h])) *
-             kLog2e;
-    const float m_all = fmaxf(mx, sink);
-    const float m_use = m_all == -INFINITY ? 0.0f : m_all;
-    float wgt[kWarps];
-    float den = sink == -INFINITY ? 0.0f : ex2_approx(sink - m_use);
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      wgt[w] = ex2_approx(mm[w * kRows + r] - m_use);
-      den += wgt[w] * ml[w * kRows + r];
-    }
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    const float lse2 = den > 0.0f ? m_use + __log2f(den) : -INFINITY;
-    // columns c, c + 1 of row r: the warps' outputs weighted and normalized
-    auto merged = [&](int c) {
-      float a0 = 0.0f, a1 = 0.0f;
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mm[w * kRows + r]);
+      const int rg = r_first + r, t = rg / p.group, h = hkv * p.group + rg % p.group;
+      float sink = -INFINITY;
+      if (splits == 1 && p.sinks != nullptr)
+        sink = (p.sinks_float ? static_cast<const float*>(p.sinks)[h] : to_float(static_cast<const T*>(p.sinks)[h])) *
+               kLog2e;
+      const float m_all = fmaxf(mx, sink);
+      const float m_use = m_all == -INFINITY ? 0.0f : m_all;
+      float wgt[kWarps];
+      float den = sink == -INFINITY ? 0.0f : ex2_approx(sink - m_use);
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const float2 v = *reinterpret_cast<const float2*>(mo + (w * kRows + r) * kD + c0 + c);
-        a0 += wgt[w] * v.x;
-        a1 += wgt[w] * v.y;
+        wgt[w] = ex2_approx(mm[w * kRows + r] - m_use);
+        den += wgt[w] * ml[w * kRows + r];
       }
-      return make_float2(a0 * inv, a1 * inv);
-    };
-    if (splits == 1) {
-      uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.o_sb + t * p.o_st + h * p.o_sh;
+      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+      const float lse2 = den > 0.0f ? m_use + __log2f(den) : -INFINITY;
+      // columns c, c + 1 of row r: the warps' outputs weighted and normalized
+      auto merged = [&](int c) {
+        float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-      for (int c = 0; c < kCols; c += 2) {
-        const float2 a = merged(c);
-        const uint32_t pk = pack2<T>(a.x, a.y);
-        out[c0 + c] = uint16_t(pk & 0xffffu);
-        out[c0 + c + 1] = uint16_t(pk >> 16);
+        for (int w = 0; w < kWarps; ++w) {
+          const float2 v = *reinterpret_cast<const float2*>(mo + (w * kRows + r) * kD + c0 + c);
+          a0 += wgt[w] * v.x;
+          a1 += wgt[w] * v.y;
+        }
+        return make_float2(a0 * inv, a1 * inv);
+      };
+      if (splits == 1) {
+        uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.o_sb + t * p.o_st + h * p.o_sh;
+#pragma unroll
+        for (int c = 0; c < kCols; c += 2) {
+          const float2 a = merged(c);
+          const uint32_t pk = pack2<T>(a.x, a.y);
+          out[c0 + c] = uint16_t(pk & 0xffffu);
+          out[c0 + c + 1] = uint16_t(pk >> 16);
+        }
+        if (p.lse != nullptr && c0 == 0) p.lse[b * p.lse_sb + t * p.lse_st + h] = lse2 * kLn2;
+      } else {
+        const int64_t row = (int64_t(b) * p.q_len + t) * p.heads_q + h;
+        float* dst = ws_o + (row * splits + split) * kD + c0;
+#pragma unroll
+        for (int c = 0; c < kCols; c += 2) *reinterpret_cast<float2*>(dst + c) = merged(c);
+        if (c0 == 0) ws_lse[row * splits + split] = lse2;
       }
-      if (p.lse != nullptr && c0 == 0) p.lse[b * p.lse_sb + t * p.lse_st + h] = lse2 * kLn2;
-    } else {
-      const int64_t row = (int64_t(b) * p.q_len + t) * p.heads_q + h;
-      float* dst = ws_o + (row * splits + split) * kD + c0;
-#pragma unroll
-      for (int c = 0; c < kCols; c += 2) *reinterpret_cast<float2*>(dst + c) = merged(c);
-      if (c0 == 0) ws_lse[row * splits + split] = lse2;
+    }
+    if (splits == 1) return;
+
+    // ---- split merge by the last CTA of this (sequence, kv head) ----
+    // The splits x row tiles CTAs of (b, hkv) each take a ticket from counters[b * Hkv + hkv] once
+    // their partials are stored; the one that draws the last ticket merges every row of (b, hkv)
+    // (decode_merge.cuh's formula, sinks and lse included) and puts the counter back to 0, so the
+    // next call (or graph replay) finds it zero. Ordering: each thread's partial stores, then its
+    // __threadfence (release, device scope), then the barrier, then thread 0's fence and atomicAdd;
+    // the last CTA's thread 0 fences after its atomicAdd (acquire) before the barrier that releases
+    // the merging threads, which read the partials through L2 (ld.global.cg). No CTA waits on
+    // another: the last one to arrive does the merge, so any schedule of the grid completes.
+    __shared__ int last_cta;
+    __threadfence();
+    __syncthreads();
+    int32_t* counter = counters + int64_t(b) * p.heads_kv + hkv;
+    if (tid == 0) {
+      __threadfence();  // cumulative over the CTA's stores that the barrier ordered before it
+      const int ticket = atomicAdd(counter, 1);
+      const bool last = ticket == splits * row_tiles - 1;
+      if (last) {
+        __threadfence();
+        *counter = 0;  // every other CTA of (b, hkv) has taken its ticket
+      }
+      last_cta = last;
+    }
+    __syncthreads();
+    if (!last_cta) return;
+    for (int rg = warp; rg < p.rows; rg += kWarps) {
+      const int t = rg / p.group, h = hkv * p.group + rg % p.group;
+      merge_split_row<T, kD>(p, splits, ws_o, ws_lse, (int64_t(b) * p.q_len + t) * p.heads_q + h, lane);
     }
 #endif
   }
