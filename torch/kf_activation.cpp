@@ -1,6 +1,9 @@
 // The PyTorch binding of the activation family (include/kernelforge/activation.h): silu_and_mul,
-// swiglu, gelu_and_mul, geglu, gelu and their backward ops. CUDA = our kernels, CPU = the float64
-// reference, Autograd = the C++ functions below. Fake impls: python/kernelforge/activation.py.
+// swiglu, gelu_and_mul, geglu, gelu and their backward ops, and gelu_backward_bias_grad (GELU's
+// backward with the column sums of its gradient: the bias gradient of kernelforge.linear's backward).
+// CUDA = our kernels, CPU = the float64 reference, Autograd = the C++ functions below. Fake impls:
+// python/kernelforge/activation.py.
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -176,6 +179,32 @@ Tensor gelu_backward_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in, c1
   return dx;
 }
 
+// (dx, dbias): dbias [N] in bias_dtype (default: x's dtype); the float32 partial sums of the CUDA
+// kernels live in a workspace from the caching allocator.
+std::tuple<Tensor, Tensor> gelu_backward_bias_grad_impl(bool cuda, const Tensor& dy_in, const Tensor& x_in,
+                                                        c10::string_view approximate,
+                                                        std::optional<at::ScalarType> bias_dtype) {
+  const kf::GeluApprox a = gelu_approx("gelu_backward_bias_grad", approximate);
+  if (cuda && needs_fallback("gelu_backward_bias_grad", x_in)) {
+    auto [dx, db] = gelu_backward_bias_grad_impl(false, dy_in.cpu(), x_in.cpu(), approximate, bias_dtype);
+    return {dx.to(x_in.device()), db.to(x_in.device())};
+  }
+  const Tensor x = rows(x_in), dy = rows(dy_in);
+  const int64_t n = x.dim() > 0 ? x.size(-1) : 0;  // (a 0-dimensional x is left for the core to reject)
+  Tensor dx = empty_like_rows(x);
+  Tensor db = at::empty({n}, x.options().dtype(bias_dtype.value_or(x.scalar_type())));
+  if (cuda) {
+    c10::cuda::CUDAGuard guard(x.device());
+    const int64_t m = n > 0 ? x.numel() / n : 0;
+    const Tensor ws = workspace(x, kf::gelu_backward_bias_grad_workspace_size(m, n));
+    check(kf::gelu_backward_bias_grad(view(dy), view(x), a, view(dx), view(db), ws.data_ptr(), size_t(ws.numel()),
+                                      stream_of(x)));
+  } else {
+    check(kf::ref::gelu_backward_bias_grad(view(dy), view(x), a, view(dx), view(db)));
+  }
+  return {dx, db};
+}
+
 // ---- autograd: the forward saves its inputs, the backward recomputes act(a) from them (no extra
 // activation tensor is kept), one fused kernel per direction -------------------------------------
 class SiluAndMulFn : public torch::autograd::Function<SiluAndMulFn> {
@@ -297,4 +326,8 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
       m, "geglu_backward(Tensor dy, Tensor hidden, Tensor gate, str approximate) -> (Tensor, Tensor)");
   def_op<&gelu_impl, &gelu_autograd>(m, "gelu(Tensor x, str approximate=\"none\") -> Tensor");
   def_op<&gelu_backward_impl>(m, "gelu_backward(Tensor dy, Tensor x, str approximate) -> Tensor");
+  // (dx, dbias): gelu_backward's dx and its column sums, dbias [N] in bias_dtype (None: x's dtype)
+  def_op<&gelu_backward_bias_grad_impl>(m,
+                                        "gelu_backward_bias_grad(Tensor dy, Tensor x, str approximate, "
+                                        "ScalarType? bias_dtype=None) -> (Tensor, Tensor)");
 }

@@ -26,9 +26,25 @@
 //
 // Backward (g = the gradient of y): d(gate) = T(g * b * act'(a)), d(up) = T(g * act(a)); for the
 // [..., 2I] ops both halves are written into dx [..., 2I] in the input's order.
+//
+// GELU backward with the bias gradient (the backward of act(x Wᵀ + b) when x = the pre-activation
+// of a linear layer's output [..., N] and b its bias [N]):
+//   gelu_backward_bias_grad   dx[r, c] = T(dy[r, c] * gelu'(x[r, c]))      (bit-identical to gelu_backward)
+//                             dbias[c] = Tb(sum_r dy[r, c] * gelu'(x[r, c]))
+// One pass over dy and x: reads 2·M·N, writes M·N elements and N bias values, instead of gelu_backward
+// followed by a column sum of dx (4·M·N). The sums add the float32 products before their rounding to T,
+// in a fixed order (row chunks of float32 partials in `workspace`, reduced chunk by chunk, no
+// atomics): bit-identical run to run, on every GPU and for every plan. dbias is a 1-D tensor [N] of
+// any element stride (not 0 unless N = 1) and any of float32/float16/bfloat16 (its own dtype: the
+// bias's, which may differ from dy's); M = 0 writes dbias = 0. Workspace: at least
+// gelu_backward_bias_grad_workspace_size(M, N) bytes, 4-byte aligned (a function of the sizes only;
+// caller memory, never allocated here; any pointer when the size is 0).
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
 
 #include "kernelforge/status.h"
 #include "kernelforge/tensor.h"
@@ -59,6 +75,12 @@ Status geglu_backward(const TensorView& dy, const TensorView& hidden, const Tens
 Status gelu_backward(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx,
                      cudaStream_t stream);
 
+// ---- GELU backward + bias gradient (CUDA) --------------------------------------------------------
+// rows = M (the product of x's leading dimensions), n = N (its last dimension).
+size_t gelu_backward_bias_grad_workspace_size(int64_t rows, int64_t n);
+Status gelu_backward_bias_grad(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx,
+                               const TensorView& dbias, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // ---- float64 CPU reference -------------------------------------------------------------------
 // Same signatures without the stream, for CPU tensors of float64/float32/float16/bfloat16: computes
 // in double with the textbook formulas above and rounds each output once. It is the test oracle
@@ -77,6 +99,9 @@ Status gelu_and_mul_backward(const TensorView& dy, const TensorView& x, GeluAppr
 Status geglu_backward(const TensorView& dy, const TensorView& hidden, const TensorView& gate, GeluApprox approximate,
                       const TensorView& dhidden, const TensorView& dgate);
 Status gelu_backward(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx);
+// dbias may also be float64 here; the sums are float64.
+Status gelu_backward_bias_grad(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx,
+                               const TensorView& dbias);
 }  // namespace ref
 
 }  // namespace kernelforge

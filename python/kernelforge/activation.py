@@ -82,6 +82,14 @@ def _gelu_backward_fake(dy, x, approximate):
     return _like(x)
 
 
+@torch.library.register_fake("kernelforge::gelu_backward_bias_grad")
+def _gelu_backward_bias_grad_fake(dy, x, approximate, bias_dtype=None):
+    # (dx, dbias): gelu_backward's dx and its column sums [N] in bias_dtype (None: x's dtype); internal to
+    # kernelforge.linear's backward (gemm.py)
+    torch._check(x.dim() >= 1, lambda: "gelu_backward_bias_grad: x must have at least 1 dimension, got a scalar")
+    return _like(x), x.new_empty((x.shape[-1],), dtype=bias_dtype if bias_dtype is not None else x.dtype)
+
+
 # ---- functional API ------------------------------------------------------------------------------
 # OpOverloads resolved once: calling `.default` directly skips the overload-packet lookup.
 _silu_and_mul = _ops.silu_and_mul.default

@@ -8,10 +8,13 @@ gradient when a = dy^T). CPU tensors run the float64 C++ reference.
 
 ``linear_act`` is nn.Linear followed by an activation, forward and backward on that op:
   forward   y = act(x W^T + b)                      one GEMM, epilogue bias + act (+ aux for gelu_tanh)
-  backward  g = dy * act'(pre)                      kernelforge.gelu's backward (relu: dy where y > 0)
+  backward  g = dy * act'(pre), db = sum_rows(g)   gelu_tanh: one pass, kernelforge's
+                                                    gelu_backward_bias_grad (reads dy and pre, writes g
+                                                    and db: 3 M N elements instead of 4); relu: dy where
+                                                    y > 0, then torch's column sum (faster than
+                                                    cuBLASLt's fused one)
             dx = g W                                one GEMM, W^T passed as a column-major view
             dW = g^T x                              one GEMM, both operands transposed views
-            db = sum_rows(g)                        torch's column sum (faster than cuBLASLt's fused one)
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class _LinearAct(torch.autograd.Function):
             y, pre, _ = _ops.gemm(x2, w, bias, activation, need_pre, False)
         ctx.activation = activation
         ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.x_shape = x.shape
         ctx.save_for_backward(x2, w, pre if activation == "gelu_tanh" else y if activation == "relu" else None)
         return y.view(*x.shape[:-1], n)
@@ -84,16 +88,21 @@ class _LinearAct(torch.autograd.Function):
         g = dy.reshape(-1, n)
         if g.dim() == 2 and g.size(1) > 1 and g.stride(1) != 1:
             g = g.contiguous()
-        if ctx.activation == "gelu_tanh":
+        want_db = ctx.has_bias and ctx.needs_input_grad[2]
+        db = None
+        if ctx.activation == "gelu_tanh" and want_db:
+            # g and its column sums in one pass over dy and pre (float32 sums of the unrounded g)
+            g, db = _ops.gelu_backward_bias_grad(g, saved, "tanh", ctx.bias_dtype)
+        elif ctx.activation == "gelu_tanh":
             g = _ops.gelu_backward(g, saved, "tanh")
         elif ctx.activation == "relu":
             g = torch.where(saved > 0, g, torch.zeros((), dtype=g.dtype, device=g.device))
-        dx = dw = db = None
+        dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = _ops.gemm(g, w.t(), None, "none", False, False)[0].view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             dw = _ops.gemm(g.t(), x2.t(), None, "none", False, False)[0]
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if want_db and db is None:
             # a column sum of its own: cuBLASLt's bias-gradient epilogue (gemm's a_sum) slows the weight
             # gradient's GEMM by more than the separate pass costs (H100, 16384 x 4096 x 4096: 887 us
             # against 710 + 72)
@@ -104,7 +113,9 @@ class _LinearAct(torch.autograd.Function):
 def linear_act(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                activation: str = "none") -> torch.Tensor:
     """act(x @ w.T + bias), differentiable in x, w and bias: the forward is one GEMM with the bias and the
-    activation in its epilogue, the backward two GEMMs and the bias gradient's column sum. x [..., K], w [N, K] (nn.Linear's weight), bias [N] or None; y [..., N] contiguous."""
+    activation in its epilogue, the backward two GEMMs and the bias gradient's column sum (fused with
+    GELU's derivative for 'gelu_tanh'). x [..., K], w [N, K] (nn.Linear's weight), bias [N] or None;
+    y [..., N] contiguous."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {', '.join(repr(a) for a in ACTIVATIONS)} or None, "
                          f"got {activation!r}" + (" (the erf GELU has no fused epilogue in cuBLASLt: "

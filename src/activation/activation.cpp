@@ -32,6 +32,9 @@ Status prepare(const ActCall& c, Prepared* out) {
   Status s = validate_activation(c, &out->p, &out->dtype);
   if (!s.ok()) return s;
   if (!(s = check_device(c.name, primary(c).device.index, out->dtype, &out->dev)).ok()) return s;
+  if (c.dbias != nullptr && out->p.dbias_dtype != out->dtype &&  // (bfloat16 needs sm_80+)
+      !(s = check_device(c.name, primary(c).device.index, out->p.dbias_dtype, &out->dev)).ok())
+    return s;
   out->problem = make_act_problem(out->p, c.backward, int(dtype_size(out->dtype)));
   return Status::Ok();
 }
@@ -43,13 +46,11 @@ Status launch(const ActPlan& plan, const ActCall& c, const Prepared& w, cudaStre
                         [&](auto t) { return launch_activation<decltype(t)>(plan, fn, gated, w.p, *w.dev, stream); });
 }
 
-bool empty(const ActProblem& pr) { return pr.rows == 0 || pr.n == 0; }
-
 Status run(const ActCall& c, cudaStream_t stream) {
   Prepared w;
   Status s = prepare(c, &w);
   if (!s.ok()) return s;
-  if (empty(w.problem)) return Status::Ok();  // nothing to compute: no launch
+  if (act_empty(w.problem)) return Status::Ok();  // nothing to compute: no launch
   return launch(plan_activation(w.problem, *w.dev), c, w, stream);
 }
 
@@ -143,6 +144,18 @@ Status gelu_backward(const TensorView& dy, const TensorView& x, GeluApprox appro
                      cudaStream_t stream) {
   ActCall c = make("gelu_backward", ActOp::kGelu, true);
   c.dy = &dy, c.x = &x, c.dx = &dx, c.approx = approximate;
+  return run(c, stream);
+}
+
+size_t gelu_backward_bias_grad_workspace_size(int64_t rows, int64_t n) {
+  return size_t(act_bias_workspace_floats(rows, n)) * sizeof(float);
+}
+
+Status gelu_backward_bias_grad(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx,
+                               const TensorView& dbias, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  ActCall c = make("gelu_backward_bias_grad", ActOp::kGelu, true);
+  c.dy = &dy, c.x = &x, c.dx = &dx, c.approx = approximate, c.dbias = &dbias;
+  c.workspace = workspace, c.workspace_bytes = workspace_bytes;
   return run(c, stream);
 }
 

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernelforge/activation.h"
@@ -33,6 +34,12 @@ struct ActParams {
   int64_t rows = 0;
   int64_t n = 0;  // columns of y (I for the gated ops)
   int64_t a_stride = 0, b_stride = 0, y_stride = 0, dy_stride = 0, da_stride = 0, db_stride = 0;
+  // gelu_backward_bias_grad: dbias[c * dbias_stride] = the column sums of the gradient da (in its own
+  // dtype), through the float32 partials [row chunks, n] of the workspace; nullptr otherwise.
+  void* dbias = nullptr;
+  int64_t dbias_stride = 0;
+  DType dbias_dtype = DType::kFloat32;
+  float* partials = nullptr;
   // whether the kernel triggers its dependents at once (set by the launcher: PDL on sm_90, whole grid
   // resident)
   bool trigger = false;
@@ -57,6 +64,11 @@ struct ActCall {
   const TensorView* dx = nullptr;
   const TensorView* dgate = nullptr;
   const TensorView* dup = nullptr;
+  // gelu_backward_bias_grad (op kGelu, backward): the bias gradient [n] and the workspace of its partial
+  // sums (CUDA only)
+  const TensorView* dbias = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 inline bool act_is_split(ActOp op) { return op == ActOp::kSiluAndMul || op == ActOp::kGeluAndMul; }

@@ -1,7 +1,9 @@
 // Argument checks for the activation family: the one place that validates (see activation_problem.h).
 #include <climits>
+#include <cstdint>
 #include <string>
 
+#include "activation/activation_plan.h"
 #include "activation/activation_problem.h"
 #include "common/validate_util.h"
 
@@ -88,6 +90,38 @@ struct Checker {
     return Status::Ok();
   }
 };
+
+// gelu_backward_bias_grad's dbias [n] (its own floating dtype, x's device, one stride that is not 0
+// unless n = 1: every element has one writer) and, on CUDA, the workspace of its partial sums.
+Status validate_bias_grad(const Checker& ck, const ActCall& c, ActParams* p) {
+  if (c.op != ActOp::kGelu || !c.backward) return ck.fail("dbias is only taken by gelu_backward_bias_grad");
+  const TensorView& b = *c.dbias;
+  const TensorView& x = *ck.primary;
+  const int64_t n = p->n;
+  Status s = ck.dtype_ok(b, "dbias");
+  if (!s.ok()) return s;
+  if (b.device.type != x.device.type || (x.device.type == DeviceType::kCUDA && b.device.index != x.device.index))
+    return ck.fail("dbias must be on the same device as x (" + device_str(x.device) + "), got " + device_str(b.device));
+  if (b.ndim != 1 || b.shape[0] != n)
+    return ck.fail("dbias must have shape [" + std::to_string(n) + "] (the last dimension of x), got " + shape_str(b));
+  if (n > 1 && b.strides[0] == 0)
+    return ck.fail("dbias must not have stride 0 (its " + std::to_string(n) + " elements would share one address)");
+  if (n > 0 && b.data == nullptr) return ck.fail("dbias has a null data pointer");
+  p->dbias = b.data;
+  p->dbias_stride = b.strides[0];
+  p->dbias_dtype = b.dtype;
+  if (!c.cuda) return Status::Ok();
+  const size_t need = size_t(act_bias_workspace_floats(p->rows, n)) * sizeof(float);
+  if (c.workspace_bytes < need || (need > 0 && c.workspace == nullptr))
+    return ck.fail("workspace must hold at least " + std::to_string(need) +
+                   " bytes (gelu_backward_bias_grad_workspace_size(" + std::to_string(p->rows) + ", " +
+                   std::to_string(n) + ")), got " +
+                   (c.workspace == nullptr ? std::string("a null pointer") : std::to_string(c.workspace_bytes)));
+  if (need > 0 && reinterpret_cast<uintptr_t>(c.workspace) % alignof(float) != 0)
+    return ck.fail("workspace must be 4-byte aligned (float32 partial sums)");
+  p->partials = static_cast<float*>(c.workspace);
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -196,6 +230,7 @@ Status validate_activation(const ActCall& c, ActParams* p, DType* dtype) {
       p->da = c.dx->data;
     }
   }
+  if (c.dbias != nullptr && !(s = validate_bias_grad(ck, c, p)).ok()) return s;
   *dtype = x.dtype;
   return Status::Ok();
 }

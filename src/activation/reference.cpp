@@ -1,6 +1,7 @@
 // float64 CPU reference of the activation family: the test oracle and the CPU implementation of the
 // PyTorch ops. Textbook formulas (activation.h) in double, every output rounded once to its dtype.
 #include <cmath>
+#include <vector>
 
 #include "activation/activation_problem.h"
 #include "common/host_convert.h"
@@ -47,7 +48,14 @@ Status run(const ActCall& c) {
   ActParams p;
   DType t;
   Status s = validate_activation(c, &p, &t);
-  if (!s.ok() || p.rows == 0) return s;
+  if (!s.ok()) return s;
+  // gelu_backward_bias_grad: dbias = the float64 column sums of the unrounded gradients (0 for no rows)
+  std::vector<double> bias_sum(c.dbias != nullptr ? size_t(p.n) : 0, 0.0);
+  if (p.rows == 0) {
+    for (int64_t j = 0; j < int64_t(bias_sum.size()); ++j)
+      store_from_double(p.dbias, p.dbias_dtype, j * p.dbias_stride, 0.0);
+    return s;
+  }
   const ActFn fn = act_fn(c.op, c.approx);
   const bool gated = act_is_gated(c.op);
   for (int64_t r = 0; r < p.rows; ++r) {
@@ -64,9 +72,12 @@ Status run(const ActCall& c) {
           store_from_double(p.db, t, r * p.db_stride + j, db);
         }
         store_from_double(p.da, t, r * p.da_stride + j, da);
+        if (!bias_sum.empty()) bias_sum[size_t(j)] += da;
       }
     }
   }
+  for (int64_t j = 0; j < int64_t(bias_sum.size()); ++j)
+    store_from_double(p.dbias, p.dbias_dtype, j * p.dbias_stride, bias_sum[size_t(j)]);
   return Status::Ok();
 }
 
@@ -141,6 +152,13 @@ Status geglu_backward(const TensorView& dy, const TensorView& hidden, const Tens
 Status gelu_backward(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx) {
   ActCall c = make("gelu_backward", ActOp::kGelu, true);
   c.dy = &dy, c.x = &x, c.dx = &dx, c.approx = approximate;
+  return run(c);
+}
+
+Status gelu_backward_bias_grad(const TensorView& dy, const TensorView& x, GeluApprox approximate, const TensorView& dx,
+                               const TensorView& dbias) {
+  ActCall c = make("gelu_backward_bias_grad", ActOp::kGelu, true);
+  c.dy = &dy, c.x = &x, c.dx = &dx, c.approx = approximate, c.dbias = &dbias;
   return run(c);
 }
 

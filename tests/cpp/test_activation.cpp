@@ -10,7 +10,8 @@
 // rows; each runs contiguous, row-padded, odd-row-stride, unaligned (base + 1 element) and mixed
 // (first input aligned, the rest unaligned) layouts. Tests skip without a GPU, and fail instead
 // when KF_REQUIRE_GPU=1. ActGpuAllPlans runs every candidate plan of the planner (vector widths,
-// vectors per thread) on each shape through launch_with_plan.
+// vectors per thread) on each shape through launch_with_plan. ActGpuBiasGrad: gelu_backward_bias_grad
+// (its own shapes, below).
 #include <functional>
 #include <string>
 #include <tuple>
@@ -441,6 +442,106 @@ INSTANTIATE_TEST_SUITE_P(All, ActGpuSpecial,
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const DType t = std::get<0>(info.param);
                            return std::string(t == DType::kFloat32 ? "fp32" : t == DType::kFloat16 ? "fp16" : "bf16");
+                         });
+
+// ---- gelu_backward_bias_grad ----------------------------------------------------------------------
+// dx against the reference and bit for bit against gelu_backward's dx on the same device; dbias (in
+// the input dtype and in float32, contiguous or at stride 3) against the float64 column sums; every
+// output and the workspace poisoned before the call; every candidate plan gives the same bits.
+// Shapes: M in {1, 7, 1000, 2049 (65 chunks, the last partial)} x N in {1, 7, 4099 (a partial last
+// vector)}, and no rows (dbias = 0) / no columns.
+const Shape kBiasShapes[] = {{1, 1},    {1, 7},    {1, 4099},    {7, 1},       {7, 7}, {7, 4099},
+                             {1000, 1}, {1000, 7}, {1000, 4099}, {2049, 1024}, {0, 7}, {5, 0}};
+
+class ActGpuBiasGrad : public ActGpu {
+ protected:
+  // dbias [N] in `t`: contiguous, or every third element of an [N, 1] buffer with rows 3 apart.
+  static DeviceTensor make_dbias(DType t, int64_t n, bool strided) {
+    return strided ? DeviceTensor(t, {n, 1}, Layout{2, 0}) : DeviceTensor(t, {n});
+  }
+  static TensorView dbias_view(const DeviceTensor& d, int64_t n) {
+    TensorView v = d.view();
+    v.ndim = 1;
+    v.shape[0] = n;
+    v.strides[0] = d.shape().size() == 2 ? 3 : 1;
+    return v;
+  }
+  static HostTensor dbias_host(const DeviceTensor& d, int64_t n) {
+    HostTensor h = d.download();
+    h.shape = {n};
+    return h;
+  }
+};
+
+TEST_P(ActGpuBiasGrad, MatchesReference) {
+  const DType t = dtype();
+  const int64_t m = M(), n = N();
+  const bool strided = layout() == LayoutKind::kRowPadded || layout() == LayoutKind::kOddStride;
+  for (GeluApprox approx : {GeluApprox::kTanh, GeluApprox::kNone}) {
+    SCOPED_TRACE(approx == GeluApprox::kTanh ? "tanh" : "erf");
+    Rng rng(seed(approx == GeluApprox::kTanh ? "bias tanh" : "bias erf"));
+    const HostTensor x = random_tensor(t, {m, n}, rng, -6.0, 6.0), dy = random_tensor(t, {m, n}, rng);
+    DeviceTensor d_x = to_device(x, layout_of(layout(), 0)), d_dy = to_device(dy, layout_of(layout(), 1));
+    DeviceTensor dx(t, {m, n}, layout_of(layout(), 2)), dx_plain(t, {m, n}, layout_of(layout(), 2));
+    ASSERT_TRUE(finish(kf::gelu_backward(d_dy.view(), d_x.view(), approx, dx_plain.view(), stream_)));
+    const size_t ws_bytes = kf::gelu_backward_bias_grad_workspace_size(m, n);
+    DeviceTensor ws(DType::kFloat32, {int64_t(ws_bytes / 4) + 1});  // poisoned: NaN partials
+    for (DType bt : {t, DType::kFloat32}) {
+      SCOPED_TRACE(std::string("dbias ") + kf::dtype_name(bt));
+      HostTensor want_dx(t, {m, n}), want_db(bt, {n});
+      KF_ASSERT_OK(ref::gelu_backward_bias_grad(dy.view(), x.view(), approx, want_dx.view(), want_db.view()));
+      DeviceTensor db = make_dbias(bt, n, strided);
+      dx.poison();
+      ws.poison();
+      ASSERT_TRUE(finish(kf::gelu_backward_bias_grad(d_dy.view(), d_x.view(), approx, dx.view(), dbias_view(db, n),
+                                                     ws.view().data, ws_bytes, stream_)));
+      EXPECT_TRUE(all_close("dx", dx.download(), want_dx, tolerance(t)));
+      EXPECT_TRUE(bit_equal("dx is gelu_backward's", dx.download(), dx_plain.download()));
+      EXPECT_TRUE(all_close("dbias", dbias_host(db, n), want_db, reduction_tolerance(bt, m)));
+      EXPECT_TRUE(dx.check_untouched("dx"));
+      EXPECT_TRUE(db.check_untouched("dbias"));
+      EXPECT_TRUE(bit_equal("x is not written", d_x.download(), x));
+      EXPECT_TRUE(bit_equal("dy is not written", d_dy.download(), dy));
+
+      // every candidate plan: the same bits
+      kf::ActCall call;
+      call.name = "gelu_backward_bias_grad";
+      call.op = kf::ActOp::kGelu;
+      call.backward = true;
+      call.approx = approx;
+      const TensorView xv = d_x.view(), dyv = d_dy.view(), dxv = dx.view(), dbv = dbias_view(db, n);
+      call.x = &xv, call.dy = &dyv, call.dx = &dxv, call.dbias = &dbv;
+      call.workspace = ws.view().data, call.workspace_bytes = ws_bytes;
+      std::vector<kf::ActPlan> plans;
+      KF_ASSERT_OK(kf::act_candidate_plans(call, &plans));
+      EXPECT_EQ(plans.empty(), n == 0);
+      const HostTensor first_dx = dx.download(), first_db = dbias_host(db, n);
+      for (const kf::ActPlan& plan : plans) {
+        SCOPED_TRACE(kf::to_string(plan));
+        dx.poison();
+        db.poison();
+        ws.poison();
+        ASSERT_TRUE(finish(kf::launch_with_plan(plan, call, stream_)));
+        EXPECT_TRUE(bit_equal("dx", dx.download(), first_dx));
+        EXPECT_TRUE(bit_equal("dbias", dbias_host(db, n), first_db));
+        EXPECT_TRUE(db.check_untouched("dbias"));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ActGpuBiasGrad,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                                            ::testing::ValuesIn(kBiasShapes),
+                                            ::testing::Values(LayoutKind::kContiguous, LayoutKind::kRowPadded,
+                                                              LayoutKind::kOddStride, LayoutKind::kUnaligned,
+                                                              LayoutKind::kMixed)),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const DType t = std::get<0>(info.param);
+                           const Shape s = std::get<1>(info.param);
+                           const char* tag = t == DType::kFloat32 ? "fp32" : t == DType::kFloat16 ? "fp16" : "bf16";
+                           return std::string(tag) + "_" + std::to_string(s.rows) + "x" + std::to_string(s.n) + "_" +
+                                  layout_name(std::get<2>(info.param));
                          });
 
 // Rows of more than 2^16 row groups: the grid loops over rows (gridDim.y is capped at 65535).

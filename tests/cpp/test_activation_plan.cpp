@@ -186,6 +186,100 @@ TEST(ActPlan, BogusPlansRejected) {
   rejected(good, "empty", problem(false, 2, 0, 4096, 4));
 }
 
+// ---- the bias gradient (gelu_backward_bias_grad) ---------------------------------------------------
+ActProblem bias_problem(int elem_bytes, int64_t rows, int64_t n, int align_bytes = 16) {
+  ActProblem p = problem(true, elem_bytes, rows, n, align_bytes);
+  p.bias_grad = true;
+  return p;
+}
+constexpr ActKernel G = ActKernel::kBiasGrad;
+ActPlan bias_plan(int vec, int rows, int gx, int chunks, int64_t chunk_rows) {
+  ActPlan p = plan_of(G, vec, rows, 32, 8, gx, chunks);
+  p.chunk_rows = chunk_rows;
+  return p;
+}
+
+// Strips of 32 vectors; chunks for ~1024 blocks at a nominal 256-column strip, at most 128 chunks of at
+// least 32 rows; 4 rows in flight on 16-byte vectors, 8 on narrow ones.
+TEST(ActPlan, BiasGradPlans) {
+  struct Case {
+    const char* what;
+    ActProblem problem;
+    ActPlan plan;
+  };
+  const Case cases[] = {
+      // 16 strips of 256 columns x 64 chunks of 256 rows: 1024 blocks; 1 MB of partials
+      {"16384x4096 bf16", bias_problem(2, 16384, 4096), bias_plan(8, 4, 16, 64, 256)},
+      {"16384x14336 bf16", bias_problem(2, 16384, 14336), bias_plan(8, 4, 56, 19, 863)},
+      {"4096x4096 fp32", bias_problem(4, 4096, 4096), bias_plan(4, 4, 32, 64, 64)},
+      // few rows: one chunk; a row's last partial vector in the last strip
+      {"1x7 bf16", bias_problem(2, 1, 7), bias_plan(8, 4, 1, 1, 1)},
+      {"7x4099 fp16", bias_problem(2, 7, 4099), bias_plan(8, 4, 17, 1, 7)},
+      // 1000 rows: 32 chunks of 32 rows (the minimum chunk)
+      {"1000x4099 fp32 unaligned", bias_problem(4, 1000, 4099, 4), bias_plan(1, 8, 129, 32, 32)},
+      {"1000x1 bf16 4-byte", bias_problem(2, 1000, 1, 4), bias_plan(2, 8, 1, 32, 32)},
+      // no rows: no column pass, the reduction writes zeros
+      {"0x4096 bf16", bias_problem(2, 0, 4096), bias_plan(8, 4, 16, 0, 1)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    for (const kf::DeviceInfo* dev : {&kH100, &kA100, &kT4}) {  // the device changes nothing
+      expect_same(kf::plan_activation(c.problem, *dev), c.plan);
+      const std::vector<ActPlan> plans = kf::candidate_plans(c.problem, *dev);
+      ASSERT_FALSE(plans.empty());
+      expect_same(plans.front(), c.plan);
+      for (const ActPlan& p : plans) {
+        SCOPED_TRACE(kf::to_string(p));
+        EXPECT_EQ(p.kind, G);
+        EXPECT_EQ(p.grid_y, c.plan.grid_y);  // one chunking for every plan: one summation order
+        EXPECT_EQ(p.chunk_rows, c.plan.chunk_rows);
+        const kf::Status s = kf::check_plan(p, c.problem, *dev);
+        EXPECT_TRUE(s.ok()) << s.message();
+      }
+    }
+    EXPECT_EQ(kf::act_bias_workspace_floats(c.problem.rows, c.problem.n), int64_t(c.plan.grid_y) * c.problem.n);
+  }
+  EXPECT_EQ(kf::to_string(bias_plan(8, 4, 16, 64, 256)), "act_bias_grad vec=8 vecs=4 block=32x8 grid=16x64 chunk=256");
+  // every width and built row count of an aligned 16-bit problem
+  EXPECT_EQ(kf::candidate_plans(bias_problem(2, 16384, 4096), kH100).size(), 4u);  // 8x{4,2}, 2x8, 1x8
+  EXPECT_EQ(kf::gelu_backward_bias_grad_workspace_size(16384, 4096), size_t(64) * 4096 * 4);
+  EXPECT_EQ(kf::gelu_backward_bias_grad_workspace_size(0, 4096), 0u);
+  EXPECT_EQ(kf::gelu_backward_bias_grad_workspace_size(5, 0), 0u);
+  // empty only without columns
+  EXPECT_FALSE(kf::act_empty(bias_problem(2, 0, 4096)));
+  EXPECT_TRUE(kf::act_empty(bias_problem(2, 5, 0)));
+  EXPECT_TRUE(kf::candidate_plans(bias_problem(2, 5, 0), kH100).empty());
+}
+
+TEST(ActPlan, BiasGradBogusPlansRejected) {
+  const ActProblem pr = bias_problem(2, 16384, 4096);
+  const ActPlan good = kf::plan_activation(pr, kH100);
+  ASSERT_TRUE(kf::check_plan(good, pr, kH100).ok());
+  auto rejected = [&](ActPlan p, const char* needle) {
+    const kf::Status s = kf::check_plan(p, pr, kH100);
+    EXPECT_FALSE(s.ok()) << kf::to_string(p);
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  ActPlan p = good;
+  p.kind = B;
+  rejected(p, "bias-gradient call");
+  p = good;
+  p.vecs = 3;
+  rejected(p, "not built for 3 vectors");
+  p = good;
+  p.tx = 64;
+  p.ty = 4;
+  rejected(p, "block is 32x8");
+  p = good;
+  p.grid_x = 8;
+  rejected(p, "does not cover");
+  p = good;
+  p.grid_y = 32;
+  p.chunk_rows = 512;
+  rejected(p, "row chunks must be the sizes' 64 x 256 rows");
+  rejected(plan_of(B, 8, 2, 256, 1, 1, 16384), "bias-gradient call");
+}
+
 // make_act_problem: the widest access every base pointer and row stride allows.
 TEST(ActPlan, ProblemAlignment) {
   kf::ActParams p;
@@ -218,6 +312,11 @@ TEST(ActPlan, ProblemAlignment) {
   EXPECT_EQ(kf::make_act_problem(p, true, 2).align_bytes, 16);
   const ActProblem pr = kf::make_act_problem(p, true, 2);
   EXPECT_TRUE(pr.backward);
+  EXPECT_FALSE(pr.bias_grad);
+  // a bias gradient: dbias (written element by element) does not narrow the access
+  p.dbias = reinterpret_cast<void*>(uintptr_t{0xb0002});
+  EXPECT_TRUE(kf::make_act_problem(p, true, 2).bias_grad);
+  EXPECT_EQ(kf::make_act_problem(p, true, 2).align_bytes, 16);
   EXPECT_EQ(pr.rows, 1);
   EXPECT_EQ(pr.n, 4096);
 }

@@ -174,6 +174,49 @@ TEST(ActReference, BackwardMatchesFiniteDifferences) {
 
 // Non-finite inputs: the limits PyTorch gives (F.silu(-inf) = nan, F.silu(inf) = inf, gradients at
 // +-inf are nan), and a huge finite input keeps the exact limits (gelu_tanh'(1e30) = 1).
+// gelu_backward_bias_grad: dx is gelu_backward's, bit for bit; dbias the float64 column sums of the
+// unrounded gradients (of the inputs as given), rounded once to dbias's dtype, at any dbias stride;
+// no rows give dbias = 0.
+TEST(ActReference, GeluBackwardBiasGrad) {
+  const int64_t m = 9, n = 5;
+  for (GeluApprox a : {GeluApprox::kNone, GeluApprox::kTanh}) {
+    for (DType t : {DType::kFloat64, DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(kernelforge::dtype_name(t)) + (a == GeluApprox::kTanh ? " tanh" : " erf"));
+      Rng rng(77);
+      const HostTensor x = random_tensor(t, {m, n}, rng, -5.0, 5.0), dy = random_tensor(t, {m, n}, rng);
+      HostTensor want_dx(t, {m, n});
+      KF_ASSERT_OK(ref::gelu_backward(dy.view(), x.view(), a, want_dx.view()));
+      // the exact gradients: gelu_backward on float64 copies of the same values
+      HostTensor x64(DType::kFloat64, {m, n}), dy64(DType::kFloat64, {m, n}), g64(DType::kFloat64, {m, n});
+      for (int64_t i = 0; i < m * n; ++i) x64.set(i, x.get(i)), dy64.set(i, dy.get(i));
+      KF_ASSERT_OK(ref::gelu_backward(dy64.view(), x64.view(), a, g64.view()));
+      for (DType bt : {DType::kFloat64, DType::kFloat32, DType::kBFloat16}) {
+        HostTensor dx(t, {m, n}), db(bt, {n});
+        KF_ASSERT_OK(ref::gelu_backward_bias_grad(dy.view(), x.view(), a, dx.view(), db.view()));
+        EXPECT_TRUE(bit_equal("dx", dx, want_dx));
+        for (int64_t c = 0; c < n; ++c) {
+          double sum = 0.0;
+          for (int64_t r = 0; r < m; ++r) sum += g64.get(r * n + c);
+          EXPECT_EQ(db.get(c), round_to(bt, sum)) << "column " << c;
+        }
+        // dbias as every other element of a [2n] buffer: the same values, the gaps untouched
+        HostTensor wide(bt, {2 * n});
+        TensorView v = wide.view();
+        v.shape[0] = n;
+        v.strides[0] = 2;
+        KF_ASSERT_OK(ref::gelu_backward_bias_grad(dy.view(), x.view(), a, dx.view(), v));
+        for (int64_t c = 0; c < n; ++c) {
+          EXPECT_EQ(wide.get(2 * c), db.get(c));
+          EXPECT_TRUE(std::isnan(wide.get(2 * c + 1)));
+        }
+      }
+    }
+  }
+  HostTensor x(DType::kFloat32, {0, 3}), dx(DType::kFloat32, {0, 3}), db(DType::kFloat32, {3});
+  KF_ASSERT_OK(ref::gelu_backward_bias_grad(x.view(), x.view(), GeluApprox::kTanh, dx.view(), db.view()));
+  for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(db.get(c), 0.0);
+}
+
 TEST(ActReference, NonFinite) {
   const DType t = DType::kFloat64;
   const double inf = INFINITY;

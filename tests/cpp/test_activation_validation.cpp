@@ -149,4 +149,46 @@ TEST(ActValidation, RankAndSize) {
                     "silu_and_mul: the last dimension of x must be at most 2^31 - 1");
 }
 
+// gelu_backward_bias_grad: dbias [N] (own dtype, x's device, any nonzero stride) and the workspace.
+TEST(ActValidation, BiasGrad) {
+  TensorView x = cuda_view(BF16, {8, 64}), dy = cuda_view(BF16, {8, 64}), dx = cuda_view(BF16, {8, 64});
+  TensorView db = cuda_view(F32, {64});
+  char ws_store[512];
+  void* ws = ws_store;
+  const size_t need = kf::gelu_backward_bias_grad_workspace_size(8, 64);
+  EXPECT_EQ(need, 256u);  // one chunk of 64 float32 sums
+  auto call = [&](const TensorView& b, void* w, size_t bytes) {
+    return kf::gelu_backward_bias_grad(dy, x, GeluApprox::kTanh, dx, b, w, bytes, nullptr);
+  };
+  KF_EXPECT_INVALID(call(cuda_view(F32, {63}), ws, need),
+                    "gelu_backward_bias_grad: dbias must have shape [64] (the last dimension of x), got [63]");
+  KF_EXPECT_INVALID(call(cuda_view(F32, {1, 64}), ws, need), "dbias must have shape [64]", "got [1, 64]");
+  KF_EXPECT_INVALID(call(cuda_view(DType::kInt32, {64}), ws, need),
+                    "gelu_backward_bias_grad: dbias must be a float32/float16/bfloat16 tensor, got int32");
+  KF_EXPECT_INVALID(call(cuda_view(DType::kFloat64, {64}), ws, need), "dbias must be", "got float64");
+  TensorView db0 = db;
+  db0.strides[0] = 0;
+  KF_EXPECT_INVALID(call(db0, ws, need), "gelu_backward_bias_grad: dbias must not have stride 0");
+  HostTensor hb(F32, {64});
+  KF_EXPECT_INVALID(call(hb.view(), ws, need), "dbias must be on the same device as x (cuda:0), got cpu");
+  KF_EXPECT_INVALID(call(db, ws, need - 1),
+                    "gelu_backward_bias_grad: workspace must hold at least 256 bytes "
+                    "(gelu_backward_bias_grad_workspace_size(8, 64)), got 255");
+  KF_EXPECT_INVALID(call(db, nullptr, need), "workspace must hold at least 256 bytes", "got a null pointer");
+  KF_EXPECT_INVALID(call(db, ws_store + 1, need), "workspace must be 4-byte aligned");
+  TensorView bad = cuda_view(BF16, {8, 65});
+  KF_EXPECT_INVALID(kf::gelu_backward_bias_grad(dy, x, GeluApprox::kTanh, bad, db, ws, need, nullptr),
+                    "gelu_backward_bias_grad: dx must have shape [8, 64] (the shape of x), got [8, 65]");
+  KF_EXPECT_INVALID(kf::gelu_backward_bias_grad(bad, x, GeluApprox::kTanh, dx, db, ws, need, nullptr),
+                    "gelu_backward_bias_grad: dy must have shape [8, 64]");
+  KF_EXPECT_INVALID(kf::gelu_backward_bias_grad(dy, x, static_cast<GeluApprox>(3), dx, db, ws, need, nullptr),
+                    "gelu_backward_bias_grad: approximate must be");
+  // the reference: CPU tensors, float64 dbias allowed, no workspace
+  HostTensor hx(F32, {8, 64}), hdx(F32, {8, 64}), hb63(DType::kFloat64, {63});
+  KF_EXPECT_INVALID(ref::gelu_backward_bias_grad(hx.view(), hx.view(), GeluApprox::kNone, hdx.view(), hb63.view()),
+                    "gelu_backward_bias_grad: dbias must have shape [64]");
+  KF_EXPECT_INVALID(ref::gelu_backward_bias_grad(hx.view(), hx.view(), GeluApprox::kNone, hdx.view(), db),
+                    "dbias must be on the same device as x (cpu), got cuda:0");
+}
+
 }  // namespace

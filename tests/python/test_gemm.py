@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernelforge as kf
 
@@ -82,6 +83,96 @@ def test_errors():
     assert y.shape == (2, 4, 3)
 
 
+# ---- the fused GELU backward + bias gradient under linear's backward ---------------------------------
+
+OPS = torch.ops.kernelforge
+# db: one rounding of the float64 column sum (up to the float64 formula's last bits)
+DB_TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _gelu_tanh_grad64(dy, pre):
+    p = pre.detach().double().requires_grad_()
+    F.gelu(p, approximate="tanh").backward(dy.detach().double())
+    return p.grad
+
+
+class _Calls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _check_bias_grad(dy, pre, bias_dtype):
+    g, db = OPS.gelu_backward_bias_grad(dy, pre, "tanh", bias_dtype)
+    assert torch.equal(g, OPS.gelu_backward(dy, pre, "tanh"))  # g bit for bit
+    assert db.shape == (pre.shape[-1],) and db.dtype == (bias_dtype or pre.dtype) and db.device == pre.device
+    want = _gelu_tanh_grad64(dy, pre).reshape(-1, pre.shape[-1]).sum(0)
+    tol = DB_TOL[db.dtype] * max(1.0, (dy.numel() / max(pre.shape[-1], 1)) ** 0.5 / 8)
+    torch.testing.assert_close(db.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_gelu_backward_bias_grad_cpu(dtype):
+    """kernelforge::gelu_backward_bias_grad on CPU (the float64 reference): g = gelu_backward's, db = its
+    column sums in bias_dtype (None: the input's); row-strided inputs, leading dimensions, no rows."""
+    gen = torch.Generator().manual_seed(4)
+    big = torch.randn(7, 9, dtype=dtype, generator=gen)
+    pre = 3 * torch.randn(7, 5, dtype=dtype, generator=gen)
+    for bias_dtype in (None, torch.float32):
+        _check_bias_grad(big[:, :5], pre, bias_dtype)  # dy rows 9 apart
+        _check_bias_grad(big[:, 2:7].reshape(7, 1, 5), pre.reshape(7, 1, 5), bias_dtype)
+    g, db = OPS.gelu_backward_bias_grad(pre[:0], pre[:0], "tanh")
+    assert g.shape == (0, 5) and torch.equal(db, torch.zeros(5, dtype=dtype))
+
+
+def test_gelu_backward_bias_grad_errors():
+    x = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match=r"gelu_backward_bias_grad: dy must have shape \[4, 6\]"):
+        OPS.gelu_backward_bias_grad(torch.randn(4, 5), x, "tanh")
+    with pytest.raises(RuntimeError, match="gelu_backward_bias_grad: dbias must be a floating-point tensor, got int32"):
+        OPS.gelu_backward_bias_grad(x, x, "tanh", torch.int32)
+    with pytest.raises(ValueError, match="gelu_backward_bias_grad: approximate must be 'none' or 'tanh', got 'erf'"):
+        OPS.gelu_backward_bias_grad(x, x, "erf")
+    with pytest.raises(RuntimeError, match="gelu_backward_bias_grad: x must have between 1 and 8 dimensions"):
+        OPS.gelu_backward_bias_grad(torch.tensor(1.0), torch.tensor(1.0), "tanh")
+
+
+def test_gelu_backward_bias_grad_opcheck():
+    gen = torch.Generator().manual_seed(5)
+    dy, pre = torch.randn(6, 10, generator=gen), torch.randn(6, 10, generator=gen)
+    torch.library.opcheck(OPS.gelu_backward_bias_grad.default, (dy, pre, "tanh", torch.float64))
+    torch.library.opcheck(OPS.gelu_backward_bias_grad.default, (dy, pre, "none"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_linear_gelu_tanh_backward_fuses_the_bias_gradient(dtype):
+    """linear(..., 'gelu_tanh')'s backward takes g and db from one gelu_backward_bias_grad call when the bias
+    wants a gradient (gelu_backward otherwise), and dx, dW, db match float64 (CPU: the reference)."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 5, 7, dtype=dtype, generator=gen, requires_grad=True)
+    w = torch.randn(9, 7, dtype=dtype, generator=gen, requires_grad=True)
+    b = torch.randn(9, dtype=dtype, generator=gen, requires_grad=True)
+    y = kf.linear(x, w, b, activation="gelu_tanh")
+    dy = torch.randn(y.shape, dtype=dtype, generator=gen)
+    with _Calls() as mode:
+        got = torch.autograd.grad(y, (x, w, b), dy)
+    assert OPS.gelu_backward_bias_grad.default in mode.ops and OPS.gelu_backward.default not in mode.ops
+    ref = _ref(x, w, b, "gelu_tanh")
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for name, g, want in zip("xwb", got, _grads(ref, (x, w, b), dy.double())):
+        assert g.dtype == dtype, name
+        torch.testing.assert_close(g.double(), want.double(), rtol=tol, atol=tol, msg=name)
+    # no bias gradient asked: gelu_backward alone
+    y = kf.linear(x, w, b.detach(), activation="gelu_tanh")
+    with _Calls() as mode:
+        torch.autograd.grad(y, (x, w), dy)
+    assert OPS.gelu_backward.default in mode.ops and OPS.gelu_backward_bias_grad.default not in mode.ops
+
+
 # ---- CUDA ------------------------------------------------------------------------------------------
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -110,6 +201,22 @@ def test_linear_act_cuda(dtype, act, shape):
     for name, got, want in zip("xwb", _grads(y, (x, w, b), dy), _grads(ref, (x, w, b), dy.double())):
         assert torch.isfinite(got).all(), name
         assert _rel(got, want) < TOL[dtype] * 2, name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m, n", [(1, 1), (7, 7), (1000, 4099), (2049, 1024), (0, 7)])
+def test_gelu_backward_bias_grad_cuda(dtype, m, n):
+    """The CUDA kernels: g bit-identical to gelu_backward's, db against float64, rows of dy strided, db in
+    the input dtype and in float32, bit-identical reruns."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    big = torch.randn(m, n + 3, device="cuda", dtype=dtype, generator=gen)
+    pre = 3 * torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    for bias_dtype in (None, torch.float32):
+        _check_bias_grad(big[:, :n], pre, bias_dtype)
+        first = OPS.gelu_backward_bias_grad(big[:, :n], pre, "tanh", bias_dtype)
+        again = OPS.gelu_backward_bias_grad(big[:, :n], pre, "tanh", bias_dtype)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
 @pytest.mark.cuda
