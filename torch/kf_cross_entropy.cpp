@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernelforge/cross_entropy.h"
 #include "kf_common.h"
@@ -368,10 +369,18 @@ class FlceFn : public torch::autograd::Function<FlceFn> {
                   "fused_linear_cross_entropy: backward through the same graph "
                   "twice (retain_graph=True) is not supported; recompute the loss for each backward");
       ctx->saved_data["done"] = true;
-      const Tensor gf = g.to(at::kFloat);
-      if (gh) dh = s[0].mul_(gf);
-      if (gw) dw = s[1].mul_(gf);
-      if (gb) db = s[2].mul_(gf);
+      // One multi-tensor launch with 16-byte accesses: mul_ by a 0-dim CUDA tensor broadcasts it with
+      // stride 0, which TensorIterator does not vectorize (2.2 ms against 0.5 for the 1 GB dweight of
+      // a 128256 x 4096 bf16 head on the H200). torch's fast path takes the scale in the gradients'
+      // dtype: exact for 1 and powers of two, one more rounding of a bf16 / fp16 scale otherwise.
+      std::vector<Tensor> scaled;
+      if (gh) scaled.push_back(s[0]);
+      if (gw) scaled.push_back(s[1]);
+      if (gb) scaled.push_back(s[2]);
+      if (!scaled.empty()) at::_foreach_mul_(scaled, g.to(scaled[0].scalar_type()));
+      if (gh) dh = s[0];
+      if (gw) dw = s[1];
+      if (gb) db = s[2];
     } else {
       const OptTensor bias = saved_opt(s[3]);
       static auto op = op_handle<FlceBwdSig>("kernelforge::fused_linear_cross_entropy_backward");

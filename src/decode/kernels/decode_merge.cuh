@@ -3,8 +3,8 @@
 //   M = max(max_s lse2_s, sink2),  w_s = 2^(lse2_s - M),  den = sum_s w_s + 2^(sink2 - M)
 //   out = sum_s w_s o_s / den,     lse = (M + log2(den)) ln 2
 // o_s is split s's output normalized by its own sum (decode_attention.cuh); an empty split has
-// lse2 = -inf and weight 0. One warp per row, D / 32 columns per lane. Bytes: splits * (D + 1) * 4
-// per row read (from L2: the partials were written just before), D * sizeof(T) written.
+// lse2 = -inf and weight 0. One warp per row; each load of the warp reads 32 × 4 consecutive floats (2 at D = 64).
+// Bytes: splits * (D + 1) * 4 per row read (from L2: the partials were written just before), D * sizeof(T) written.
 //
 // merge_split_row is the merge of one row; decode_attention's last CTA of each (sequence, kv head)
 // runs it in place of a second kernel, mla_decode launches decode_merge_kernel. The partials are read
@@ -29,7 +29,9 @@ template <typename T, int kD>
 __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int splits, const float* ws_o,
                                                 const float* ws_lse, int64_t row, int lane) {
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-  constexpr int kCols = kD / 32;
+  constexpr int kVec = kD % 128 == 0 ? 4 : 2;  // floats per lane per load: 16-byte loads where D allows
+  constexpr int kChunks = kD / (32 * kVec);
+  static_assert(kD % 64 == 0, "D is 64, 128, 256 or 512");
   const int h = int(row % p.heads_q);
   const int t = int((row / p.heads_q) % p.q_len);
   const int b = int(row / (int64_t(p.heads_q) * p.q_len));
@@ -44,30 +46,46 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int split
         (p.sinks_float ? static_cast<const float*>(p.sinks)[h] : to_float(static_cast<const T*>(p.sinks)[h])) * kLog2e;
   const float m_all = fmaxf(mx, sink);
   const float m_use = m_all == -INFINITY ? 0.0f : m_all;
-  float acc[kCols];
+  // Lane columns: chunk c of 32 * kVec columns, lane l owns columns (c * 32 + l) * kVec .. + kVec, so
+  // each load instruction of the warp reads 32 * kVec consecutive floats (coalesced).
+  float acc[kChunks][kVec];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) acc[c][v] = 0.0f;
   float den = sink == -INFINITY ? 0.0f : exp2f(sink - m_use);
-  const float* o_row = ws_o + row * splits * kD + lane * kCols;
+  const float* o_row = ws_o + row * splits * kD + lane * kVec;
+  // Unrolled so that several splits' loads are in flight: the loop is latency-bound otherwise (at
+  // D = 512 and 64 splits, one warp reads 128 KB).
+#pragma unroll 4
   for (int s = 0; s < splits; ++s) {
     const float w = exp2f(__ldcg(lse_row + s) - m_use);
     den += w;
-    if (w == 0.0f) continue;  // an empty split (its partial output is 0 too)
 #pragma unroll
-    for (int c = 0; c < kCols; c += 2) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(o_row + s * kD + c));
-      acc[c] += w * v.x;
-      acc[c + 1] += w * v.y;
+    for (int c = 0; c < kChunks; ++c) {
+      const float* src = o_row + int64_t(s) * kD + c * 32 * kVec;
+      float v[kVec];
+      if constexpr (kVec == 4) {
+        const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+      } else {
+        const float2 x = __ldcg(reinterpret_cast<const float2*>(src));
+        v[0] = x.x, v[1] = x.y;
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[c][k] += w == 0.0f ? 0.0f : w * v[k];  // an empty split adds nothing
     }
   }
   const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-  uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.o_sb + t * p.o_st + h * p.o_sh + lane * kCols;
+  uint16_t* out = static_cast<uint16_t*>(p.out) + b * p.o_sb + t * p.o_st + h * p.o_sh + lane * kVec;
 #pragma unroll
-  for (int c = 0; c < kCols; c += 2) {
-    const uint32_t pk = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-    out[c] = uint16_t(pk & 0xffffu);
-    out[c + 1] = uint16_t(pk >> 16);
-  }
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int k = 0; k < kVec; k += 2) {
+      const uint32_t pk = pack2<T>(acc[c][k] * inv, acc[c][k + 1] * inv);
+      out[c * 32 * kVec + k] = uint16_t(pk & 0xffffu);
+      out[c * 32 * kVec + k + 1] = uint16_t(pk >> 16);
+    }
   if (p.lse != nullptr && lane == 0)
     p.lse[b * p.lse_sb + t * p.lse_st + h] = den > 0.0f ? (m_use + log2f(den)) * kLn2 : -INFINITY;
 }
