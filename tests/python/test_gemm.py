@@ -110,9 +110,14 @@ def _check_bias_grad(dy, pre, bias_dtype):
     g, db = OPS.gelu_backward_bias_grad(dy, pre, "tanh", bias_dtype)
     assert torch.equal(g, OPS.gelu_backward(dy, pre, "tanh"))  # g bit for bit
     assert db.shape == (pre.shape[-1],) and db.dtype == (bias_dtype or pre.dtype) and db.device == pre.device
-    want = _gelu_tanh_grad64(dy, pre).reshape(-1, pre.shape[-1]).sum(0)
-    tol = DB_TOL[db.dtype] * max(1.0, (dy.numel() / max(pre.shape[-1], 1)) ** 0.5 / 8)
-    torch.testing.assert_close(db.double(), want, rtol=tol, atol=tol)
+    g64 = _gelu_tanh_grad64(dy, pre).reshape(-1, pre.shape[-1])
+    want = g64.sum(0)
+    # Each float32 term carries the float32 evaluation error of gelu' (a few ulp of |g|), so a column's
+    # error is bounded by its sum of |g|; db's own rounding is relative to the sum. A row dropped or
+    # counted twice moves a column by a whole |g| term, far past this bound.
+    bound = DB_TOL[db.dtype] * want.abs() + 4e-6 * g64.abs().sum(0) + 1e-30
+    err = (db.double() - want).abs()
+    assert bool((err <= bound).all()), f"db off by {(err / bound).max().item():.3g} x its bound"
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
