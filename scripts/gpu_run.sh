@@ -85,7 +85,7 @@ for mod in ("triton", "matplotlib", "pytest", "transformers", "diffusers"):
         m = __import__(mod)
         print(f"{mod} {getattr(m, '__version__', '?')}")
     except Exception as e:
-        print(f"{mod}: missing ({type(e).__name__})")
+        print(f"{mod}: missing ({type(e).__name__}: {e})")
 EOF
   for tool in nvcc cmake ninja ctest compute-sanitizer; do
     if command -v "$tool" >/dev/null; then
@@ -131,6 +131,9 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
        --target /tmp/site "$ROOT"/.whl/*.whl >>"$LOG" 2>&1; then
     PYPATH=$PYPATH:/tmp/site
     say "wheels: installed into /tmp/site:$(for w in "$ROOT"/.whl/*.whl; do printf ' %s' "${w##*/}"; done)"
+    for mod in liger_kernel diffusers; do  # the carried packages import with the image's own dependencies
+      say "  $mod: $(cd / && PYTHONPATH=/tmp/site python3 -c "import $mod as m; print(getattr(m, '__version__', 'ok'))" 2>&1 | tail -1)"
+    done
   else
     say "!! wheels: install failed (see log); going on without them"
   fi
