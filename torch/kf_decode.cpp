@@ -9,7 +9,8 @@
 // (the new tokens included, read on the device only); block_table int32 [B, max_pages] or None
 // (contiguous: sequence b lives in page b). out [B, Lq, Hq, D] contiguous in q's dtype; lse float32
 // [B, Lq, Hq] (return_lse), otherwise an empty float32 [0] tensor (the schema keeps two outputs).
-// scale None: 1 / sqrt(D); window_left -1: unbounded; softcap 0: none. max_seq_len: a host upper bound
+// scale None: 1 / sqrt(D); window_left -1: unbounded; softcap 0: none; key_starts int32 [B] or None
+// (keys before key_starts[b] invisible: left padding). max_seq_len: a host upper bound
 // of every seq_len that sizes the key split, 0 = the cache capacity; SymInt so that torch.compile does
 // not specialize on it (the fake impl does not read it).
 //
@@ -45,11 +46,12 @@ std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, con
                                                  const Tensor& v_cache, const Tensor& seq_lens,
                                                  const OptTensor& block_table, std::optional<double> scale,
                                                  int64_t window_left, double softcap, const OptTensor& sinks,
-                                                 int64_t max_seq_len, bool return_lse) {
+                                                 int64_t max_seq_len, bool return_lse, const OptTensor& key_starts) {
   const kf::DecodeOptions o = make_options(scale, window_left, softcap, max_seq_len);
   if (cuda && needs_fallback("decode_attention", q)) {
-    auto res = decode_attention_impl(false, q.cpu(), k_cache.cpu(), v_cache.cpu(), seq_lens.cpu(), to_cpu(block_table),
-                                     scale, window_left, softcap, to_cpu(sinks), max_seq_len, return_lse);
+    auto res =
+        decode_attention_impl(false, q.cpu(), k_cache.cpu(), v_cache.cpu(), seq_lens.cpu(), to_cpu(block_table), scale,
+                              window_left, softcap, to_cpu(sinks), max_seq_len, return_lse, to_cpu(key_starts));
     return {std::get<0>(res).to(q.device()), std::get<1>(res).to(q.device())};
   }
   // The outputs' shapes are read from q: a q of the wrong rank is refused here (everything else is
@@ -64,7 +66,7 @@ std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, con
 
   const kf::TensorView qv = view(q), kv = view(k_cache), vv = view(v_cache), slv = view(seq_lens);
   const kf::TensorView ov = view(out), lv = view(lse);
-  const OptView btv(block_table), sv(sinks);
+  const OptView btv(block_table), sv(sinks), ksv(key_starts);
   kf::DecodeTensors t;
   t.q = &qv;
   t.k_cache = &kv;
@@ -74,6 +76,7 @@ std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, con
   t.out = &ov;
   t.lse = return_lse ? &lv : nullptr;
   t.sinks = sv.get();
+  t.key_starts = ksv.get();
   if (!cuda) {
     check(kf::ref::decode_attention(t, o));
     return {out, lse};
@@ -128,8 +131,8 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
   def_op<&decode_attention_impl>(
       m,
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seq_lens, Tensor? block_table, *, "
-      "float? scale, int window_left, float softcap, Tensor? sinks, SymInt max_seq_len, bool return_lse) "
-      "-> (Tensor out, Tensor lse)");
+      "float? scale, int window_left, float softcap, Tensor? sinks, SymInt max_seq_len, bool return_lse, "
+      "Tensor? key_starts=None) -> (Tensor out, Tensor lse)");
   // Not differentiable: the Autograd key falls through to the CUDA / CPU kernel, whose outputs then do
   // not require grad (without it, torch's fallback would attach a node that warns at backward).
   m.impl("decode_attention", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));

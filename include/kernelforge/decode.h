@@ -16,11 +16,14 @@
 //   out      [B, Lq, Hq, D] (q's dtype)
 //   lse      optional float32 [B, Lq, Hq], natural log
 //   sinks    optional per-query-head logit [Hq], float32 or q's dtype
+//   key_starts optional int32 [B]: keys before key_starts[b] are invisible to sequence b (a left-padded
+//     batch: the pad rows at the head of each cache). Read on the device like seq_lens; clamped to
+//     [0, seq_len].
 // q, caches and out share one dtype, float16 or bfloat16; math in float32. D in {64, 128, 256}.
 // GQA / MQA: Hq is a multiple of Hkv; query head h reads key/value head h / (Hq / Hkv).
 //
 // Formula, for sequence b (n = its clamped seq_len), new token t (position i = n - Lq + t), head h:
-//   key j is visible when j <= i and (window_left < 0 or j >= i - window_left)
+//   key j is visible when j <= i and (window_left < 0 or j >= i - window_left) and j >= key_starts[b]
 //   s_j = scale * q . k_j (scale 0: 1 / sqrt(D)); s_j = softcap * tanh(s_j / softcap) when softcap > 0
 //   out = softmax over the visible j (and the sink logit sinks[h]) of s_j, times v_j; lse its log-sum
 // A token that sees no key gets out = 0 (never NaN), lse = -inf (or sinks[h]).
@@ -74,8 +77,9 @@ struct DecodeTensors {
   const TensorView* seq_lens = nullptr;
   const TensorView* block_table = nullptr;  // optional: paged cache
   const TensorView* out = nullptr;
-  const TensorView* lse = nullptr;    // optional
-  const TensorView* sinks = nullptr;  // optional
+  const TensorView* lse = nullptr;         // optional
+  const TensorView* sinks = nullptr;       // optional
+  const TensorView* key_starts = nullptr;  // optional int32 [B]: the first visible key of each sequence
 };
 
 // A plan: one CTA per (split, row tile, kv head, sequence); its warps share each key tile (block_n

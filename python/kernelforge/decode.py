@@ -38,7 +38,7 @@ from ._ops import _ops
 
 @torch.library.register_fake("kernelforge::decode_attention")
 def _decode_attention_fake(q, k_cache, v_cache, seq_lens, block_table, *, scale, window_left, softcap, sinks,
-                           max_seq_len, return_lse):
+                           max_seq_len, return_lse, key_starts=None):
     # The C++ impl's shapes (kf_decode.cpp): out contiguous with q's shape and dtype; lse float32
     # [B, Lq, Hq] or [0]. max_seq_len and the lengths are not read: new values trace nothing new.
     if q.dim() != 4:
@@ -78,6 +78,7 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     return_lse: bool = False,
+    key_starts: torch.Tensor | None = None,
     check: bool = False,
 ):
     """Attention of the Lq newest tokens of each sequence against its KV cache: returns out
@@ -96,7 +97,10 @@ def decode_attention(
     through ``softcap * tanh(s / softcap)``. ``sinks``: a per-query-head logit [Hq] (float32 or q's
     dtype) added to every softmax denominator. ``max_seq_len``: a host upper bound of every seq_len
     (sizes the split of the keys); None: the cache capacity (always correct, more idle blocks). A bound
-    below a real length is the caller's broken promise: keys past it may be ignored.
+    below a real length is the caller's broken promise: keys past it may be ignored. ``key_starts``
+    int32 [B] or None: keys before key_starts[b] are invisible to sequence b (a left-padded batch on a
+    static cache: the pad rows at the head of each row's cache), read on the device like seq_lens and
+    clamped to [0, seq_len]; a sequence that sees no key gets zeros (lse -inf, or its sink).
 
     ``check=True`` reads seq_lens and block_table on the host (a synchronization; eager debugging) and
     raises ValueError for a length above the capacity (max_pages * page_size, or page_size when
@@ -105,10 +109,17 @@ def decode_attention(
     """
     if check:
         _check_cache_args("decode_attention", q, k_cache, seq_lens, block_table, append=False)
+        if key_starts is not None and key_starts.dim() == 1 and not key_starts.is_floating_point():
+            starts = key_starts.detach().to("cpu", torch.int64)
+            lens = seq_lens.detach().to("cpu", torch.int64)
+            bad = (starts < 0) | (starts > lens) if starts.shape == lens.shape else starts < 0
+            if bad.any():
+                b = int(bad.nonzero()[0, 0])
+                raise ValueError(f"decode_attention: key_starts[{b}] = {int(starts[b])} is outside [0, seq_lens[{b}]]")
     out, lse = _ops.decode_attention(
         q, k_cache, v_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
         window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0), sinks=sinks,
-        max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse))
+        max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse), key_starts=key_starts)
     return (out, lse) if return_lse else out
 
 

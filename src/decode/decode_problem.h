@@ -27,6 +27,7 @@ struct DecodeParams {
   bool sinks_float = true;
   const int32_t* seq_lens = nullptr;
   const int32_t* block_table = nullptr;  // nullptr: contiguous cache
+  const int32_t* key_starts = nullptr;   // nullptr: every sequence's keys start at 0
   int64_t q_sb = 0, q_st = 0, q_sh = 0;
   int64_t o_sb = 0, o_st = 0, o_sh = 0;
   int64_t lse_sb = 0, lse_st = 0;  // lse [B, Lq, Hq], head stride 1

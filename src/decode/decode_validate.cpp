@@ -190,6 +190,16 @@ Status validate_decode(const DecodeCall& c, DecodeParams* p, DType* dtype) {
     if (Hq > 1 && t.sinks->strides[0] != 1)
       return ck.fail("sinks must be contiguous, got strides " + strides_str(*t.sinks));
   }
+  if (t.key_starts != nullptr) {
+    if (!(s = ck.basic(t.key_starts, "key_starts", 1, "[B]")).ok()) return s;
+    if (t.key_starts->dtype != DType::kInt32)
+      return ck.fail(std::string("key_starts must be int32, got ") + dtype_name(t.key_starts->dtype));
+    if (t.key_starts->shape[0] != B)
+      return ck.fail("key_starts must have shape [" + std::to_string(B) +
+                     "] (the first visible key of each sequence of q), got " + shape_str(*t.key_starts));
+    if (B > 1 && t.key_starts->strides[0] != 1)
+      return ck.fail("key_starts must be contiguous, got strides " + strides_str(*t.key_starts));
+  }
   const DecodeOptions& o = c.opts;
   if (!(std::isfinite(o.scale) && o.scale >= 0.0f)) return ck.fail("scale must be finite and >= 0 (0: 1 / sqrt(D))");
   if (!(std::isfinite(o.softcap) && o.softcap >= 0.0f)) return ck.fail("softcap must be finite and >= 0 (0: none)");
@@ -205,6 +215,7 @@ Status validate_decode(const DecodeCall& c, DecodeParams* p, DType* dtype) {
   p->lse = t.lse != nullptr ? static_cast<float*>(t.lse->data) : nullptr;
   p->sinks = t.sinks != nullptr ? t.sinks->data : nullptr;
   p->sinks_float = t.sinks == nullptr || t.sinks->dtype == DType::kFloat32;
+  p->key_starts = t.key_starts != nullptr ? static_cast<const int32_t*>(t.key_starts->data) : nullptr;
   p->q_sb = q.strides[0], p->q_st = q.strides[1], p->q_sh = q.strides[2];
   p->o_sb = t.out->strides[0], p->o_st = t.out->strides[1], p->o_sh = t.out->strides[2];
   if (t.lse != nullptr) p->lse_sb = t.lse->strides[0], p->lse_st = t.lse->strides[1];

@@ -72,7 +72,8 @@ Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts) {
           const int64_t qo = b * p.q_sb + tq * p.q_st + h * p.q_sh;
           for (int64_t e = 0; e < D; ++e) qd[e] = load_as_double(p.q, dt, qo + e);
           const int64_t pos = n - Lq + tq;
-          const int64_t lo = opts.window_left >= 0 ? pos - opts.window_left : 0;
+          int64_t lo = opts.window_left >= 0 ? pos - opts.window_left : 0;
+          if (p.key_starts != nullptr) lo = std::max(lo, int64_t(p.key_starts[b]));  // j < start: left padding
           sc.assign(static_cast<size_t>(n), kNegInf);
           double m = sink;
           for (int64_t j = 0; j < n; ++j) {

@@ -59,6 +59,7 @@ struct DecodeCase {
   int64_t max_pages = 0;          // block-table columns (0: enough for the longest sequence)
   std::vector<int> extra_splits;  // forced split counts beyond 1, 3 and 16
   int replays = 0;                // > 0: the split call captured into a CUDA graph, replayed this often
+  std::vector<int64_t> starts;    // key_starts (left padding); empty: none
 };
 
 void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
@@ -165,8 +166,10 @@ TEST_P(DecodeGpu, MatchesReference) {
   HostTensor kc(c.dtype, {celems}), vc(c.dtype, {celems});
   for (int64_t i = 0; i < celems; ++i) kc.set(i, kh[i]), vc.set(i, vh[i]);
   HostTensor q = random_tensor(c.dtype, {B, Lq, Hq, D}, rng);
-  HostTensor lens(I32, {B}), table(I32, {B, max_pages});
+  HostTensor lens(I32, {B}), table(I32, {B, max_pages}), starts(I32, {B});
   for (int64_t b = 0; b < B; ++b) lens.set(b, double(c.lens[b]));
+  const bool has_starts = !c.starts.empty();
+  for (int64_t b = 0; b < B; ++b) starts.set(b, has_starts ? double(c.starts[size_t(b)]) : 0.0);
   for (size_t i = 0; i < bt.size(); ++i) table.set(int64_t(i), bt[i]);
   HostTensor sinks;
   if (c.sinks != Sinks::kNone) sinks = random_tensor(c.sinks == Sinks::kFloat32 ? F32 : c.dtype, {Hq}, rng, -1.0, 3.0);
@@ -175,10 +178,11 @@ TEST_P(DecodeGpu, MatchesReference) {
   HostTensor out_ref(c.dtype, {B, Lq, Hq, D}), lse_ref(F32, {B, Lq, Hq});
   const TensorView hq = q.view(), hk = make_view(kc.bytes.data(), c.dtype, cshape, cstr, false),
                    hv = make_view(vc.bytes.data(), c.dtype, cshape, cstr, false), hl = lens.view(), hb = table.view(),
-                   ho = out_ref.view(), hlse = lse_ref.view(), hs = sinks.view();
+                   ho = out_ref.view(), hlse = lse_ref.view(), hs = sinks.view(), hst = starts.view();
   DecodeTensors rt;
   rt.q = &hq, rt.k_cache = &hk, rt.v_cache = &hv, rt.seq_lens = &hl, rt.block_table = paged ? &hb : nullptr;
   rt.out = &ho, rt.lse = c.lse ? &hlse : nullptr, rt.sinks = c.sinks != Sinks::kNone ? &hs : nullptr;
+  rt.key_starts = has_starts ? &hst : nullptr;
   DecodeOptions o;
   o.window_left = c.wl;
   o.softcap = c.softcap;
@@ -186,20 +190,21 @@ TEST_P(DecodeGpu, MatchesReference) {
 
   // device copies
   DeviceTensor dq(c.dtype, {B, Lq, Hq, D}), dl(I32, {B}), db(I32, {B, max_pages}), dout(c.dtype, {B, Lq, Hq, D}),
-      dlse(F32, {B, Lq, Hq});
+      dlse(F32, {B, Lq, Hq}), dst(I32, {B});
   DeviceTensor ds(sinks.dtype, {c.sinks != Sinks::kNone ? Hq : 1});
   Buffer kbuf(size_t(celems) * es), vbuf(size_t(celems) * es);
   ASSERT_TRUE(dq.ok() && dl.ok() && db.ok() && dout.ok() && dlse.ok() && kbuf.ptr && vbuf.ptr);
-  dq.upload(q), dl.upload(lens), db.upload(table);
+  dq.upload(q), dl.upload(lens), db.upload(table), dst.upload(starts);
   if (c.sinks != Sinks::kNone) ds.upload(sinks);
   KF_CUDA_CHECK(cudaMemcpy(kbuf.ptr, kc.bytes.data(), size_t(celems) * es, cudaMemcpyHostToDevice));
   KF_CUDA_CHECK(cudaMemcpy(vbuf.ptr, vc.bytes.data(), size_t(celems) * es, cudaMemcpyHostToDevice));
   const TensorView gq = dq.view(), gk = make_view(kbuf.ptr, c.dtype, cshape, cstr, true),
                    gv = make_view(vbuf.ptr, c.dtype, cshape, cstr, true), gl = dl.view(), gb = db.view(),
-                   go = dout.view(), glse = dlse.view(), gs = ds.view();
+                   go = dout.view(), glse = dlse.view(), gs = ds.view(), gst = dst.view();
   DecodeTensors t;
   t.q = &gq, t.k_cache = &gk, t.v_cache = &gv, t.seq_lens = &gl, t.block_table = paged ? &gb : nullptr;
   t.out = &go, t.lse = c.lse ? &glse : nullptr, t.sinks = c.sinks != Sinks::kNone ? &gs : nullptr;
+  t.key_starts = has_starts ? &gst : nullptr;
 
   const double u = c.dtype == BF16 ? 1.0 / 256 : 1.0 / 2048;
   const Tol tol_out{2 * u, 4 * u + 2 * c.softcap / 1024.0 + 1e-4};
@@ -335,6 +340,13 @@ std::vector<DecodeCase> decode_cases() {
   c = DecodeCase{};  // the same call replayed from a CUDA graph: the counters reset themselves
   c.Hq = 32, c.Hkv = 8, c.lens = {3000, 1, 0, 4100}, c.sinks = Sinks::kFloat32, c.replays = 4;
   c.name = "graph_replays";
+  add(c);
+  c = DecodeCase{};  // left-padded batch: a start inside the first tile, past a tile, at and past the length
+  c.Hq = 32, c.Hkv = 8, c.lens = {1200, 700, 5, 2047, 300}, c.starts = {3, 129, 5, 0, 1000};
+  c.name = "key_starts";
+  add(c);
+  c.Lq = 4, c.wl = 50, c.sinks = Sinks::kFloat32, c.starts = {1190, 129, 2, 700, 299},
+  c.name = "key_starts_qlen4_window";
   add(c);
   c = DecodeCase{};  // page size 1 with the GQA of the measured shapes
   c.Hq = 32, c.Hkv = 8, c.page = 1, c.lens = {1200, 700, 5, 2047}, c.name = "page1_gqa32_8";
@@ -578,6 +590,16 @@ TEST(DecodeValidation, AcceptsAndRejects) {
     DecodeTensors t = x.t();
     t.sinks = &s;
     KF_EXPECT_INVALID(validate(t), "sinks must have shape [8]");
+  }
+  {
+    ValidationViews x;
+    TensorView s = cuda_view(I32, {3}, 0, uintptr_t{7} << 40);
+    DecodeTensors t = x.t();
+    t.key_starts = &s;
+    KF_EXPECT_INVALID(validate(t), "key_starts must have shape [");
+    TensorView f = cuda_view(F32, {t.seq_lens->shape[0]}, 0, uintptr_t{7} << 40);
+    t.key_starts = &f;
+    KF_EXPECT_INVALID(validate(t), "key_starts must be int32");
   }
 }
 

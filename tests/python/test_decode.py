@@ -67,7 +67,7 @@ def vid(v: dict) -> str:
 
 
 def reference(q, k_cache, v_cache, seq_lens, block_table=None, *, scale=None, window_left=-1, softcap=0.0,
-              sinks=None):
+              sinks=None, key_starts=None):
     """decode.h in float64: for sequence b (n = seq_lens[b]) key j is row j % page_size of page
     block_table[b, j // page_size] (contiguous: row j of page b); new token t sits at i = n - Lq + t
     and sees keys j <= i (and j >= i - window_left); the softmax of the (softcapped) scaled scores and
@@ -100,6 +100,8 @@ def reference(q, k_cache, v_cache, seq_lens, block_table=None, *, scale=None, wi
             visible = j <= i
             if window_left >= 0:
                 visible &= j >= i - window_left
+            if key_starts is not None:
+                visible &= j >= int(key_starts[b])
             logits = s[t][:, visible]  # [Hq, visible keys]
             if sink is not None:
                 logits = torch.cat([logits, sink.view(Hq, 1)], dim=1)
@@ -224,6 +226,25 @@ def test_empty_sequences(kf, device, dtype, cache):
     want, want_lse = want_of(c, sinks=sinks)
     close(out, want, dtype, "out")
     check_lse(lse, want_lse)
+
+
+@pytest.mark.parametrize("cache", ["p16", "p1", "static"])
+@pytest.mark.parametrize("lq", [1, 4])
+@pytest.mark.parametrize("device,dtype", [CPU] + CUDA)
+def test_key_starts(kf, device, dtype, lq, cache):
+    """A left-padded batch: keys before key_starts[b] are invisible (a start inside the first tile, past
+    a tile, at the length: nothing visible, zeros and lse -inf or the sink, and 0); with a window and
+    sinks too."""
+    c = build(([700, 90, 300, 2049], lq, 8, 2, 128, cache), dtype, device)
+    starts = torch.tensor([3, 70, 300, 0], dtype=torch.int32, device=device)
+    for kw in ({}, {"window_left": 40}, {"sinks": torch.randn(8, device=device)}):
+        out, lse = run(kf, c, key_starts=starts, **kw)
+        want, want_lse = want_of(c, key_starts=starts, **kw)
+        close(out, want, dtype, f"out {kw}")
+        check_lse(lse, want_lse)
+    out = run(kf, c, key_starts=starts)[0]
+    assert (out[2] == 0).all()  # start == length: the sequence sees nothing
+    assert torch.equal(run(kf, c, key_starts=torch.zeros_like(starts))[0], run(kf, c)[0])  # 0: no padding
 
 
 @pytest.mark.parametrize("lq", [1, 4])
@@ -420,6 +441,12 @@ def test_errors_decode_attention(kf):
         call(kf, c, k_cache=odd["k_cache"][:, :12], v_cache=odd["v_cache"][:, :12])
     with pytest.raises(ERR, match="sinks"):
         call(kf, c, sinks=torch.zeros(3))
+    with pytest.raises(ERR, match=r"key_starts must have shape \[2\]"):
+        call(kf, c, key_starts=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ERR, match="key_starts must be int32"):
+        call(kf, c, key_starts=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"key_starts\[1\] = 21 is outside \[0, seq_lens\[1\]\]"):
+        call(kf, c, key_starts=torch.tensor([0, 21], dtype=torch.int32), check=True)
     with pytest.raises(ValueError, match="scale must be a finite value > 0"):
         call(kf, c, scale=0.0)
     with pytest.raises(ERR, match="window_left"):

@@ -36,7 +36,7 @@ from ._spec import DecodeShape, OpSpec, check_out, f64, kf, poison, randn
 
 
 def decode_ref(q, k_cache, v_cache, seq_lens, block_table=None, *, scale=None, window_left=-1, softcap=0.0,
-               sinks=None):
+               sinks=None, key_starts=None):
     """The contract's formula in float64 (include/kernelforge/decode.h), vectorized: every sequence's
     keys gathered through the block table (contiguous: page b), the visibility mask built explicitly.
     Returns (out [B, Lq, Hq, D], lse [B, Lq, Hq]) in float64 on the CPU. seq_lens are clamped to
@@ -71,6 +71,8 @@ def decode_ref(q, k_cache, v_cache, seq_lens, block_table=None, *, scale=None, w
     visible = (j.view(1, 1, -1) <= i.unsqueeze(-1)) & inside.unsqueeze(1)
     if window_left is not None and window_left >= 0:
         visible &= j.view(1, 1, -1) >= i.unsqueeze(-1) - window_left
+    if key_starts is not None:  # left padding: keys before the sequence's first are invisible
+        visible &= j.view(1, 1, -1) >= key_starts.detach().to("cpu", torch.int64).view(-1, 1, 1)
     s = s.masked_fill(~visible.unsqueeze(2), float("-inf"))  # [B, Lq, Hq, cap]
     m = s.amax(dim=-1) if cap > 0 else torch.full((B, Lq, Hq), float("-inf"), dtype=f64)
     sink = sinks.detach().to("cpu", f64).view(1, 1, Hq) if sinks is not None else None

@@ -68,6 +68,10 @@ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int 
     lo = n - p.q_len + t_min - p.window_left;
     lo = lo < 0 ? 0 : (lo > hi ? hi : lo);
   }
+  if (p.key_starts != nullptr) {  // left padding: keys before the sequence's first are invisible
+    const int32_t s0 = p.key_starts[b];
+    lo = s0 > lo ? (s0 > hi ? hi : s0) : lo;
+  }
   const int32_t tiles = (hi - lo + kBlockN - 1) / kBlockN;
   const int32_t per_split = (tiles + splits - 1) / splits;
   int32_t start = lo + split * per_split * kBlockN;
