@@ -7,7 +7,7 @@ Cases (kernelforge/models.py builds the models, random weights):
   ltx            LTX-Video transformer denoising step: 28 blocks, 2688 video + 128 text tokens, batch 2
   llama_generate the Llama-1B-shaped model generating 128 tokens after a 512-token prompt, batch 1,
                  greedy (HF generate, or kernelforge.generate); reported per generated token, prefill
-                 included
+                 included; llama_generate_b16 / _b64: 16 / 64 prompts of the same length at once
   moe_train      a Mixtral-8x7B-shaped MoE block (8 experts, 4096 -> 14336, top-2), one training step
                  on 4 x 2048 tokens, experts as written (transformers' per-expert loop)
   moe_grouped_train  the same block with transformers' grouped_mm experts (torch._grouped_mm)
@@ -48,12 +48,14 @@ CASES = {  # case -> (models.py builder, training step?)
     "vit_train": ("vit", True),
     "ltx": ("ltx", False),
     "llama_generate": ("llama_generate", False),
+    "llama_generate_b16": ("llama_generate_b16", False),
+    "llama_generate_b64": ("llama_generate_b64", False),
     "moe_train": ("moe", True),
     "moe_grouped_train": ("moe_grouped", True),
 }
 PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile", "generate", "kernelforge_generate")
 GENERATE_PROVIDERS = ("generate", "kernelforge_generate")  # kernelforge.generate: generation cases only
-GENERATION_CASES = ("llama_generate",)
+GENERATION_CASES = ("llama_generate", "llama_generate_b16", "llama_generate_b64")
 
 
 def applies(case: str, provider: str) -> bool:

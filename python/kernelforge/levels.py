@@ -240,7 +240,7 @@ def plot(path: str, model_name: str, what: str, rows: list[Row]) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    steps = tuple(m for m in MODELS if m != "llama_generate")  # forward / training steps (not generate loops)
+    steps = tuple(m for m in MODELS if not m.startswith("llama_generate"))  # forward / training steps (not generate loops)
     p.add_argument("--models", type=csv_list(steps), default=["lm", "vit", "gnn"],
                    help=f"comma-separated, from {', '.join(steps)} (default lm,vit,gnn)")
     p.add_argument("--levels", type=csv_list(LEVELS), default=list(LEVELS), help="comma-separated levels")

@@ -81,19 +81,24 @@ def _llama(size: str, device, dtype, small_lm: bool) -> Model:
                  f"{batch} x {seq} tokens", "llama", loss)
 
 
-def _llama_generate(size: str, device, dtype) -> Model:
-    """The Llama-1B-shaped model generating: a 512-token prompt, 128 new tokens, greedy, batch 1 (small:
-    the 2-layer model, 16 + 4 tokens). forward runs the whole generate call."""
+def _llama_generate(size: str, device, dtype, batch: int = 1) -> Model:
+    """The Llama-1B-shaped model generating: a 512-token prompt, 128 new tokens, greedy, ``batch`` prompts
+    of the same length (small: the 2-layer model, 16 + 4 tokens). forward runs the whole generate call.
+    The prompts hold no pad token (id 0), so HF generate builds no padding mask."""
     base = _llama(size, device, dtype, False)
     prompt, new = (16, 4) if size == "small" else (512, 128)
-    ids = base.inputs[0][:1, :prompt].contiguous()
+    ids = base.inputs[0][:batch, :prompt]
+    if ids.shape[0] < batch:
+        more = torch.randint(1, base.module.config.vocab_size, (batch - ids.shape[0], prompt), device=ids.device)
+        ids = torch.cat([ids, more])
+    ids = ids.clamp_min(1).contiguous()
     base.module.generation_config.pad_token_id = 0
 
     def forward(m, ids):
         return m.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
 
     return Model(base.module, (ids,), forward, f"{base.what.split(',')[0]}, generate: prompt {prompt}, "
-                 f"{new} new tokens, batch 1", "llama", None, new)
+                 f"{new} new tokens, batch {batch}", "llama", None, new)
 
 
 def _vit(size: str, device, dtype) -> Model:
@@ -243,6 +248,8 @@ MODELS = {
     "lm": lambda s, d, t: _llama(s, d, t, True),
     "llama": lambda s, d, t: _llama(s, d, t, False),
     "llama_generate": _llama_generate,
+    "llama_generate_b16": lambda s, d, t: _llama_generate(s, d, t, 16),
+    "llama_generate_b64": lambda s, d, t: _llama_generate(s, d, t, 64),
     "vit": _vit,
     "gnn": _gnn,
     "ltx": _ltx,
