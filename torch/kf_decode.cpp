@@ -1,9 +1,10 @@
 // The PyTorch binding of the decode family (include/kernelforge/decode.h): decode_attention (the Lq
-// newest tokens of each sequence against a paged or contiguous KV cache) and kv_append (their keys and
-// values written into that cache, in place). CUDA = our kernels, CPU = the float64 reference. Both are
-// inference ops: decode_attention's Autograd key falls through (inputs that require grad give outputs
-// that do not: no graph, no backward), kv_append has no autograd (a mutation of the caches). Fake
-// impls: python/kernelforge/decode.py.
+// newest tokens of each sequence against a paged or contiguous KV cache), kv_append (their keys and
+// values written into that cache, in place) and rope_kv_append (the same with RoPE of q and k fused).
+// CUDA = our kernels, CPU = the float64 reference. All are inference ops: the Autograd key of
+// decode_attention and rope_kv_append falls through (inputs that require grad give outputs that do
+// not: no graph, no backward), kv_append has no autograd (a mutation of the caches). Fake impls:
+// python/kernelforge/decode.py.
 //
 // decode_attention: q [B, Lq, Hq, D]; k_cache / v_cache [P, page_size, Hkv, D]; seq_lens int32 [B]
 // (the new tokens included, read on the device only); block_table int32 [B, max_pages] or None
@@ -16,6 +17,10 @@
 //
 // kv_append: k, v [B, Lq, Hkv, D] written at positions seq_lens[b] - Lq + t of k_cache / v_cache
 // (seq_lens: the lengths after the append, as decode_attention takes them); returns nothing.
+//
+// rope_kv_append: kv_append with HF's rotate-half RoPE of q and k at those positions (cos / sin
+// [max_pos, rotary_dim], decode.h); k's rotation and v go into the caches, q's rotation is returned,
+// a new contiguous tensor of q's shape and dtype (q is not written).
 #include <cmath>
 #include <optional>
 #include <string>
@@ -125,6 +130,41 @@ void kv_append_impl(bool cuda, const Tensor& k_cache, const Tensor& v_cache, con
   check(kf::kv_append(t, stream_of(k_cache)));
 }
 
+Tensor rope_kv_append_impl(bool cuda, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                           const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache, const Tensor& seq_lens,
+                           const OptTensor& block_table) {
+  if (cuda && needs_fallback("rope_kv_append", k_cache)) {
+    Tensor kc = k_cache.cpu(), vc = v_cache.cpu();
+    Tensor q_out = rope_kv_append_impl(false, q.cpu(), k.cpu(), v.cpu(), cos.cpu(), sin.cpu(), kc, vc, seq_lens.cpu(),
+                                       to_cpu(block_table));
+    k_cache.copy_(kc);
+    v_cache.copy_(vc);
+    return q_out.to(q.device());
+  }
+  Tensor q_out = at::empty(q.sizes(), q.options());
+  const kf::TensorView qv = view(q), qov = view(q_out), kv = view(k), vv = view(v), cv = view(cos), sv = view(sin);
+  const kf::TensorView kcv = view(k_cache), vcv = view(v_cache), slv = view(seq_lens);
+  const OptView btv(block_table);
+  kf::RopeKvAppendTensors t;
+  t.q = &qv;
+  t.q_out = &qov;
+  t.k = &kv;
+  t.v = &vv;
+  t.cos = &cv;
+  t.sin = &sv;
+  t.k_cache = &kcv;
+  t.v_cache = &vcv;
+  t.seq_lens = &slv;
+  t.block_table = btv.get();
+  if (!cuda) {
+    check(kf::ref::rope_kv_append(t));
+    return q_out;
+  }
+  c10::cuda::CUDAGuard guard(k_cache.device());
+  check(kf::rope_kv_append(t, stream_of(k_cache)));
+  return q_out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
@@ -139,4 +179,10 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
   def_op<&kv_append_impl>(m,
                           "kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor seq_lens, "
                           "Tensor? block_table) -> ()");
+  def_op<&rope_kv_append_impl>(
+      m,
+      "rope_kv_append(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, Tensor seq_lens, Tensor? block_table) -> Tensor");
+  // Inference only, as decode_attention: q_out does not require grad, whatever q does.
+  m.impl("rope_kv_append", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
 }

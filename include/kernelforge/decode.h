@@ -123,12 +123,52 @@ struct KvAppendTensors {
 };
 Status kv_append(const KvAppendTensors& t, cudaStream_t stream);
 
+// rope_kv_append: kv_append with the rotary embedding of the new tokens fused in, one launch. For
+// token t of sequence b at position pos = seq_lens[b] - Lq + t (read on the device: CUDA-graph safe)
+// the first R = rotary_dim columns of every head of q and k are rotated by row pos of the cos / sin
+// tables, HF's rotate-half convention (LlamaRotaryEmbedding + apply_rotary_pos_emb), with i < R / 2,
+// c = cos[pos, i], s = sin[pos, i]:
+//   out[i]         = x[i] c - x[i + R/2] s
+//   out[i + R/2]   = x[i + R/2] c + x[i] s
+// and columns R..D-1 pass through. The rotated q goes to q_out; the rotated k and the unrotated v go
+// to the cache rows of kv_append (same layouts, skip rules and seq_lens meaning); k and v are not
+// written.
+//   q      [B, Lq, Hq, D] (any Hq: no GQA relation is needed here)
+//   q_out  q's shape and dtype: q itself (the same data pointer and strides) rotates in place,
+//          otherwise it must not overlap q
+//   k, v   [B, Lq, Hkv, D], caches [P, page_size, Hkv, D] as kv_append
+//   cos, sin [max_pos, R]: row p holds position p; R even, 2 <= R <= D; float32 or q's dtype.
+//          HF's layout (emb = cat(freqs, freqs)): both halves of a row are equal, and only the first
+//          R / 2 columns are read. Tables whose halves differ are not HF's and are not supported (the
+//          Python check=True reports them).
+// Positions outside [0, max_pos) read row clamp(pos, 0, max_pos - 1): never out of bounds, a wrong
+// rotation for a bad position (an empty slot, seq_lens 0, rotates its q by position 0 and writes no
+// cache row). check=True in Python reports positions past the table.
+// Math in float32, one rounding per output (bit-identical to apply_rope followed by kv_append).
+// Bytes: q read and q_out written, k and v read, their cache rows written, and the first halves of
+// the two table rows of each token (every head reads them; DRAM sees them once):
+//   2 B Lq (Hq + 2 Hkv) D sizeof(T) + B Lq R sizeof(cos).
+struct RopeKvAppendTensors {
+  const TensorView* q = nullptr;
+  const TensorView* q_out = nullptr;
+  const TensorView* k = nullptr;
+  const TensorView* v = nullptr;
+  const TensorView* cos = nullptr;
+  const TensorView* sin = nullptr;
+  const TensorView* k_cache = nullptr;
+  const TensorView* v_cache = nullptr;
+  const TensorView* seq_lens = nullptr;
+  const TensorView* block_table = nullptr;  // optional
+};
+Status rope_kv_append(const RopeKvAppendTensors& t, cudaStream_t stream);
+
 // ---- float64 CPU reference -------------------------------------------------------------------
 // The same calls on CPU tensors (float32 and float64 also accepted): double math, each output
 // rounded once.
 namespace ref {
 Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts);
 Status kv_append(const KvAppendTensors& t);
+Status rope_kv_append(const RopeKvAppendTensors& t);
 }  // namespace ref
 
 }  // namespace kernelforge

@@ -8,6 +8,7 @@
     p = kf.softmax(scores, dim=-1)  # torch.softmax semantics, one fused kernel per direction
     o = kf.attention(q, k, v, causal=True)  # flash attention forward, [B, S, H, D] (GQA, varlen, ...)
     kf.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)   # new keys/values into a paged cache
+    q = kf.rope_kv_append(q, k, v, cos, sin, k_cache, v_cache, seq_lens, block_table)  # RoPE fused in
     o = kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table)  # decode against that cache
     y = kf.linear(x, w, bias)     # nn.Linear's product: a skinny GEMM for <= 16 rows, else cuBLASLt
     y = kf.linear(x, w, bias, activation="gelu_tanh")  # the activation fused into the GEMM's epilogue
@@ -28,7 +29,7 @@ from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
-from .decode import decode_attention, kv_append, mla_decode
+from .decode import decode_attention, kv_append, mla_decode, rope_kv_append
 from .diagonal_matmul import diagonal_matmul
 from .dropout import dropout, dropout_add
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
@@ -84,6 +85,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "decode_attention",
     "kv_append",
+    "rope_kv_append",
     "mla_decode",
     "linear",
     "gemm",

@@ -1,5 +1,6 @@
 """The decode family: the fake (meta) implementations of its ops (kernelforge::decode_attention,
-kernelforge::kv_append, kernelforge::mla_decode) and the functional API. Inference only: no autograd.
+kernelforge::kv_append, kernelforge::rope_kv_append, kernelforge::mla_decode) and the functional API.
+Inference only: no autograd.
 
 The ops live in C++ (`torch/kf_decode.cpp`; the contract and formula in include/kernelforge/decode.h);
 arguments are validated there. Per sequence b (n = seq_lens[b], the Lq new tokens included), new
@@ -50,6 +51,12 @@ def _decode_attention_fake(q, k_cache, v_cache, seq_lens, block_table, *, scale,
 @torch.library.register_fake("kernelforge::kv_append")
 def _kv_append_fake(k_cache, v_cache, k, v, seq_lens, block_table):
     return None
+
+
+@torch.library.register_fake("kernelforge::rope_kv_append")
+def _rope_kv_append_fake(q, k, v, cos, sin, k_cache, v_cache, seq_lens, block_table):
+    # The C++ impl's q_out: contiguous, q's shape and dtype. The caches are mutated in place.
+    return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("kernelforge::mla_decode")
@@ -144,6 +151,46 @@ def kv_append(
     _ops.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)
 
 
+def rope_kv_append(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    check: bool = False,
+) -> torch.Tensor:
+    """RoPE of the Lq newest tokens fused into ``kv_append``, one launch: returns q_out, the rotated q (a
+    new contiguous tensor of q's shape and dtype; q itself is not written), and writes the rotated k and
+    the unrotated v into the cache exactly as ``kv_append(k_cache, v_cache, rot(k), v, seq_lens,
+    block_table)`` would (same layouts, same skipped rows). No autograd.
+
+    q [B, Lq, Hq, D], k and v [B, Lq, Hkv, D] (the caches' dtype). Token t of sequence b sits at
+    position pos = seq_lens[b] - Lq + t (``seq_lens``: the lengths after the append, read on the device:
+    CUDA-graph safe) and is rotated with row pos of ``cos`` and ``sin`` [max_pos, rotary_dim], HF's
+    rotate-half convention (``q * cos + rotate_half(q) * sin`` of ``apply_rotary_pos_emb``) on the first
+    rotary_dim columns (even, <= D), the rest passed through. The tables are float32 or q's dtype in
+    exactly the layout HF's rotary embedding produces (``emb = cat(freqs, freqs)``: both halves of a row
+    equal); only the first rotary_dim / 2 columns are read. A table for every position:
+    ``cos, sin = rotary_emb(x, torch.arange(max_pos)[None])`` then ``cos[0]``, ``sin[0]``. Math in
+    float32, one rounding: on CUDA bit-identical to ``apply_rope(q, k, cos, sin, position_ids=pos)``
+    followed by ``kv_append``.
+
+    Positions outside the table are clamped to [0, max_pos - 1] (no out-of-bounds read, a wrong
+    rotation); an empty slot (seq_lens 0) writes no cache row and rotates its q by position 0.
+    ``check=True`` (a host synchronization, eager debugging): kv_append's checks, plus a ValueError for
+    a position past the table's rows and for tables whose two halves differ (not HF's layout).
+    """
+    if check:
+        _check_cache_args("rope_kv_append", k, k_cache, seq_lens, block_table, append=True)
+        _check_rope_tables("rope_kv_append", k, cos, sin, seq_lens)
+    return _ops.rope_kv_append(q, k, v, cos, sin, k_cache, v_cache, seq_lens, block_table)
+
+
 MLA_DK = 576  # MLA's key / query width: 512 latent + 64 rope
 MLA_DV = 512  # MLA's value / output width: the latent columns
 
@@ -231,4 +278,24 @@ def _check_cache_args(op: str, new: torch.Tensor, k_cache: torch.Tensor, seq_len
                          f"(sequence {b} {'writes to' if append else 'reads'} it: seq_lens[{b}] = {int(lens[b])})")
 
 
-__all__ = ["decode_attention", "kv_append", "mla_decode", "static_cache_view"]
+def _check_rope_tables(op: str, new: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       seq_lens: torch.Tensor) -> None:
+    """check=True of rope_kv_append: every new token's position (seq_lens[b] - Lq + t, for seq_lens > 0)
+    below the tables' max_pos rows, and the tables in HF's layout (the two halves of each row equal).
+    Arguments of the wrong rank are left to the op."""
+    if new.dim() != 4 or cos.dim() != 2 or sin.dim() != 2 or seq_lens.dim() != 1 or cos.shape[1] % 2:
+        return
+    max_pos, half = cos.shape[0], cos.shape[1] // 2
+    lens = seq_lens.detach().to("cpu", torch.int64)
+    bad = lens > max_pos  # the last new token sits at seq_lens[b] - 1
+    if bad.any():
+        b = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{op}: seq_lens[{b}] = {int(lens[b])} puts new tokens at positions up to {int(lens[b]) - 1}, "
+                         f"past the {max_pos} rows of cos / sin")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not torch.equal(t[:, :half], t[:, half:2 * half]):
+            raise ValueError(f"{op}: {name} must hold HF's layout, both halves of each row equal (cat(freqs, "
+                             f"freqs)): columns [0, {half}) and [{half}, {2 * half}) differ")
+
+
+__all__ = ["decode_attention", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view"]

@@ -1,5 +1,5 @@
 // Public entry points of the decode family: validate (decode_validate.cpp), check the device, plan
-// (decode_plan.cpp), launch (decode_launch.cuh, kv_append.cu) with the dtype dispatched once.
+// (decode_plan.cpp), launch (decode_launch.cuh, kv_append.cu, rope_kv_append.cu) with the dtype dispatched once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,6 +16,7 @@ namespace kernelforge {
 template <typename T>
 Status launch_decode_attention(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
 Status launch_kv_append(const KvAppendParams& p, cudaStream_t stream);
+Status launch_rope_kv_append(const RopeKvAppendParams& p, DType dtype, DType cs_dtype, cudaStream_t stream);
 
 namespace {
 
@@ -131,6 +132,16 @@ Status kv_append(const KvAppendTensors& t, cudaStream_t stream) {
   const DeviceInfo* dev = nullptr;
   if (!(s = check_device("kv_append", t.k->device.index, dtype, &dev)).ok()) return s;
   return launch_kv_append(p, stream);
+}
+
+Status rope_kv_append(const RopeKvAppendTensors& t, cudaStream_t stream) {
+  RopeKvAppendParams p;
+  DType dtype = DType::kFloat16, cs_dtype = DType::kFloat32;
+  Status s = validate_rope_kv_append("rope_kv_append", true, t, &p, &dtype, &cs_dtype);
+  if (!s.ok()) return s;
+  const DeviceInfo* dev = nullptr;
+  if (!(s = check_device("rope_kv_append", t.k->device.index, dtype, &dev)).ok()) return s;
+  return launch_rope_kv_append(p, dtype, cs_dtype, stream);
 }
 
 }  // namespace kernelforge

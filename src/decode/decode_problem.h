@@ -1,6 +1,7 @@
-// Internal description of one decode call (decode_attention, kv_append), shared by the CUDA
-// launchers and the float64 reference. validate_decode() / validate_kv_append() fill it from the
-// public TensorViews; they are the only places that check arguments.
+// Internal description of one decode call (decode_attention, kv_append, rope_kv_append), shared by the
+// CUDA launchers and the float64 reference. validate_decode() / validate_kv_append() /
+// validate_rope_kv_append() fill it from the public TensorViews; they are the only places that check
+// arguments.
 //
 // Addressing (element offsets): token t, head h of sequence b of q is at q + b * q_sb + t * q_st +
 // h * q_sh (columns contiguous; out and lse alike). Key j of kv head h of sequence b is at
@@ -113,5 +114,27 @@ struct KvAppendParams {
 };
 
 Status validate_kv_append(const char* name, bool cuda, const KvAppendTensors& t, KvAppendParams* p, DType* dtype);
+
+// rope_kv_append (decode.h): kv_append's fields for k, v and the caches, plus q, q_out and the cos / sin
+// tables. Token t, head h of q is at q + b * q_sb + t * q_st + h * q_sh (q_out alike); position p's
+// table values at cos + p * cos_sp (columns 0 .. rot_dim / 2 - 1 are read).
+struct RopeKvAppendParams {
+  KvAppendParams kv;
+  const void* q = nullptr;
+  void* q_out = nullptr;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t q_sb = 0, q_st = 0, q_sh = 0;
+  int64_t qo_sb = 0, qo_st = 0, qo_sh = 0;
+  int64_t cos_sp = 0, sin_sp = 0;
+  int32_t heads_q = 0;
+  int32_t max_pos = 0;     // table rows (>= 1)
+  int32_t rot_dim = 0;     // R: even, 2 .. head_dim
+  bool q_inplace = false;  // q_out is q: the passthrough columns are not copied
+};
+
+// Fills `p`; `dtype` receives q's dtype, `cs_dtype` the tables'.
+Status validate_rope_kv_append(const char* name, bool cuda, const RopeKvAppendTensors& t, RopeKvAppendParams* p,
+                               DType* dtype, DType* cs_dtype);
 
 }  // namespace kernelforge

@@ -1,8 +1,9 @@
-// Argument checks of the decode family (decode_attention, kv_append, mla_decode): every message names
+// Argument checks of the decode family (decode_attention, kv_append, rope_kv_append, mla_decode): every message names
 // the entry and the argument, and says what was expected.
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "common/validate_util.h"
 #include "decode/decode_problem.h"
@@ -270,6 +271,102 @@ Status validate_kv_append(const char* name, bool cuda, const KvAppendTensors& t,
   p->heads_kv = int32_t(k.shape[2]);
   p->head_dim = int32_t(k.shape[3]);
   *dtype = k.dtype;
+  return Status::Ok();
+}
+
+namespace {
+
+// Bytes from a view's first to one past its last element (non-negative strides).
+int64_t extent_bytes(const TensorView& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  return (last + 1) * int64_t(dtype_size(t.dtype));
+}
+
+// True when no two elements of the view share an address: with the dimensions of size > 1 sorted by
+// stride, each stride exceeds the span of the dimensions inside it.
+bool non_overlapping(const TensorView& t) {
+  if (t.numel() <= 1) return true;
+  int dims[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) dims[n++] = d;
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j) std::swap(dims[j], dims[j - 1]);
+  int64_t span = 0;
+  for (int i = 0; i < n; ++i) {
+    if (t.strides[dims[i]] <= span) return false;
+    span += (t.shape[dims[i]] - 1) * t.strides[dims[i]];
+  }
+  return true;
+}
+
+}  // namespace
+
+Status validate_rope_kv_append(const char* name, bool cuda, const RopeKvAppendTensors& t, RopeKvAppendParams* p,
+                               DType* dtype, DType* cs_dtype) {
+  KvAppendTensors kt;
+  kt.k_cache = t.k_cache, kt.v_cache = t.v_cache, kt.k = t.k, kt.v = t.v, kt.seq_lens = t.seq_lens;
+  kt.block_table = t.block_table;
+  Status s = validate_kv_append(name, cuda, kt, &p->kv, dtype);
+  if (!s.ok()) return s;
+  const Check ck{name, cuda, t.k};
+  const TensorView& k = *t.k;
+  if (!(s = ck.basic(t.q, "q", 4, "[B, Lq, Hq, D]")).ok()) return s;
+  const TensorView& q = *t.q;
+  if (!(s = ck.same_dtype(q, "q", k, "k")).ok()) return s;
+  if (q.shape[0] != k.shape[0] || q.shape[1] != k.shape[1] || q.shape[3] != k.shape[3])
+    return ck.fail("q must have k's batch, new tokens and head dim [" + std::to_string(k.shape[0]) + ", " +
+                   std::to_string(k.shape[1]) + ", Hq, " + std::to_string(k.shape[3]) + "], got " + shape_str(q));
+  if (q.shape[2] > INT32_MAX) return ck.fail("q's heads must fit int32, got " + std::to_string(q.shape[2]));
+  if (!(s = ck.basic(t.q_out, "q_out", 4, "[B, Lq, Hq, D] (q's shape)")).ok()) return s;
+  const TensorView& qo = *t.q_out;
+  if (!validate_util::same_shape(qo, q))
+    return ck.fail("q_out must have q's shape " + shape_str(q) + ", got " + shape_str(qo));
+  if (!(s = ck.same_dtype(qo, "q_out", q, "q")).ok()) return s;
+  if (!non_overlapping(qo))
+    return ck.fail("q_out has overlapping elements (shape " + shape_str(qo) + ", strides " + strides_str(qo) +
+                   "): outputs would race");
+  bool same_strides = true;
+  for (int d = 0; d < 4; ++d)
+    if (q.shape[d] > 1 && q.strides[d] != qo.strides[d]) same_strides = false;
+  const bool inplace = q.numel() > 0 && qo.data == q.data && same_strides;
+  if (!inplace && q.numel() > 0) {
+    const char* a = static_cast<const char*>(q.data);
+    const char* b = static_cast<const char*>(qo.data);
+    if (a < b + extent_bytes(qo) && b < a + extent_bytes(q))
+      return ck.fail("q_out overlaps q without being q itself (in place needs the same data pointer and strides)");
+  }
+
+  if (!(s = ck.basic(t.cos, "cos", 2, "[max_pos, rotary_dim]")).ok()) return s;
+  if (!(s = ck.basic(t.sin, "sin", 2, "[max_pos, rotary_dim] (cos's shape)")).ok()) return s;
+  const TensorView &cs = *t.cos, &sn = *t.sin;
+  if (!validate_util::same_shape(sn, cs))
+    return ck.fail("sin must have cos's shape " + shape_str(cs) + ", got " + shape_str(sn));
+  if (!(s = ck.same_dtype(sn, "sin", cs, "cos")).ok()) return s;
+  if (cs.dtype != DType::kFloat32 && cs.dtype != q.dtype && !(!cuda && cs.dtype == DType::kFloat64))
+    return ck.fail(std::string("cos must be float32 or q's dtype (") + dtype_name(q.dtype) + "), got " +
+                   dtype_name(cs.dtype));
+  const int64_t R = cs.shape[1], D = q.shape[3];
+  if (R < 2 || R % 2 != 0 || R > D)
+    return ck.fail("cos's rotary_dim (dimension 1) must be even and within [2, " + std::to_string(D) +
+                   "] (the head dim), got " + std::to_string(R));
+  if (cs.shape[0] < 1 || cs.shape[0] > INT32_MAX)
+    return ck.fail("cos must have 1 to 2^31 - 1 positions (dimension 0), got " + std::to_string(cs.shape[0]));
+
+  p->q = q.data;
+  p->q_out = qo.data;
+  p->cos = cs.data;
+  p->sin = sn.data;
+  p->q_sb = q.strides[0], p->q_st = q.strides[1], p->q_sh = q.strides[2];
+  p->qo_sb = qo.strides[0], p->qo_st = qo.strides[1], p->qo_sh = qo.strides[2];
+  p->cos_sp = cs.strides[0], p->sin_sp = sn.strides[0];
+  p->heads_q = int32_t(q.shape[2]);
+  p->max_pos = int32_t(cs.shape[0]);
+  p->rot_dim = int32_t(R);
+  p->q_inplace = inplace;
+  *cs_dtype = cs.dtype;
   return Status::Ok();
 }
 

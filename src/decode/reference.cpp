@@ -1,4 +1,4 @@
-// float64 CPU reference of the decode family (decode_attention, kv_append, mla_decode): the test
+// float64 CPU reference of the decode family (decode_attention, kv_append, rope_kv_append, mla_decode): the test
 // oracle and the CPU implementation of the PyTorch ops. The formulas of decode.h and mla.h in double,
 // with the kernels' handling of out-of-range inputs (seq_lens clamped to [0, capacity], an
 // out-of-range page reads zeros / is not written), every output rounded once to its dtype.
@@ -127,6 +127,44 @@ Status kv_append(const KvAppendTensors& t) {
           store_from_double(p.k_cache, dt, kd + e, load_as_double(p.k, dt, ks + e));
           store_from_double(p.v_cache, dt, vd + e, load_as_double(p.v, dt, vs + e));
         }
+      }
+    }
+  return Status::Ok();
+}
+
+Status rope_kv_append(const RopeKvAppendTensors& t) {
+  RopeKvAppendParams p;
+  DType dt, ct;
+  Status s = validate_rope_kv_append("rope_kv_append", false, t, &p, &dt, &ct);
+  if (!s.ok()) return s;
+  const KvAppendParams& a = p.kv;
+  const int64_t D = a.head_dim, half = p.rot_dim / 2;
+  // One head row: the pairs (i, i + R/2) read before either is written (q_out may be q), columns >= R
+  // copied; table row r's first R/2 values (HF's halves are equal).
+  auto rotate = [&](const void* in, int64_t io, void* out, int64_t oo, int64_t r) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double c = load_as_double(p.cos, ct, r * p.cos_sp + i), sn = load_as_double(p.sin, ct, r * p.sin_sp + i);
+      const double x0 = load_as_double(in, dt, io + i), x1 = load_as_double(in, dt, io + i + half);
+      store_from_double(out, dt, oo + i, x0 * c - x1 * sn);
+      store_from_double(out, dt, oo + i + half, x1 * c + x0 * sn);
+    }
+    for (int64_t e = 2 * half; e < D; ++e) store_from_double(out, dt, oo + e, load_as_double(in, dt, io + e));
+  };
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t tq = 0; tq < a.q_len; ++tq) {
+      const int64_t pos = int64_t(a.seq_lens[b]) - a.q_len + tq;
+      const int64_t r = pos < 0 ? 0 : (pos >= p.max_pos ? p.max_pos - 1 : pos);  // the kernel's clamp
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        rotate(p.q, b * p.q_sb + tq * p.q_st + h * p.q_sh, p.q_out, b * p.qo_sb + tq * p.qo_st + h * p.qo_sh, r);
+      if (pos < 0 || pos >= a.capacity) continue;
+      const int64_t page = page_of(a, b, pos);
+      if (page < 0) continue;
+      for (int64_t h = 0; h < a.heads_kv; ++h) {
+        const int64_t kd = page * a.k_sp + row_of(a, pos) * a.k_st + h * a.k_sh;
+        const int64_t vd = page * a.v_sp + row_of(a, pos) * a.v_st + h * a.v_sh;
+        rotate(a.k, b * a.kn_sb + tq * a.kn_st + h * a.kn_sh, a.k_cache, kd, r);
+        const int64_t vs = b * a.vn_sb + tq * a.vn_st + h * a.vn_sh;
+        for (int64_t e = 0; e < D; ++e) store_from_double(a.v_cache, dt, vd + e, load_as_double(a.v, dt, vs + e));
       }
     }
   return Status::Ok();

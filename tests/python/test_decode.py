@@ -622,3 +622,192 @@ def test_opcheck(kf, device, dtype):
     k = torch.randn(2, 2, 2, 64, device=device).to(dtype)
     torch.library.opcheck(ops.kv_append.default,
                           (c["k_cache"].clone(), c["v_cache"].clone(), k, k, c["seq_lens"], c["block_table"]))
+
+
+# ---- rope_kv_append --------------------------------------------------------------------------------
+
+
+def hf_tables(max_pos, rd, dtype, device, base=10000.0):
+    """cos, sin [max_pos, rd] as HF's rotary embedding computes them for positions 0 .. max_pos - 1:
+    inv_freq = base^(-2i / rd), emb = cat(freqs, freqs) (both halves equal), float32 then cast."""
+    inv = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+    freqs = torch.arange(max_pos, dtype=torch.float32).view(-1, 1) * inv.view(1, -1)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def rope_append_composed(kf, q, k, v, cos, sin, c):
+    """apply_rope at the new tokens' positions, then kv_append of the rotated k: the unfused path."""
+    lq = q.shape[1]
+    pos = c["seq_lens"].long().view(-1, 1) - lq + torch.arange(lq, device=q.device).view(1, -1)
+    pos = pos.clamp(0, cos.shape[0] - 1)
+    q_rot, k_rot = kf.apply_rope(q, k, cos, sin, position_ids=pos)
+    kf.kv_append(c["k_cache"], c["v_cache"], k_rot, v, c["seq_lens"], c["block_table"])
+    return q_rot
+
+
+def same_bits(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("rd", [64, 32])
+@pytest.mark.parametrize("cs_dtype", ["float32", "dtype"])
+@pytest.mark.parametrize("lq", [1, 4])
+@pytest.mark.parametrize("cache", ["p16", "p1", "p0", "static"])
+@pytest.mark.parametrize("device,dtype", [CPU, CPU_BF16] + CUDA)
+def test_rope_kv_append_equals_apply_rope_then_kv_append(kf, device, dtype, cache, lq, cs_dtype, rd):
+    """The fused op against apply_rope + kv_append on the same inputs: q_out and both caches bit for bit
+    (CPU: the same float64 formula rounded once; CUDA: the same float32 fmaf chain), a new sequence
+    (prefix 0) included, GQA 8 / 2, rotary_dim = D and D / 2, float32 and q-dtype tables."""
+    prefix = [10, 0, 37]
+    c = build(([n + lq for n in prefix], lq, 8, 2, 64, cache), dtype, device)
+    fused = dict(c, k_cache=c["k_cache"].clone(), v_cache=c["v_cache"].clone())
+    q, k, v = (torch.randn(3, lq, h, 64, device=device).to(dtype) for h in (8, 2, 2))
+    cos, sin = hf_tables(c["capacity"], rd, torch.float32 if cs_dtype == "float32" else dtype, device)
+    q_in = q.clone()
+    poison([q.shape], dtype, device)
+    q_out = kf.rope_kv_append(q, k, v, cos, sin, fused["k_cache"], fused["v_cache"], c["seq_lens"], c["block_table"],
+                              check=True)
+    assert q_out.shape == q.shape and q_out.dtype == dtype and q_out.is_contiguous()
+    assert torch.equal(q, q_in), "q was written"
+    want_q = rope_append_composed(kf, q, k, v, cos, sin, c)
+    assert torch.equal(q_out, want_q)
+    for name in ("k_cache", "v_cache"):
+        assert same_bits(fused[name], c[name]), f"{name} differs from apply_rope + kv_append"
+
+
+@pytest.mark.parametrize("device,dtype", [CPU] + CUDA)
+def test_rope_kv_append_hf_formula(kf, device, dtype):
+    """HF's apply_rotary_pos_emb in float64 (q * cos + rotate_half(q) * sin on the first rotary_dim
+    columns, the rest concatenated unchanged, as partial-rotary models do) with the cos / sin rows of
+    the positions seq_lens - Lq + t; the cache rows hold k's rotation and v."""
+    lq, rd, page = 3, 32, 16
+    c = make_cache([n + lq for n in (5, 20)], 2, 64, page, dtype, device)
+    q, k, v = (torch.randn(2, lq, h, 64, device=device).to(dtype) for h in (4, 2, 2))
+    cos, sin = hf_tables(c["capacity"], rd, torch.float32, device)
+    q_out = kf.rope_kv_append(q, k, v, cos, sin, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    pos = c["seq_lens"].long().cpu().view(-1, 1) - lq + torch.arange(lq).view(1, -1)
+    cs, sn = cos.cpu().double()[pos].unsqueeze(2), sin.cpu().double()[pos].unsqueeze(2)  # [B, Lq, 1, rd]
+
+    def hf(x):
+        x = x.cpu().double()
+        xr, xp = x[..., :rd], x[..., rd:]
+        rot = torch.cat([-xr[..., rd // 2:], xr[..., :rd // 2]], dim=-1)
+        return torch.cat([xr * cs + rot * sn, xp], dim=-1)
+
+    tol = 0 if dtype == f64 else TOL[dtype].out
+    want_q, want_k = hf(q), hf(k)
+    assert torch.allclose(q_out.cpu().double(), want_q.to(dtype).double(), rtol=tol, atol=tol)
+    for b in range(2):
+        for t in range(lq):
+            j = int(pos[b, t])
+            assert torch.allclose(cache_row(c, "k", b, j).cpu().double(), want_k[b, t].to(dtype).double(), rtol=tol,
+                                  atol=tol)
+            assert torch.equal(cache_row(c, "v", b, j), v[b, t])
+
+
+@pytest.mark.parametrize("device,dtype", [CPU] + CUDA)
+def test_rope_kv_append_out_of_range(kf, device, dtype):
+    """An empty slot (seq_lens 0) writes no cache row and rotates q by position 0 (the identity); a
+    position past the table reads its last row; a length past the capacity writes nothing. check=True
+    reports the last two."""
+    c = make_cache([0, 5, 3], 2, 64, 16, dtype, device, capacity=32)
+    lens = torch.tensor([0, 5, 40], dtype=torch.int32, device=device)
+    q, k, v = (torch.randn(3, 1, h, 64, device=device).to(dtype) for h in (4, 2, 2))
+    cos, sin = hf_tables(4, 64, torch.float32, device)  # positions 0 .. 3
+    before = c["k_cache"].clone()
+    q_out = kf.rope_kv_append(q, k, v, cos, sin, c["k_cache"], c["v_cache"], lens, c["block_table"])
+    assert torch.equal(q_out[0], q[0])  # position -1 -> row 0: cos 1, sin 0
+    clamped = kf.apply_rope(q[1:2], None, cos, sin, position_ids=torch.tensor([[3]], device=device))[0]
+    assert torch.equal(q_out[1:2], clamped)  # position 4 -> row 3
+    written = cache_row(dict(c, seq_lens=lens), "k", 1, 4).clone()
+    cache_row(dict(c, seq_lens=lens), "k", 1, 4).copy_(before[int(c["block_table"][1, 0]), 4])
+    assert same_bits(c["k_cache"], before), "rows other than sequence 1's new one changed"
+    assert torch.isfinite(written).all()
+    with pytest.raises(ValueError, match=r"rope_kv_append: seq_lens\[2\] = 40 is outside \[0, 32\]"):
+        kf.rope_kv_append(q, k, v, cos, sin, c["k_cache"], c["v_cache"], lens, c["block_table"], check=True)
+    with pytest.raises(ValueError, match=r"rope_kv_append: seq_lens\[1\] = 5 puts new tokens at positions up to 4, "
+                                         r"past the 4 rows of cos / sin"):
+        kf.rope_kv_append(q[:2], k[:2], v[:2], cos, sin, c["k_cache"], c["v_cache"], lens[:2].contiguous(),
+                          c["block_table"][:2], check=True)
+
+
+def test_errors_rope_kv_append(kf):
+    c = valid()
+    q, k = torch.randn(2, 1, 4, 64, dtype=f64), torch.randn(2, 1, 2, 64, dtype=f64)
+    cos, sin = hf_tables(32, 64, f64, "cpu")
+
+    def call(**over):
+        a = dict(q=q, k=k, v=k, cos=cos, sin=sin, k_cache=c["k_cache"], v_cache=c["v_cache"],
+                 seq_lens=c["seq_lens"], block_table=c["block_table"])
+        a.update(over)
+        return kf.rope_kv_append(**a)
+
+    with pytest.raises(ERR, match=r"rope_kv_append: q must have 4 dimensions"):
+        call(q=q[0])
+    with pytest.raises(ERR, match=r"q must have k's batch, new tokens and head dim \[2, 1, Hq, 64\]"):
+        call(q=torch.randn(2, 2, 4, 64, dtype=f64))
+    with pytest.raises(ERR, match="q must have k's dtype"):
+        call(q=q.float())
+    with pytest.raises(ERR, match=r"cos must have 2 dimensions \[max_pos, rotary_dim\]"):
+        call(cos=cos[0])
+    with pytest.raises(ERR, match="sin must have cos's shape"):
+        call(sin=sin[:, :32])
+    with pytest.raises(ERR, match=r"rotary_dim \(dimension 1\) must be even and within \[2, 64\]"):
+        call(cos=cos[:, :5], sin=sin[:, :5])
+    with pytest.raises(ERR, match="cos must be float32 or q's dtype"):
+        call(cos=cos.half(), sin=sin.half())
+    with pytest.raises(ERR, match="rope_kv_append: seq_lens must be int32"):
+        call(seq_lens=c["seq_lens"].long())
+    with pytest.raises(ERR, match="rope_kv_append: v must have k's shape"):
+        call(v=k[..., :32])
+    skew = sin.clone()
+    skew[:, 40:] += 1.0
+    with pytest.raises(ValueError, match=r"rope_kv_append: sin must hold HF's layout"):
+        kf.rope_kv_append(q, k, k, cos, skew, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"], check=True)
+
+
+def test_rope_kv_append_inference_only(kf):
+    c = valid()
+    q = torch.randn(2, 1, 4, 64, dtype=f64, requires_grad=True)
+    k = torch.randn(2, 1, 2, 64, dtype=f64)
+    cos, sin = hf_tables(32, 64, f64, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = kf.rope_kv_append(q, k, k, cos, sin, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    assert not out.requires_grad and out.grad_fn is None
+
+
+@pytest.mark.parametrize("device,dtype", COMPILE_DEVICES)
+def test_compile_rope_kv_append_step(kf, fresh_dynamo, device, dtype):
+    """A decode step (rope_kv_append, then decode_attention) compiled with fullgraph=True: the fake impl,
+    the cache mutation kept, the same result as eager."""
+    c = make_cache([40, 12], 2, 64, 16, dtype, device, capacity=64)
+    eager = dict(c, k_cache=c["k_cache"].clone(), v_cache=c["v_cache"].clone())
+    q, k, v = (torch.randn(2, 1, h, 64, device=device).to(dtype) for h in (4, 2, 2))
+    cos, sin = hf_tables(64, 64, torch.float32, device)
+    seq_lens = torch.tensor([41, 13], dtype=torch.int32, device=device)
+
+    def step(q, k, v, k_cache, v_cache, seq_lens, block_table):
+        q = kf.rope_kv_append(q, k, v, cos, sin, k_cache, v_cache, seq_lens, block_table)
+        return kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table)
+
+    got = torch.compile(step, fullgraph=True)(q, k, v, c["k_cache"], c["v_cache"], seq_lens, c["block_table"])
+    want = step(q, k, v, eager["k_cache"], eager["v_cache"], seq_lens, c["block_table"])
+    assert torch.equal(got, want)
+    assert same_bits(c["k_cache"], eager["k_cache"]) and same_bits(c["v_cache"], eager["v_cache"])
+
+
+@pytest.mark.parametrize("device,dtype", [CPU, CUDA[0]])
+def test_opcheck_rope_kv_append(kf, device, dtype):
+    c = make_cache([9, 20], 2, 64, 16, dtype, device)
+    q = torch.randn(2, 2, 4, 64, device=device).to(dtype)
+    k = torch.randn(2, 2, 2, 64, device=device).to(dtype)
+    cos, sin = hf_tables(32, 32, torch.float32, device)
+    torch.library.opcheck(torch.ops.kernelforge.rope_kv_append.default,
+                          (q, k, k, cos, sin, c["k_cache"].clone(), c["v_cache"].clone(), c["seq_lens"],
+                           c["block_table"]))
+    d = make_cache([9, 20], 2, 64, 0, dtype, device)
+    torch.library.opcheck(torch.ops.kernelforge.rope_kv_append.default,
+                          (q, k, k, cos.to(dtype), sin.to(dtype), d["k_cache"].clone(), d["v_cache"].clone(),
+                           d["seq_lens"], None))
