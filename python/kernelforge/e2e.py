@@ -15,8 +15,10 @@ Providers: eager (the model as written), compile (torch.compile), kernelforge (k
 kernelforge_compile (torch.compile of the patched model). For llama_generate, the compile providers
 use transformers' static cache with the model's forward compiled (HF's recipe for fast generation);
 eager and kernelforge its default dynamic cache. Generation cases also take generate
-(``kernelforge.generate`` of the unpatched model: static cache, the decode step in one CUDA graph) and
-kernelforge_generate (the same loop on the patched model); they report tokens/s and the step's floor
+(``kernelforge.generate`` of the unpatched model with the model's forward as the decode step: static
+cache, the step in one CUDA graph), kernelforge_generate (the same loop on the patched model) and
+kernelforge_generate_fused (the patched model, whose prefill is the patched forward, with the fused decode
+step of decode_step.py: 10 kernels per layer); they report tokens/s and the step's floor
 (weights + the average KV cache read once per token, at the device's measured copy bandwidth,
 prefill excluded). Each (case, provider) runs in a fresh
 Python process (no compile cache, allocator state or patch shared with another provider), which
@@ -53,8 +55,10 @@ CASES = {  # case -> (models.py builder, training step?)
     "moe_train": ("moe", True),
     "moe_grouped_train": ("moe_grouped", True),
 }
-PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile", "generate", "kernelforge_generate")
-GENERATE_PROVIDERS = ("generate", "kernelforge_generate")  # kernelforge.generate: generation cases only
+PROVIDERS = ("eager", "compile", "kernelforge", "kernelforge_compile", "generate", "kernelforge_generate",
+             "kernelforge_generate_fused")
+# kernelforge.generate: generation cases only; provider -> its fused_step (the model's forward or the fused step)
+GENERATE_PROVIDERS = {"generate": False, "kernelforge_generate": False, "kernelforge_generate_fused": True}
 GENERATION_CASES = ("llama_generate", "llama_generate_b16", "llama_generate_b64")
 
 
@@ -66,11 +70,11 @@ def applies(case: str, provider: str) -> bool:
 # ---- worker: one (case, provider) in this process --------------------------------------------------------
 
 
-def _kf_generate(m, ids, new_tokens: int):
+def _kf_generate(m, ids, new_tokens: int, fused_step: bool):
     """The generate providers' step: every token generated (as the HF providers' min_new_tokens)."""
     import kernelforge as kf  # noqa: PLC0415
 
-    return kf.generate(m, ids, new_tokens, ignore_eos=True)
+    return kf.generate(m, ids, new_tokens, ignore_eos=True, fused_step=fused_step)
 
 
 def run_worker(case: str, provider: str, size: str, device: str, warmup: int, iters: int) -> dict:
@@ -92,7 +96,8 @@ def run_worker(case: str, provider: str, size: str, device: str, warmup: int, it
         if not model.new_tokens:
             raise ValueError(f"e2e: provider {provider} runs generation cases only ({', '.join(GENERATION_CASES)})")
         run = module
-        forward = functools.partial(_kf_generate, new_tokens=model.new_tokens)
+        forward = functools.partial(_kf_generate, new_tokens=model.new_tokens,
+                                    fused_step=GENERATE_PROVIDERS[provider])
     elif model.new_tokens and provider.endswith("compile"):  # generation: static cache, compiled forward
         module.generation_config.cache_implementation = "static"
         module.forward = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True)
@@ -173,17 +178,17 @@ def _spawn(case: str, provider: str, args: argparse.Namespace, device: str) -> d
 
 
 def table_lines(results: list[dict]) -> list[str]:
-    lines = [f"{'case':<14} {'provider':<20} {'ms/step':>9} {'x eager':>8} {'x compile':>10} {'peak MiB':>9}"]
+    lines = [f"{'case':<14} {'provider':<26} {'ms/step':>9} {'x eager':>8} {'x compile':>10} {'peak MiB':>9}"]
     by = {(r["case"], r["provider"]): r for r in results}
     for r in results:
         if "error" in r:
-            lines.append(f"{r['case']:<14} {r['provider']:<20} failed: {r['error']}")
+            lines.append(f"{r['case']:<14} {r['provider']:<26} failed: {r['error']}")
             continue
         eager, comp = by.get((r["case"], "eager"), {}), by.get((r["case"], "compile"), {})
         ve = f"{eager['ms'] / r['ms']:.2f}x" if "ms" in eager else "-"
         vc = f"{comp['ms'] / r['ms']:.2f}x" if "ms" in comp else "-"
         peak = f"{r['peak_mib']:.0f}" if r["peak_mib"] == r["peak_mib"] else "-"
-        lines.append(f"{r['case']:<14} {r['provider']:<20} {r['ms']:>9.2f} {ve:>8} {vc:>10} {peak:>9}"
+        lines.append(f"{r['case']:<14} {r['provider']:<26} {r['ms']:>9.2f} {ve:>8} {vc:>10} {peak:>9}"
                      + (f"  {r['tok_s']:.0f} tok/s" if "tok_s" in r else ""))
     floors = {r["case"]: r for r in results if "floor_ms" in r}
     for case, r in floors.items():

@@ -10,15 +10,33 @@ The loop:
   prompt + max_new_tokens rows. The first new token comes from its last position's logits.
 - Decode: one step = the model's forward of the last token with ``position_ids`` read from a device
   buffer, the static cache (which counts its own length on the device), the choice of the next token
-  (argmax, or sampling), and in-place updates of the step's input buffers. On CUDA the step is
-  captured once into a CUDA graph per (batch size, cache length) and replayed; the graph, its buffers
-  and its cache are kept with the model (a weak dictionary), so a second call of the same shapes
-  replays the same graph after a prefill. A model whose weights, attention implementation or patch
-  state changed since, or another sampling configuration or generator, is captured again.
+  (argmax, or sampling), and in-place updates of the step's input buffers. Llama / Mistral / Qwen2
+  models run the fused step of ``decode_step.py`` in place of the forward (``fused_step``, below).
+  On CUDA the step is captured once into a CUDA graph per (batch size, cache length) and replayed; the
+  graph, its buffers and its cache are kept with the model (a weak dictionary), so a second call of
+  the same shapes replays the same graph after a prefill. A model whose weights, attention
+  implementation or patch state changed since, or another sampling configuration or generator, or
+  another decode step (fused or not), is captured again.
 - Host synchronizations: none inside the decode loop but the end-of-sequence check, every
   ``EOS_CHECK_EVERY`` tokens (a sequence that ended emits the pad token until all have ended, as
   transformers does; the output is cut where transformers' would end), and the read of the tokens at
   the end.
+
+The fused decode step (``fused_step=None``, the default, for the models it supports; True requires it):
+``decode_step.DecodeStep`` computes the forward of one token with kernelforge ops, 10 kernels per layer
+where the transformers forward issues 19 (patched) to ~40 (unpatched): rms_norm / add_rms_norm with the
+residual add fused, one GEMM over the concatenated q/k/v weights (+ bias, Qwen2), RoPE in place from a
+cos/sin table of the cache's positions computed once by the model's rotary module (llama3 / linear /
+yarn scaling exact), kv_append and decode_attention on the prefill's StaticCache tensors with an int32
+``seq_lens`` device buffer, the o projection, one GEMM over the concatenated gate/up weights,
+silu_and_mul, the down projection; then the final norm and the LM head (``kernelforge.linear``). The
+concatenated weights are built once and the modules' q/k/v and gate/up parameters re-pointed to views
+of them (same values, same memory: the model is unchanged). The prefill stays the model's forward.
+Models it does not take (other architectures, head dims other than 64/128/256, dynamic rope, CUDA
+float32, module hooks, mixed dtypes, a sliding window shorter than the cache) run their forward,
+announced once (KF_STRICT=1: an error; ``fused_step=False``: no notice). Greedy tokens equal HF's on CPU
+float32; in bf16 the step rounds like the patched model (RoPE and silu_and_mul in float32), so tokens
+may differ from the model-forward step's where two logits are within bf16 noise.
 
 The patched model (``kf.patch``) runs its kernels inside the graph; its attention takes the static
 cache's key counts on the device (``patch/attention.py``), so each decode step runs
@@ -48,6 +66,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .decode_step import DecodeStep, decode_step, unsupported_reason, weights_fingerprint
 from .patch._registry import STATE_ATTR
 from .patch._runtime import announce_fallback
 
@@ -81,12 +100,16 @@ class _Loop:
     generator: torch.Generator | None
     fingerprint: tuple
     graph: torch.cuda.CUDAGraph | None = None
+    fused: DecodeStep | None = None  # the fused decode step, None: the model's forward
+    seq_lens: torch.Tensor | None = None  # int32 [B]: keys held after the next step's append (fused step)
+    kv: list | None = None  # the fused step's [B, L, Hkv, D] views of the cache layers (set after the prefill)
+    rope: tuple | None = None  # the fused step's cos, sin [L, D]
 
 
 def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None,
              eos_token_id: int | list[int] | None = None, ignore_eos: bool = False,
-             cuda_graph: bool = True) -> torch.Tensor:
+             cuda_graph: bool = True, fused_step: bool | DecodeStep | None = None) -> torch.Tensor:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (int [B, S], no padding) with the
     transformers causal LM ``model``; returns int64 [B, S + n], the prompt then the n new tokens (n <
     max_new_tokens when every sequence ended, as HF generate).
@@ -96,19 +119,27 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     None: torch's default generator). ``eos_token_id``: the tokens that end a sequence (None: the
     model's generation_config); ``ignore_eos=True`` always generates max_new_tokens. ``cuda_graph``:
     capture the decode step into a CUDA graph (CUDA models); False runs the same loop eagerly.
+    ``fused_step``: the decode step written with kernelforge ops (``decode_step.DecodeStep``: one q/k/v
+    GEMM, one gate/up GEMM, fused residual norms, 10 kernels per layer) instead of the model's forward;
+    None uses it when the model is supported (Llama / Mistral / Qwen2, see ``decode_step``) and otherwise
+    announces the model's forward (KF_STRICT=1: an error); True requires it (ValueError when unsupported);
+    False runs the model's forward; a ``DecodeStep`` of this model runs that one (its linear options).
     """
     B, S, device = _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k, generator)
     if max_new_tokens == 0:
         return input_ids.to(torch.int64).clone()
     sampler = _sampler(model, do_sample, temperature, top_k, eos_token_id, ignore_eos)
     cache_len = S + max_new_tokens
+    step = _fused_step(model, fused_step, cache_len)
     use_graph = cuda_graph and _graph_possible(model, device, cache_len)
     # the model's device current: the side stream, the capture stream and the replays must be on its device
     # (a model on cuda:1 with cuda:0 current would run its kernels outside the capture)
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with torch.no_grad(), on_device:
-        loop = _loop(model, B, cache_len, device, sampler, generator, use_graph)
+        loop = _loop(model, B, cache_len, device, sampler, generator, use_graph, step)
         logits = _forward(model, input_ids.to(device, torch.int64), _arange_positions(B, S, device), loop.cache)
+        if step is not None and loop.kv is None:
+            loop.kv = step.caches(loop.cache)  # the prefill allocated the layers' tensors
         _start(loop, logits, S)
         steps = 1
         if use_graph and loop.graph is None and steps < max_new_tokens:
@@ -202,6 +233,33 @@ def _graph_possible(model, device: torch.device, cache_len: int) -> bool:
     return True
 
 
+def _fused_step(model, fused_step, cache_len: int) -> DecodeStep | None:
+    """The fused decode step to run, or None for the model's forward (announced when fused_step is None
+    and the model is not supported)."""
+    if fused_step is False:
+        return None
+    if isinstance(fused_step, DecodeStep):
+        if fused_step.model() is not model:
+            raise ValueError("generate: fused_step must be a DecodeStep built from this model")
+        why = unsupported_reason(model, cache_len)
+        if why is None and fused_step.fingerprint != weights_fingerprint(model):
+            why = "parameters or buffers replaced since the DecodeStep was built"
+        if why is not None:
+            raise ValueError(f"generate: the DecodeStep passed as fused_step cannot run: {why}")
+        return fused_step
+    if fused_step is not None and fused_step is not True:
+        raise TypeError(f"generate: fused_step must be None, a bool or a DecodeStep, got {type(fused_step).__name__}")
+    why = unsupported_reason(model, cache_len)
+    if why is None:
+        return decode_step(model)
+    if fused_step:
+        raise ValueError(f"generate: fused_step=True needs a model the fused decode step supports, got {why}")
+    announce_fallback("kernelforge.generate", why, "decode step (the model's forward of one token)",
+                      "The fused decode step takes Llama / Mistral / Qwen2 causal LMs (decode_step.py); "
+                      "fused_step=False chooses the model's forward without this notice.", 4)
+    return None
+
+
 def _text_config(model):
     return model.config.get_text_config(decoder=True)
 
@@ -239,23 +297,26 @@ def _new_cache(model, cache_len: int):
     return cache
 
 
-def _fingerprint(model, sampler: _Sampler) -> tuple:
-    """What a captured graph depends on besides the shapes and the generator: the addresses, dtypes and
-    shapes of the weights and buffers (a replaced tensor may reuse a freed address), the attention
-    implementation, which modules kf.patch replaced, the sampling."""
-    params = tuple((p.data_ptr(), p.dtype, tuple(p.shape)) for p in (*model.parameters(), *model.buffers()))
+def _fingerprint(model, sampler: _Sampler, step: DecodeStep | None) -> tuple:
+    """What a captured graph depends on besides the shapes and the generator: the weights and buffers
+    (``weights_fingerprint``: addresses, dtypes, shapes; the fused step's concatenated weights are the
+    parameters' own storage, so they are covered), the attention implementation, which modules kf.patch
+    replaced, the sampling, and the decode step (the model's forward, or a fused step with its linear
+    options; ``_loop`` also requires the same step object)."""
     patched = tuple(name for name, m in model.named_modules() if STATE_ATTR in m.__dict__)
     impl = getattr(model.config, "_attn_implementation", None)
-    return (params, patched, impl, sampler)
+    return (weights_fingerprint(model), patched, impl, sampler, None if step is None else step.options)
 
 
-def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, use_graph: bool) -> _Loop:
+def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, use_graph: bool,
+          step: DecodeStep | None) -> _Loop:
     """The cached loop of (B, cache_len) when its graph still applies (its cache emptied, ready for a
     prefill), else a new one (kept for the next call when it will hold a graph)."""
-    fingerprint = _fingerprint(model, sampler) if use_graph else None
+    fingerprint = _fingerprint(model, sampler, step) if use_graph else None
     if use_graph:
         loop = _GRAPHS.get(model, {}).get((B, cache_len))
-        if loop is not None and loop.fingerprint == fingerprint and loop.generator is generator:
+        if (loop is not None and loop.fingerprint == fingerprint and loop.generator is generator
+                and loop.fused is step):
             loop.cache.reset()
             loop.finished.zero_()
             return loop
@@ -265,6 +326,9 @@ def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, u
                  finished=torch.zeros(B, dtype=torch.bool, device=device),
                  eos=torch.tensor(sampler.eos or (-1,), **i64), sampler=sampler, generator=generator,
                  fingerprint=fingerprint)
+    if step is not None:
+        loop.fused, loop.rope = step, step.rope_table(cache_len)
+        loop.seq_lens = torch.zeros(B, dtype=torch.int32, device=device)
     if use_graph:
         _GRAPHS.setdefault(model, {})[(B, cache_len)] = loop  # replaces a loop whose graph no longer applies
     return loop
@@ -306,18 +370,26 @@ def _record(loop: _Loop, token: torch.Tensor) -> None:
     loop.tokens.copy_(token.unsqueeze(1))
     loop.positions.add_(1)
     loop.step.add_(1)
+    if loop.seq_lens is not None:
+        loop.seq_lens.add_(1)
 
 
 def _start(loop: _Loop, logits: torch.Tensor, prompt_len: int) -> None:
     """The prefill's token: out column 0; the first decode step reads it at position prompt_len."""
     loop.step.zero_()
     loop.positions.fill_(prompt_len - 1)
+    if loop.seq_lens is not None:
+        loop.seq_lens.fill_(prompt_len)  # the first step appends its key as row prompt_len: prompt_len + 1 held
     _record(loop, _pick(logits, loop.sampler, loop.generator))
 
 
 def _step(model, loop: _Loop) -> None:
-    """One decode step, on fixed buffers only (what the graph records)."""
-    logits = _forward(model, loop.tokens, loop.positions, loop.cache)
+    """One decode step, on fixed buffers only (what the graph records): the fused step, or the model's
+    forward."""
+    if loop.fused is not None:
+        logits = loop.fused(loop.tokens, loop.positions, loop.seq_lens, loop.kv, *loop.rope)
+    else:
+        logits = _forward(model, loop.tokens, loop.positions, loop.cache)
     _record(loop, _pick(logits, loop.sampler, loop.generator))
 
 

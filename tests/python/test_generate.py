@@ -17,8 +17,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-# the CPU loop's announcement (tested in test_zero_new_tokens_and_announced_eager_loop)
-pytestmark = pytest.mark.filterwarnings("ignore:kernelforge. kernelforge.generate called with a model on cpu")
+# the CPU loop's announcement and TINY's (head dim 16: the model's forward instead of the fused decode step),
+# both tested in test_zero_new_tokens_and_announced_eager_loop
+pytestmark = [pytest.mark.filterwarnings("ignore:kernelforge. kernelforge.generate called with a model on cpu"),
+              pytest.mark.filterwarnings("ignore:kernelforge. kernelforge.generate called with head dim 16")]
 
 ARCHS = ["llama", "qwen2", "mistral"]
 # hidden 64 with 4 heads of 16 (HF identity, unpatched); head_dim 64 for the patched model (the kernels' smallest)
@@ -66,7 +68,7 @@ def decode_calls(monkeypatch):
     calls, real = [], dec.decode_attention
 
     def spy(q, k_cache, v_cache, seq_lens, *args, **kw):
-        calls.append((tuple(q.shape), seq_lens))
+        calls.append((tuple(q.shape), seq_lens.clone()))  # the fused step's seq_lens is one buffer, updated
         return real(q, k_cache, v_cache, seq_lens, *args, **kw)
 
     monkeypatch.setattr(dec, "decode_attention", spy)
@@ -85,18 +87,20 @@ def test_greedy_equals_hf_generate(kf, fresh_warnings, arch):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_patched_decode_steps_take_decode_attention(kf, fresh_warnings, decode_calls, arch):
+def test_patched_decode_steps_take_decode_attention(kf, fresh_warnings, decode_calls, arch, fused):
     """The patched model on the static cache: each decode step runs decode_attention with seq_lens =
     the keys held (prompt + tokens so far), the 7-row prefill too (7 new rows of 7 keys); the tokens
-    equal the unpatched model's. A 20-row prefill runs the varlen kernel over the held keys."""
+    equal the unpatched model's. A 20-row prefill runs the varlen kernel over the held keys. The same
+    with the fused decode step (its own decode_attention calls, the prefill the patched model's)."""
     model = tiny_model(arch, **TINY_KERNEL)
     for length in (7, 20):
         ids = prompt(2, length)
         want = hf_generate(model, ids, 6)
         kf.patch(model)
         decode_calls.clear()
-        got = kf.generate(model, ids, 6)
+        got = kf.generate(model, ids, 6, fused_step=fused)
         kf.unpatch(model)
         assert torch.equal(got, want)
         decode = [c for c in decode_calls if c[0][1] == 1]
@@ -174,7 +178,9 @@ def test_zero_new_tokens_and_announced_eager_loop(kf, fresh_warnings):
         kf.generate(model, ids, 2)
         kf.generate(model, ids, 2, cuda_graph=False)
     msgs = [str(x.message) for x in w if "kernelforge.generate" in str(x.message)]
-    assert len(msgs) == 1 and "without CUDA graph" in msgs[0]
+    assert len([m for m in msgs if "without CUDA graph" in m]) == 1
+    # TINY's head dim 16 is not decode_attention's: the model's forward, announced once too
+    assert len([m for m in msgs if "head dim 16" in m and "fused_step=False" in m]) == 1 and len(msgs) == 2
 
 
 def test_strict_makes_the_cpu_loop_an_error(kf, fresh_warnings, monkeypatch):
@@ -182,7 +188,7 @@ def test_strict_makes_the_cpu_loop_an_error(kf, fresh_warnings, monkeypatch):
     model = tiny_model("llama")
     with pytest.raises(RuntimeError, match="KF_STRICT"):
         kf.generate(model, prompt(1, 4), 2)
-    assert kf.generate(model, prompt(1, 4), 2, cuda_graph=False).shape == (1, 6)
+    assert kf.generate(model, prompt(1, 4), 2, cuda_graph=False, fused_step=False).shape == (1, 6)
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -244,21 +250,24 @@ def test_cuda_float32_equals_hf_generate(kf, arch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cuda_graph_patched_holds_decode_attention(kf, gen, decode_calls, arch):
+def test_cuda_graph_patched_holds_decode_attention(kf, gen, decode_calls, arch, fused):
     """The patched model's captured step calls decode_attention (recorded once at capture, replayed
     per token): Python sees it at the prefill (9 rows), the warm-up step and the capture, 2 layers
-    each; a second call only at its prefill. The tokens equal the patched eager loop's."""
+    each; a second call only at its prefill. The tokens equal the patched eager loop's. The same with
+    the fused decode step."""
     model = tiny_model(arch, "cuda", torch.bfloat16, **TINY_KERNEL)
     kf.patch(model)
     ids = prompt(2, 9, "cuda")
-    got = kf.generate(model, ids, 16, ignore_eos=True)
+    got = kf.generate(model, ids, 16, ignore_eos=True, fused_step=fused)
     assert [c[0] for c in decode_calls] == [(2, 9, 2, 64)] * 2 + [(2, 1, 2, 64)] * 4
+    assert (gen._GRAPHS[model][(2, 25)].fused is not None) == fused
     decode_calls.clear()
-    again = kf.generate(model, ids, 16, ignore_eos=True)
+    again = kf.generate(model, ids, 16, ignore_eos=True, fused_step=fused)
     assert [c[0] for c in decode_calls] == [(2, 9, 2, 64)] * 2
     assert torch.equal(again, got)
-    assert torch.equal(got, kf.generate(model, ids, 16, ignore_eos=True, cuda_graph=False))
+    assert torch.equal(got, kf.generate(model, ids, 16, ignore_eos=True, cuda_graph=False, fused_step=fused))
     kf.unpatch(model)
     assert gen._GRAPHS[model][(2, 25)].graph is not None
 
@@ -311,8 +320,10 @@ def test_e2e_generate_providers():
     decode floor (weights + average KV bytes per step at the measured copy bandwidth)."""
     E = importlib.import_module("kernelforge.e2e")
     assert E.applies("llama_generate", "kernelforge_generate") and not E.applies("llama_train", "generate")
-    for provider in ("generate", "kernelforge_generate"):
+    assert E.applies("llama_generate", "kernelforge_generate_fused")
+    assert not E.applies("llama_prefill", "kernelforge_generate_fused")
+    for provider in ("generate", "kernelforge_generate", "kernelforge_generate_fused"):
         r = E.run_worker("llama_generate", provider, "small", "cpu", 1, 1)
         assert r["ms"] > 0 and r["tok_s"] > 0 and r["floor_ms"] > 0 and r["step_mb"] > 0
-        assert (r["patched_modules"] > 0) == (provider == "kernelforge_generate")
+        assert (r["patched_modules"] > 0) == provider.startswith("kernelforge")
     assert any("decode floor" in line for line in E.table_lines([r]))

@@ -1,0 +1,376 @@
+"""kernelforge.decode_step: the one-token decode step of Llama / Mistral / Qwen2 causal LMs written with
+kernelforge ops, for ``kernelforge.generate`` (``fused_step``). It computes what the transformers forward of
+one token computes on a static cache, with 10 kernels per layer where that forward issues 19 (kf.patch'ed:
+separate q / k / v and gate / up projections, two residual adds, the cache's arange + index_copy pairs and
+length counter) to ~40 (unpatched: RMSNorm and RoPE as elementwise ops too).
+
+Per layer, x the residual stream [B, 1, H] in the model's dtype, d the previous layer's MLP output:
+
+    h, x  = add_rms_norm(x, d, w_in)                   layer 0: h = rms_norm(embedding(tokens), w_in)
+    qkv   = linear(h, W_qkv, b_qkv)                    [B, 1, (Hq + 2 Hkv) D], one GEMM
+    q, k  = apply_rope(q, k, cos, sin, position_ids)   in place on the views of qkv
+    kv_append(K, V, k, v, seq_lens)                    the new row at seq_lens - 1 of the static cache
+    a     = decode_attention(q, K, V, seq_lens)        [B, 1, Hq, D]
+    o     = linear(a, W_o, b_o)
+    h, x  = add_rms_norm(x, o, w_post)
+    d     = linear(silu_and_mul(linear(h, W_gate_up)), W_down)
+    final: h = add_rms_norm(x, d, w_norm)[0]; logits = linear(h, W_lm_head)   [B, V]
+
+Kernels per layer: 2 norms, 4 GEMMs, RoPE, kv_append, decode_attention (plus the zeroing of its
+split counters when the plan splits the keys), silu_and_mul: 10 (11). Per step besides: the
+embedding, the final norm, the LM head. The bytes are the weights once and the cache's rows once:
+Llama-3.2-1B in bf16 at 576 keys reads 2.47 GB of weights and 16 layers x 2 x 8 heads x 64 x 2 B x 576
+= 19 MB of keys and values per token (0.64 ms at 3.9 TB/s); at ~175 kernels per step, each microsecond
+of launch gap or tail per kernel costs 0.175 ms.
+
+- W_qkv = cat(W_q, W_k, W_v) and W_gate_up = cat(W_gate, W_up) are built once (one layer at a time: the
+  extra memory is one layer's projections while it is built) and the modules' parameters are re-pointed to
+  views of them (``param.data = W_qkv[a:b]``): the model keeps working, its memory stays the same, and an
+  in-place change of a weight (``load_state_dict``, an optimizer step) is seen by both. Parts that cannot
+  share a buffer (another dtype or device, a tensor subclass, bias on some parts only) stay separate GEMMs
+  (``swiglu(gate, up)`` for the MLP). Parameters already adjacent in one buffer are used as they are.
+- RoPE: cos / sin [L, D] for positions 0 .. L - 1 are computed once per cache length by the model's own
+  rotary embedding module (its rope_type, scaling and attention factor: llama3, linear, yarn are exact),
+  in the model's dtype as transformers passes them; the step reads row ``positions[b]`` (a device tensor).
+- The cache: the StaticCache layers the prefill filled, seen as [B, L, Hkv, D] (``static_cache_view``);
+  ``seq_lens`` (int32 [B], the keys held after the step's append) is a device tensor, so a CUDA graph of
+  the step replays for every length. The step does not move the StaticLayer's own length counter.
+- Linear layers: ``proj_linear`` for the projections (default ``torch.nn.functional.linear``, cuBLAS) and
+  ``head_linear`` for the LM head (default ``kernelforge.linear``: its skinny kernel for M <= 16 rows).
+  On an H200, kernelforge.linear runs the 128256 x 2048 LM head at 1.02x cuBLAS and 4096-wide projections
+  at 0.89-0.95x, hence the split.
+
+Numerics against the transformers forward: the same ops in the same order, with kernelforge's roundings:
+RoPE and silu_and_mul compute in float32 and round once (transformers rounds the products in the model's
+dtype), add_rms_norm rounds the sum as ``residual + x`` does. float32 CPU models agree to float32
+rounding; bf16 tokens agree until two logits are within bf16 noise of each other.
+
+Supported (``unsupported_reason``): exactly LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM with
+SiLU MLPs, RoPE over the whole head (no dynamic / longrope frequencies, which change with the length),
+head dim 64, 128 or 256, one dtype for every parameter (CUDA: float16 / bfloat16), plain nn.Linear
+projections of the config's shapes, no module hooks, no sliding window shorter than the cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import activation as _act
+from . import decode as _dec
+from . import norm as _norm
+from . import rope as _rope
+
+_lin = importlib.import_module(".linear", __package__)  # the module (the package binds the name to the function)
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+HEAD_DIMS = (64, 128, 256)  # decode_attention's head dims
+
+# model -> DecodeStep: built once per model, rebuilt when its parameters move (a weak dictionary: dies with it)
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeStep]" = weakref.WeakKeyDictionary()
+
+
+# ---- what is supported ----------------------------------------------------------------------------------------
+
+
+def _architecture(model) -> str | None:
+    """The transformers class name of ``model`` when it is exactly one of ARCHITECTURES (a subclass may
+    change the forward), else None."""
+    import transformers  # noqa: PLC0415
+
+    for name in ARCHITECTURES:
+        if type(model) is getattr(transformers, name, None):
+            return name
+    return None
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _window(cfg) -> int | None:
+    """The sliding window of the model's sliding layers, None without one."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    return int(window) if window is not None and (types is None or "sliding_attention" in types) else None
+
+
+def _plain_linear(m, n_out: int, n_in: int) -> bool:
+    return (type(m) is torch.nn.Linear and tuple(m.weight.shape) == (n_out, n_in)
+            and all(p is None or (type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor)
+                    for p in (m.weight, m.bias)))
+
+
+def unsupported_reason(model, cache_len: int | None = None) -> str | None:
+    """None when ``DecodeStep(model)`` computes the model's decode step (on a static cache of ``cache_len``
+    rows, which a sliding window must cover; None: not checked); else why not, as a phrase ("a
+    GemmaForCausalLM (...)") for the announcement of the fallback."""
+    arch = _architecture(model)
+    if arch is None:
+        return (f"a {type(model).__name__} (the fused decode step takes exactly {', '.join(ARCHITECTURES)})")
+    cfg = model.config
+    if cfg.hidden_act not in ("silu", "swish"):
+        return f"hidden_act={cfg.hidden_act!r} (the fused decode step's MLP is SiLU-gated)"
+    D, Hq, Hkv, H = _head_dim(cfg), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    if D not in HEAD_DIMS:
+        return f"head dim {D} (decode_attention takes {', '.join(map(str, HEAD_DIMS))})"
+    rotary = getattr(model.model, "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", None)
+    if not isinstance(rope_type, str) or "dynamic" in rope_type or rope_type == "longrope":
+        return (f"rope_type {rope_type!r} (its frequencies change with the sequence length; the fused step "
+                f"reads a table computed once)")
+    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        return f"partial_rotary_factor={cfg.partial_rotary_factor} (the fused step rotates whole heads)"
+    window = _window(cfg)
+    if window is not None and cache_len is not None and window < cache_len:
+        return f"a sliding window of {window} tokens shorter than the cache ({cache_len} rows)"
+    if model.training and getattr(cfg, "attention_dropout", 0.0):
+        return "attention dropout in training mode"
+    params = list(model.parameters())
+    dtypes = {p.dtype for p in params}
+    devices = {p.device for p in params}
+    if len(dtypes) != 1 or len(devices) != 1:
+        return (f"parameters of several dtypes or devices ({', '.join(sorted(map(str, dtypes | devices)))}); "
+                f"the fused step runs in one dtype on one device")
+    dtype, device = dtypes.pop(), devices.pop()
+    if device.type == "cuda" and dtype not in (torch.float16, torch.bfloat16):
+        return f"{dtype} CUDA parameters (decode_attention takes float16 / bfloat16 on CUDA)"
+    if not dtype.is_floating_point or device.type not in ("cuda", "cpu"):
+        return f"{dtype} parameters on {device.type}"
+    hooked = [name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    if hooked or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return f"forward hooks ({', '.join(hooked[:3]) or 'global'}), which the fused step would not run"
+    for i, layer in enumerate(model.model.layers):
+        a, m = layer.self_attn, layer.mlp
+        shapes = ((a.q_proj, Hq * D, H), (a.k_proj, Hkv * D, H), (a.v_proj, Hkv * D, H), (a.o_proj, H, Hq * D),
+                  (m.gate_proj, cfg.intermediate_size, H), (m.up_proj, cfg.intermediate_size, H),
+                  (m.down_proj, H, cfg.intermediate_size))
+        if not all(_plain_linear(*s) for s in shapes):
+            return (f"layer {i}'s projections are not plain nn.Linear modules of the config's shapes (quantized, "
+                    f"sharded or replaced)")
+    head = model.lm_head
+    if not _plain_linear(head, head.weight.shape[0], H):
+        return "an lm_head that is not a plain nn.Linear"
+    return None
+
+
+# ---- weights ----------------------------------------------------------------------------------------------------
+
+
+def _adjacent(ts: list[torch.Tensor]) -> bool:
+    """Whether the contiguous tensors ts follow each other in one storage (a concatenation already)."""
+    if not all(t.is_contiguous() for t in ts):
+        return False
+    storage = ts[0].untyped_storage().data_ptr()
+    return all(b.untyped_storage().data_ptr() == storage and b.data_ptr() == a.data_ptr() + a.nbytes
+               for a, b in zip(ts, ts[1:]))
+
+
+def _concat_params(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The parameters as rows of one buffer [sum of N_i, ...]: a view of them when they already are
+    (``_adjacent``), else a new buffer holding them, each parameter re-pointed to its rows (the old
+    tensors are freed when nothing else holds them)."""
+    parts = [p.detach() for p in params]
+    rows = sum(t.shape[0] for t in parts)
+    if _adjacent(parts):
+        return parts[0].as_strided((rows, *parts[0].shape[1:]), parts[0].stride())
+    fused = torch.cat(parts)
+    start = 0
+    for p, t in zip(params, parts):
+        p.data = fused[start:start + t.shape[0]]
+        start += t.shape[0]
+    return fused
+
+
+def fuse_linears(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(W, b): the weights (and biases) of ``modules`` concatenated along the output rows, y = x W^T + b
+    computing every module's output side by side; the modules' parameters become views of W and b (same
+    values: the model is unchanged, its memory too). None (nothing changed) when the parts cannot share
+    one buffer: weights of different dtypes, devices or input widths, tensor subclasses, a bias on some
+    parts only."""
+    ws = [m.weight for m in modules]
+    bs = [m.bias for m in modules]
+    if any(b is None for b in bs) and not all(b is None for b in bs):
+        return None
+    ts = [t for t in ws + bs if t is not None]
+    if any(type(t) is not torch.nn.Parameter or type(t.data) is not torch.Tensor or t.layout != torch.strided
+           or t.dtype != ws[0].dtype or t.device != ws[0].device for t in ts):
+        return None
+    if any(w.dim() != 2 or w.shape[1] != ws[0].shape[1] for w in ws):
+        return None
+    with torch.no_grad():
+        W = _concat_params(ws)
+        b = None if bs[0] is None else _concat_params(bs)
+    return W, b
+
+
+def weights_fingerprint(model) -> tuple:
+    """The addresses, dtypes and shapes of every parameter and buffer of the model: what a step built from
+    it (or a graph captured from it) reads; a replaced tensor may reuse a freed address, hence dtype and
+    shape too."""
+    return tuple((t.data_ptr(), t.dtype, tuple(t.shape)) for t in (*model.parameters(), *model.buffers()))
+
+
+# ---- the step ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Layer:
+    w_in: torch.Tensor
+    eps_in: float
+    qkv: tuple  # (W_qkv, b_qkv) fused, or ((W_q, b_q), (W_k, b_k), (W_v, b_v))
+    fused_qkv: bool
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+    w_post: torch.Tensor
+    eps_post: float
+    gate_up: tuple  # (W_gate_up, b_gate_up) fused, or ((W_gate, b_gate), (W_up, b_up))
+    fused_gate_up: bool
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+
+
+def _eps(norm, cfg) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", cfg.rms_norm_eps)))
+
+
+class DecodeStep:
+    """The decode step of a Llama / Mistral / Qwen2 causal LM (see the module docstring): built from the
+    model (which it changes only by re-pointing the q / k / v and gate / up parameters to views of the
+    fused weights), then called once per token with the step's device buffers.
+
+        step = DecodeStep(model)                       # ValueError when unsupported_reason(model) is not None
+        cos, sin = step.rope_table(cache_len)
+        logits = step(tokens, positions, seq_lens, caches, cos, sin)
+
+    ``proj_linear(x, w, b)``: the q/k/v, o, gate/up and down projections (default F.linear);
+    ``head_linear(x, w, b)``: the LM head (default kernelforge.linear). ``fuse=False`` keeps separate
+    q / k / v and gate / up GEMMs (the model is then not changed at all)."""
+
+    def __init__(self, model: torch.nn.Module, *, proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True):
+        why = unsupported_reason(model)
+        if why is not None:
+            raise ValueError(f"DecodeStep: the model is not supported: {why}")
+        cfg = model.config
+        self.model = weakref.ref(model)
+        self.proj_linear, self.head_linear = proj_linear, head_linear
+        self.options = self.options_of(proj_linear, head_linear, fuse)
+        self.head_dim = _head_dim(cfg)
+        self.window = _window(cfg)
+        self.n_q, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        self.layers = [self._layer(layer, cfg, fuse) for layer in inner.layers]
+        self.w_norm, self.eps_norm = inner.norm.weight, _eps(inner.norm, cfg)
+        self.w_head, self.b_head = model.lm_head.weight, model.lm_head.bias  # tied: the embedding itself
+        self.fingerprint = weights_fingerprint(model)
+
+    @staticmethod
+    def options_of(proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True) -> tuple:
+        return (proj_linear, head_linear, bool(fuse))
+
+    @staticmethod
+    def _layer(layer, cfg, fuse: bool) -> _Layer:
+        a, m = layer.self_attn, layer.mlp
+        qkv = fuse_linears([a.q_proj, a.k_proj, a.v_proj]) if fuse else None
+        gate_up = fuse_linears([m.gate_proj, m.up_proj]) if fuse else None
+        return _Layer(
+            w_in=layer.input_layernorm.weight, eps_in=_eps(layer.input_layernorm, cfg),
+            qkv=qkv or tuple((p.weight, p.bias) for p in (a.q_proj, a.k_proj, a.v_proj)), fused_qkv=qkv is not None,
+            w_o=a.o_proj.weight, b_o=a.o_proj.bias,
+            w_post=layer.post_attention_layernorm.weight, eps_post=_eps(layer.post_attention_layernorm, cfg),
+            gate_up=gate_up or tuple((p.weight, p.bias) for p in (m.gate_proj, m.up_proj)),
+            fused_gate_up=gate_up is not None, w_down=m.down_proj.weight, b_down=m.down_proj.bias)
+
+    @property
+    def fused(self) -> bool:
+        """Whether every layer runs one q/k/v GEMM and one gate/up GEMM."""
+        return all(lay.fused_qkv and lay.fused_gate_up for lay in self.layers)
+
+    def rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, D] in the model's dtype: row p is what the model's rotary embedding returns for
+        position p (the same module, so its rope scaling and attention factor included)."""
+        x = torch.empty(1, dtype=self.embed.dtype, device=self.embed.device)  # gives the rotary its dtype and device
+        positions = torch.arange(length, device=self.embed.device).unsqueeze(0)
+        with torch.no_grad():
+            cos, sin = self.rotary(x, positions)
+        if cos.shape[-1] != self.head_dim:
+            raise ValueError(f"DecodeStep: the rotary embedding returns {cos.shape[-1]} columns per position, the "
+                             f"heads have {self.head_dim}")
+        return cos[0].contiguous(), sin[0].contiguous()
+
+    def caches(self, cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (K, V) [B, L, Hkv, D] views of a transformers StaticCache whose layers the prefill
+        initialized: kv_append and decode_attention write and read the cache's own tensors."""
+        from transformers.cache_utils import StaticLayer  # noqa: PLC0415
+
+        out = []
+        for i, layer in enumerate(cache.layers):
+            if type(layer) is not StaticLayer or not getattr(layer, "is_initialized", False):
+                raise ValueError(f"DecodeStep: cache layer {i} is a {type(layer).__name__}"
+                                 f"{'' if getattr(layer, 'is_initialized', False) else ' not yet filled'}; the "
+                                 f"step needs StaticLayers filled by a prefill")
+            out.append((_dec.static_cache_view(layer.keys), _dec.static_cache_view(layer.values)))
+        if len(out) != len(self.layers):
+            raise ValueError(f"DecodeStep: the cache has {len(out)} layers, the model {len(self.layers)}")
+        if self.window is not None and self.window < out[0][0].shape[1]:
+            raise ValueError(f"DecodeStep: the sliding window of {self.window} tokens is shorter than the cache "
+                             f"({out[0][0].shape[1]} rows); the step attends to every key it holds")
+        return out
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+                 caches: list[tuple[torch.Tensor, torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The logits [B, V] (model dtype) of tokens (int64 [B, 1]) at positions (int64 [B, 1]), their keys
+        and values appended to ``caches`` (``caches(cache)``) at positions = seq_lens - 1 (seq_lens int32
+        [B]: the keys held after the append). No host synchronization, fixed shapes: graph-capturable."""
+        lin, D = self.proj_linear, self.head_dim
+        B = tokens.shape[0]
+        nq, nkv = self.n_q * D, self.n_kv * D
+        x = F.embedding(tokens, self.embed)  # [B, 1, H]
+        d = None
+        for lay, (K, V) in zip(self.layers, caches):
+            if d is None:
+                h = _norm.rms_norm(x, lay.w_in, lay.eps_in)
+            else:
+                h, x = _norm.add_rms_norm(x, d, lay.w_in, lay.eps_in)
+            if lay.fused_qkv:
+                qkv = lin(h, *lay.qkv)  # [B, 1, nq + 2 nkv]: q, k, v as column ranges
+                q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+            else:
+                q, k, v = (lin(h, w, b) for w, b in lay.qkv)
+            q, k, v = q.view(B, 1, self.n_q, D), k.view(B, 1, self.n_kv, D), v.view(B, 1, self.n_kv, D)
+            _rope.apply_rope(q, k, cos, sin, position_ids=positions, inplace=True)
+            _dec.kv_append(K, V, k, v, seq_lens)
+            a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1])
+            o = lin(a.view(B, 1, nq), lay.w_o, lay.b_o)
+            h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
+            if lay.fused_gate_up:
+                m = _act.silu_and_mul(lin(h, *lay.gate_up))
+            else:
+                m = _act.swiglu(*(lin(h, w, b) for w, b in lay.gate_up))
+            d = lin(m, lay.w_down, lay.b_down)
+        h, _ = _norm.add_rms_norm(x, d, self.w_norm, self.eps_norm)
+        return self.head_linear(h[:, -1], self.w_head, self.b_head)
+
+
+def decode_step(model: torch.nn.Module, **options) -> DecodeStep:
+    """The model's DecodeStep, built once per model (and options) and rebuilt when a parameter or buffer
+    was replaced since (another address, dtype or shape: the step would read stale tensors). Raises
+    ValueError for an unsupported model (``unsupported_reason``)."""
+    step = _STEPS.get(model)
+    if step is not None and step.fingerprint == weights_fingerprint(model):
+        wanted = DecodeStep.options_of(**options)
+        if step.options == wanted:
+            return step
+    step = DecodeStep(model, **options)
+    _STEPS[model] = step
+    return step
+
+
+__all__ = ["DecodeStep", "decode_step", "fuse_linears", "unsupported_reason", "ARCHITECTURES"]
