@@ -56,6 +56,7 @@ std::string mla_wgmma_unsupported(const DecodeParams& p, const DeviceInfo& dev, 
     return "needs pages of at least " + std::to_string(kMlaWgmmaMinPage) + " rows (TMA boxes), the cache has " +
            std::to_string(p.page_size);
   if (p.head_dim != kMlaHeadDimK) return "runs the 576-column MLA cache";
+  if (p.pages < 1) return "needs a cache of at least one page (a TMA map)";
   // TMA: strides below 2^40 bytes (16-byte multiples and aligned bases are validated)
   if (p.k_st * 2 >= (int64_t(1) << 40) || p.k_sp * 2 >= (int64_t(1) << 40))
     return "needs cache strides below 2^40 bytes";
