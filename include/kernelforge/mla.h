@@ -64,18 +64,24 @@ struct MlaDecodeTensors {
   const TensorView* lse = nullptr;  // optional
 };
 
+// The kernel of a plan: the mma.sync kernel (sm_80 on; any page size) or the wgmma kernel (sm_90 with
+// the library's sm_90a image; pages of at least 16 rows, or a contiguous cache).
+enum class MlaKernel { kMmaSync, kWgmma };
+
 // A plan: one CTA per (row tile, split, sequence); the CTA's `rows` query rows (H * Lq rows of a
 // sequence, in tiles) share each stage of block_n cache rows; with splits > 1 the decode merge kernel
 // combines the splits by their logsumexp.
 struct MlaDecodePlan {
+  MlaKernel kernel = MlaKernel::kMmaSync;
   int rows = 0;     // query rows per CTA
   int block_n = 0;  // cache rows per pipeline stage
   int warps = 0;
-  int stages = 0;  // cp.async pipeline stages
+  int stages = 0;  // pipeline stages (mma.sync: cp.async ring; wgmma: TMA ring)
   int splits = 1;  // key splits per (sequence, row tile)
 };
 
-std::string to_string(const MlaDecodePlan& plan);  // e.g. "mla_decode rows=64 tile=32 warps=8 stages=4 splits=1"
+// e.g. "mla_decode kernel=mma_sync rows=64 tile=32 warps=8 stages=4 splits=1"
+std::string to_string(const MlaDecodePlan& plan);
 
 // ---- CUDA (sm_80 or later) -------------------------------------------------------------------
 Status mla_decode_plan(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, MlaDecodePlan* plan,

@@ -1,8 +1,9 @@
-// The compiled tiles of the MLA decode kernel (kernels/mla_decode.cuh) and their shared memory, shared
-// by the launcher and the planner so that the instantiations and the plans agree.
+// The compiled tiles of the MLA decode kernels and their shared memory, shared by the launchers and
+// the planner so that the instantiations and the plans agree: the mma.sync kernel (kernels/mla_decode.cuh,
+// sm_80 on) and the wgmma kernel (kernels/mla_decode_wgmma.cuh, sm_90a only; MlaWgmmaSmem below).
 //
-// One tile shape: 64 query rows x 32 cache rows per stage, 8 warps; the tiles differ in pipeline depth
-// only, the deepest one the device's shared memory per block holds.
+// mma.sync kernel: one tile shape, 64 query rows x 32 cache rows per stage, 8 warps; the tiles differ
+// in pipeline depth only, the deepest one the device's shared memory per block holds.
 // Shared memory (elements of T unless said; rows padded by 8 elements, 16 bytes, so that ldmatrix is
 // free of bank conflicts):
 //   Q tile      64 x (576 + 8)             74,752 bytes, loaded once
@@ -50,5 +51,42 @@ constexpr int64_t mla_smem_limit(int capability) {
          : capability >= 80                                           ? 101376
                                                                       : 0;
 }
+
+// ---- wgmma kernel (sm_90a) -------------------------------------------------------------------
+// 64 query rows x 64 keys per tile, 3 warpgroups (TMA producer + two consumers), a 2-deep K ring.
+constexpr int kMlaWgmmaBlockN = 64;
+constexpr int kMlaWgmmaWarps = 12;
+constexpr int kMlaWgmmaStages = 2;
+constexpr int kMlaWgmmaProducerRegs = 24;  // setmaxnreg: 128 x 24 + 256 x 240 = 64,512 <= 65,536
+constexpr int kMlaWgmmaConsumerRegs = 240;
+// Paged caches need pages of at least 16 rows (a TMA box per page of a tile, 1024-byte aligned in the
+// swizzled tile); smaller pages run the mma.sync kernel.
+constexpr int kMlaWgmmaMinPage = 16;
+
+// Shared memory of the wgmma kernel, byte offsets from a 1024-byte aligned base. Every operand tile is
+// 64 columns (128 bytes) wide with the 128-byte swizzle (attention/kernels/sm90_wgmma.cuh):
+//   Q      9 column tiles x 64 rows x 128 B     73,728   loaded once (cp.async, zero rows past the tile)
+//   K ring 2 stages x 9 x 64 keys x 128 B      147,456   TMA; the values are column tiles 0-7 of a stage
+//   P      64 rows x 64 keys x 2 B               8,192   the softmax weights of one tile (bf16 / fp16)
+//   alpha  64 float32                              256   the rows' rescale 2^(m_old - m_new) of that tile
+//   l, m   2 x 64 float32                          512   the rows' final sums and maxima (epilogue)
+//   mbarriers 2 x 2 x 8 B                           32   K full / K empty per stage
+// 230,176 bytes + 1,024 of alignment slack = 231,200 <= 232,448 (sm_90's 227 KB per block).
+struct MlaWgmmaSmem {
+  static constexpr int kTileBytes = 64 * 128;                       // one 64 x 64 16-bit tile
+  static constexpr int kQBytes = (kMlaHeadDimK / 64) * kTileBytes;  // 73,728
+  static constexpr int kKBytes = kQBytes;                           // 64 keys x 576 columns
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;  // stage s at kK + s * kKBytes
+  static constexpr int kP = kK + kMlaWgmmaStages * kKBytes;
+  static constexpr int kAlpha = kP + kTileBytes;
+  static constexpr int kL = kAlpha + 64 * 4;
+  static constexpr int kM = kL + 64 * 4;
+  static constexpr int kBars = kM + 64 * 4;
+  static constexpr int kBytes = kBars + 2 * kMlaWgmmaStages * 8 + 1024;
+  static_assert(kMlaRows == 64 && kMlaWgmmaBlockN == 64, "one 64 x 64 tile for Q rows, keys and P");
+  static_assert(kK % 1024 == 0 && kP % 1024 == 0, "swizzled tiles start 1024-byte aligned");
+  static_assert(kBytes <= 232448, "shared memory of one CTA on sm_90");
+};
 
 }  // namespace kernelforge

@@ -15,6 +15,14 @@ namespace kernelforge {
 
 template <typename T>
 Status launch_mla_decode(const MlaDecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
+template <typename T>
+bool mla_wgmma_image();
+
+bool mla_decode_wgmma_image(DType dtype) {
+  if (dtype == DType::kBFloat16) return mla_wgmma_image<__nv_bfloat16>();
+  if (dtype == DType::kFloat16) return mla_wgmma_image<__half>();
+  return false;
+}
 
 namespace {
 
@@ -22,6 +30,7 @@ struct Prepared {
   DecodeParams p;
   DType dtype = DType::kFloat16;
   const DeviceInfo* dev = nullptr;
+  bool wgmma_image = false;  // the library's sm_90a image of the wgmma kernel runs on this device
 };
 
 Status prepare(const MlaDecodeCall& c, Prepared* w) {
@@ -31,6 +40,7 @@ Status prepare(const MlaDecodeCall& c, Prepared* w) {
   if (w->dev->capability < 80)  // mma.sync m16n8k16, cp.async and the shared memory of the tile
     return Status::NotSupported(std::string(c.name) + ": MLA decode needs sm_80 or later, this GPU is sm_" +
                                 std::to_string(w->dev->capability));
+  w->wgmma_image = w->dev->capability == 90 && mla_decode_wgmma_image(w->dtype);
   return Status::Ok();
 }
 
@@ -64,12 +74,12 @@ Status mla_decode_plan(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("mla_decode_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_mla_decode(w.p, *w.dev);
+  *plan = plan_mla_decode(w.p, *w.dev, w.wgmma_image);
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
   }
-  if (!(s = check_mla_decode_plan(*plan, w.p, *w.dev)).ok()) return s;
+  if (!(s = check_mla_decode_plan(*plan, w.p, *w.dev, w.wgmma_image)).ok()) return s;
   *bytes = mla_decode_workspace_bytes(*plan, w.p);
   return Status::Ok();
 }
@@ -81,7 +91,7 @@ Status mla_decode(const MlaDecodePlan& plan, const MlaDecodeTensors& t, const Ml
   Status s = prepare(c, &w);
   if (!s.ok()) return s;
   if (empty(w.p)) return Status::Ok();
-  if (!(s = check_mla_decode_plan(plan, w.p, *w.dev)).ok())
+  if (!(s = check_mla_decode_plan(plan, w.p, *w.dev, w.wgmma_image)).ok())
     return Status(s.code(), s.message() + " (pass a plan from mla_decode_plan for the same shapes)");
   if (!(s = check_decode_workspace(c.name, to_string(plan), mla_decode_workspace_bytes(plan, w.p), workspace, bytes))
            .ok())
@@ -100,8 +110,8 @@ Status mla_decode(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev);
-  if (!(s = check_mla_decode_plan(plan, w.p, *w.dev)).ok()) return s;
+  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, w.wgmma_image);
+  if (!(s = check_mla_decode_plan(plan, w.p, *w.dev, w.wgmma_image)).ok()) return s;
   const size_t need = mla_decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query
     *bytes = need;

@@ -1,23 +1,33 @@
 // The MLA decode planner's interface (mla_plan.cpp): host code only, unit-tested without a GPU.
-// plan_mla_decode picks the kMlaTiles row the device holds and the key split; check_mla_decode_plan
-// refuses plans no kernel is built for or the device cannot run; mla_decode_workspace_bytes sizes the
-// split partials.
+// plan_mla_decode picks the kernel (the wgmma kernel where it runs, else the mma.sync kernel at the
+// deepest kMlaTiles row the device holds) and the key split; check_mla_decode_plan refuses plans no
+// kernel is built for or the device cannot run; mla_decode_workspace_bytes sizes the split partials.
+// `wgmma_image`: the library holds the wgmma kernel's sm_90a image for the device (mla_decode_wgmma_image),
+// a fact of the build the DeviceInfo does not carry.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "decode/decode_problem.h"
 
 namespace kernelforge {
 
 struct DeviceInfo;
-MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev);
-Status check_mla_decode_plan(const MlaDecodePlan& plan, const DecodeParams& p, const DeviceInfo& dev);
+MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
+Status check_mla_decode_plan(const MlaDecodePlan& plan, const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
 size_t mla_decode_workspace_bytes(const MlaDecodePlan& plan, const DecodeParams& p);
+// Why the wgmma kernel cannot run the call, or an empty string.
+std::string mla_wgmma_unsupported(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
+// The wgmma plan of the call (the key split from its 64-key tiles), whether or not it can run.
+MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev);
 // Row tiles per sequence: ceil(H * Lq / plan.rows).
 inline int32_t mla_row_tiles(const MlaDecodePlan& plan, const DecodeParams& p) {
   return (p.rows + plan.rows - 1) / plan.rows;
 }
+// Whether this build holds the wgmma kernel's sm_90a image for the current device and q's dtype
+// (cudaFuncGetAttributes; mla_decode.cpp).
+bool mla_decode_wgmma_image(DType dtype);
 
 }  // namespace kernelforge

@@ -3,9 +3,11 @@
 //
 // Every GPU case draws q in [-1, 1) and the cache rows in [-2, 2), fills the rows no sequence uses
 // with NaN (a read of one would poison the output), shuffles the block table, and runs the public
-// entry (the default plan) and then the same call with the key split forced to 1, 3 and 16, for each
-// kMlaTiles pipeline depth the GPU holds, each on outputs poisoned with NaN. Cases cover page sizes 1,
-// 16, 64 and the contiguous cache (with a padded row stride), ragged lengths with 0, 1, 7 and 4097,
+// entry (the default plan) and then the same call with the key split forced to 1, 3 and 16 for every
+// kernel the GPU runs (each kMlaTiles pipeline depth of the mma.sync kernel it holds; the wgmma kernel
+// on sm_90 with the sm_90a image, where the page size allows), each on outputs poisoned with NaN. Cases
+// cover page sizes 1, 16, 32, 64, 128 and the contiguous cache (with a padded row stride; shorter than
+// one 64-key TMA box), ragged lengths with 0, 1, 7, 4097 and multiples of 64,
 // q_len 1 to 8, H = 1, 7 (rows that do not fill a 16-row block), 16, 24 (Lq = 3: a token's rows
 // across two row tiles), 32, 64 and 128 (two row tiles; with Lq = 8 sixteen), lengths below Lq and
 // beyond the capacity, and block-table entries outside the cache (read as zeros, as the reference does).
@@ -17,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -160,21 +163,39 @@ TEST_P(MlaDecodeGpu, MatchesReference) {
   MlaDecodePlan plan;
   size_t bytes = 0;
   KF_ASSERT_OK(kf::mla_decode_plan(t, o, &plan, &bytes));
-  std::vector<MlaDecodePlan> plans = {plan};
-  for (const kf::MlaTile& tile : kf::kMlaTiles) {
-    if (kf::mla_smem_bytes(tile.stages) > kf::mla_smem_limit(gpu_capability())) continue;
-    for (int s : {1, 3, 16}) {
-      MlaDecodePlan p = plan;
-      p.stages = tile.stages, p.splits = s;
-      plans.push_back(p);
-    }
-  }
   kf::DecodeParams params;
   DType dt;
   kf::MlaDecodeCall call;
   call.t = t;
   call.opts = o;
   KF_ASSERT_OK(kf::validate_mla_decode(call, &params, &dt));
+  int device = 0;
+  const kf::DeviceInfo* dev = nullptr;
+  KF_ASSERT_OK(kf::current_device_info(&device, &dev));
+  // every candidate kernel: the mma.sync depths the GPU holds, the wgmma kernel where it runs
+  std::vector<MlaDecodePlan> plans = {plan};
+  for (const kf::MlaTile& tile : kf::kMlaTiles) {
+    if (kf::mla_smem_bytes(tile.stages) > kf::mla_smem_limit(gpu_capability())) continue;
+    for (int s : {1, 3, 16}) {
+      MlaDecodePlan p;
+      p.kernel = kf::MlaKernel::kMmaSync, p.rows = kf::kMlaRows, p.block_n = kf::kMlaBlockN;
+      p.warps = kf::kMlaWarps, p.stages = tile.stages, p.splits = s;
+      plans.push_back(p);
+    }
+  }
+  const bool image = kf::mla_decode_wgmma_image(c.dtype);
+  if (kf::mla_wgmma_unsupported(params, *dev, image).empty()) {
+    for (int s : {1, 3, 16}) {
+      MlaDecodePlan p = kf::mla_wgmma_plan(params, *dev);
+      p.splits = s;
+      plans.push_back(p);
+    }
+  } else if (dev->capability == 90 && image && c.page >= kf::kMlaWgmmaMinPage) {
+    ADD_FAILURE() << "the wgmma kernel does not run on this sm_90 GPU: "
+                  << kf::mla_wgmma_unsupported(params, *dev, image);
+  } else if (dev->capability == 90 && !image) {
+    std::printf("note: this build has no sm_90a image of the MLA wgmma kernel; only mma.sync runs\n");
+  }
   for (const MlaDecodePlan& p : plans) {
     SCOPED_TRACE(kf::to_string(p));
     dout.poison(), dlse.poison();
@@ -231,6 +252,13 @@ std::vector<MlaCase> mla_cases() {
   // first tokens see no key (out 0, lse -inf) while the later ones of the same tile do
   c.H = 24, c.Lq = 3, c.lens = {130, 2, 1, 3}, c.page = 16, c.name = "h24_qlen3_short";
   add(c);
+  // page 32 (two TMA boxes per 64-key tile) with a length ending inside a box; page 128 (a tile is half
+  // a page); lengths that are multiples of 64 (no partial last tile)
+  c = MlaCase{};
+  c.H = 64, c.page = 32, c.lens = {257, 31, 64}, c.name = "h64_page32";
+  add(c);
+  c.H = 128, c.Lq = 2, c.page = 128, c.lens = {1000, 128, 300}, c.name = "h128_qlen2_page128";
+  add(c);
   c = MlaCase{};
   c.lens = {100, 5000, -3};  // 5000 > capacity (clamped), -3 -> 0
   c.max_pages = 8, c.name = "lengths_out_of_range";
@@ -248,11 +276,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, MlaDecodeGpu, ::testing::ValuesIn(mla_cases()),
 
 // ---- plan --------------------------------------------------------------------------------------
 
-kf::DecodeParams mla_params(int64_t B, int64_t Lq, int64_t H, int64_t max_len) {
+kf::DecodeParams mla_params(int64_t B, int64_t Lq, int64_t H, int64_t max_len, int32_t page = 0) {
   kf::DecodeParams p;
   p.batch = int32_t(B), p.q_len = int32_t(Lq), p.heads_q = int32_t(H), p.heads_kv = 1;
   p.group = int32_t(H), p.rows = p.group * p.q_len, p.head_dim = int32_t(Dk);
   p.capacity = int32_t(max_len), p.max_seq_len = max_len;
+  p.k_st = Dk, p.pages = int32_t(B);
+  if (page > 0) {  // paged: the planner only tests the table for null
+    static const int32_t table = 0;
+    p.block_table = &table, p.page_size = page, p.k_sp = page * Dk;
+    for (p.page_shift = 0; (1 << p.page_shift) < page; ++p.page_shift) {
+    }
+  } else {
+    p.page_size = int32_t(max_len), p.k_sp = max_len * Dk;
+  }
   return p;
 }
 
@@ -261,35 +298,84 @@ TEST(MlaDecodePlan, TilesAndSplits) {
   h100.sm_count = 132, h100.capability = 90;
   a100.sm_count = 108, a100.capability = 80;
   l4.sm_count = 58, l4.capability = 89;
+  // without the sm_90a image the mma.sync kernel runs on sm_90 too.
   // b64 x kv4k x 128 heads: 128 CTAs (two row tiles per sequence) fill the 132 SMs, no split
-  const MlaDecodePlan big = kf::plan_mla_decode(mla_params(64, 1, 128, 4096), h100);
-  EXPECT_EQ(kf::to_string(big), "mla_decode rows=64 tile=32 warps=8 stages=4 splits=1");
-  EXPECT_TRUE(kf::check_mla_decode_plan(big, mla_params(64, 1, 128, 4096), h100).ok());
+  const MlaDecodePlan big = kf::plan_mla_decode(mla_params(64, 1, 128, 4096, 64), h100, false);
+  EXPECT_EQ(kf::to_string(big), "mla_decode kernel=mma_sync rows=64 tile=32 warps=8 stages=4 splits=1");
+  EXPECT_TRUE(kf::check_mla_decode_plan(big, mla_params(64, 1, 128, 4096, 64), h100, false).ok());
   // batch 1: two CTAs unsplit; the split fills the SMs with >= 256 keys each
-  const MlaDecodePlan b1 = kf::plan_mla_decode(mla_params(1, 1, 128, 16384), h100);
+  const MlaDecodePlan b1 = kf::plan_mla_decode(mla_params(1, 1, 128, 16384), h100, false);
   EXPECT_GE(b1.splits, 32);
   EXPECT_LE(b1.splits, 66);
-  EXPECT_EQ(kf::plan_mla_decode(mla_params(1, 1, 16, 200), h100).splits, 1);  // short: not split
+  EXPECT_EQ(kf::plan_mla_decode(mla_params(1, 1, 16, 200), h100, false).splits, 1);  // short: not split
   EXPECT_EQ(kf::mla_row_tiles(b1, mla_params(1, 8, 128, 16384)), 16);
   EXPECT_EQ(kf::mla_row_tiles(b1, mla_params(1, 1, 7, 16384)), 1);
   // sm_80: the two-stage tile (163 KB); sm_89 (99 KB): none fits, the check says why
-  const MlaDecodePlan a = kf::plan_mla_decode(mla_params(8, 1, 128, 4096), a100);
+  const MlaDecodePlan a = kf::plan_mla_decode(mla_params(8, 1, 128, 4096), a100, true);
+  EXPECT_EQ(a.kernel, kf::MlaKernel::kMmaSync);
   EXPECT_EQ(a.stages, 2);
-  EXPECT_TRUE(kf::check_mla_decode_plan(a, mla_params(8, 1, 128, 4096), a100).ok());
-  for (const kf::Status& st : {kf::check_mla_decode_plan(big, mla_params(64, 1, 128, 4096), a100),
-                               kf::check_mla_decode_plan(kf::plan_mla_decode(mla_params(8, 1, 128, 4096), l4),
-                                                         mla_params(8, 1, 128, 4096), l4)}) {
+  EXPECT_TRUE(kf::check_mla_decode_plan(a, mla_params(8, 1, 128, 4096), a100, true).ok());
+  for (const kf::Status& st : {kf::check_mla_decode_plan(big, mla_params(64, 1, 128, 4096), a100, false),
+                               kf::check_mla_decode_plan(kf::plan_mla_decode(mla_params(8, 1, 128, 4096), l4, false),
+                                                         mla_params(8, 1, 128, 4096), l4, false)}) {
     EXPECT_EQ(st.code(), kf::StatusCode::kNotSupported) << st.message();
     EXPECT_TRUE(has_substrings(st, {"bytes of shared memory per block"}));
   }
   MlaDecodePlan bad = big;
   bad.stages = 3;
-  KF_EXPECT_INVALID(kf::check_mla_decode_plan(bad, mla_params(64, 1, 128, 4096), h100), "no such kernel");
+  KF_EXPECT_INVALID(kf::check_mla_decode_plan(bad, mla_params(64, 1, 128, 4096), h100, false), "no such kernel");
   EXPECT_LE(kf::mla_smem_bytes(4), kf::mla_smem_limit(90));
   EXPECT_LE(kf::mla_smem_bytes(2), kf::mla_smem_limit(80));
+  EXPECT_LE(int64_t(kf::MlaWgmmaSmem::kBytes), kf::mla_smem_limit(90));
   EXPECT_EQ(kf::mla_decode_workspace_bytes(big, mla_params(64, 1, 128, 4096)), 0u);
   EXPECT_EQ(kf::mla_decode_workspace_bytes(b1, mla_params(1, 1, 128, 16384)),
             size_t((128 * b1.splits * 512 * 4 + 255) / 256 * 256 + (128 * b1.splits * 4 + 255) / 256 * 256));
+}
+
+// The wgmma kernel: sm_90 with the sm_90a image, pages of >= 16 rows or a contiguous cache; 64-key
+// tiles in the split model.
+TEST(MlaDecodePlan, WgmmaKernel) {
+  kf::DeviceInfo h100, a100, b200;
+  h100.sm_count = 132, h100.capability = 90;
+  a100.sm_count = 108, a100.capability = 80;
+  b200.sm_count = 148, b200.capability = 100;
+  const kf::DecodeParams big_p = mla_params(64, 1, 128, 4096, 64);
+  const MlaDecodePlan big = kf::plan_mla_decode(big_p, h100, true);
+  EXPECT_EQ(kf::to_string(big), "mla_decode kernel=wgmma rows=64 tile=64 warps=12 stages=2 splits=1");
+  EXPECT_TRUE(kf::check_mla_decode_plan(big, big_p, h100, true).ok());
+  for (int32_t page : {16, 32, 128, 0}) {  // 0: contiguous
+    const MlaDecodePlan q = kf::plan_mla_decode(mla_params(8, 1, 128, 4096, page), h100, true);
+    EXPECT_EQ(q.kernel, kf::MlaKernel::kWgmma) << "page " << page;
+  }
+  // page sizes below 16, another major, no image: the mma.sync kernel; the check of a wgmma plan says why
+  const kf::DecodeParams page8 = mla_params(8, 1, 128, 4096, 8);
+  EXPECT_EQ(kf::plan_mla_decode(page8, h100, true).kernel, kf::MlaKernel::kMmaSync);
+  EXPECT_EQ(kf::plan_mla_decode(mla_params(8, 1, 128, 4096, 1), h100, true).kernel, kf::MlaKernel::kMmaSync);
+  EXPECT_EQ(kf::plan_mla_decode(big_p, b200, true).kernel, kf::MlaKernel::kMmaSync);
+  EXPECT_EQ(kf::plan_mla_decode(big_p, h100, false).kernel, kf::MlaKernel::kMmaSync);
+  struct Refusal {
+    kf::Status st;
+    const char* why;
+  };
+  for (const Refusal& r : {Refusal{kf::check_mla_decode_plan(big, page8, h100, true), "pages of at least 16 rows"},
+                           Refusal{kf::check_mla_decode_plan(big, big_p, a100, true), "needs an sm_90 device"},
+                           Refusal{kf::check_mla_decode_plan(big, big_p, h100, false), "90a-real"}}) {
+    EXPECT_EQ(r.st.code(), kf::StatusCode::kNotSupported) << r.st.message();
+    EXPECT_TRUE(has_substrings(r.st, {"wgmma kernel", r.why})) << r.st.message();
+  }
+  MlaDecodePlan bad = big;
+  bad.block_n = 32;
+  KF_EXPECT_INVALID(kf::check_mla_decode_plan(bad, big_p, h100, true), "no such kernel");
+  bad = big;
+  bad.splits = 0;
+  KF_EXPECT_INVALID(kf::check_mla_decode_plan(bad, big_p, h100, true), "splits must be 1 to 65535");
+  // batch 1 at 16k keys: the split fills the SMs with >= 256 keys (4 tiles of 64) each
+  const MlaDecodePlan b1 = kf::plan_mla_decode(mla_params(1, 1, 128, 16384, 64), h100, true);
+  EXPECT_EQ(b1.kernel, kf::MlaKernel::kWgmma);
+  EXPECT_GE(b1.splits, 32);
+  EXPECT_LE(b1.splits, 66);
+  EXPECT_EQ(kf::plan_mla_decode(mla_params(1, 1, 16, 200, 64), h100, true).splits, 1);
+  EXPECT_EQ(kf::mla_wgmma_plan(big_p, h100).splits, big.splits);
 }
 
 // ---- validation --------------------------------------------------------------------------------
