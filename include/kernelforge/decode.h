@@ -82,19 +82,27 @@ struct DecodeTensors {
   const TensorView* key_starts = nullptr;  // optional int32 [B]: the first visible key of each sequence
 };
 
+// How K/V tiles reach shared memory: kCpAsync, 16-byte copies by every thread (any sm_80+ GPU, any
+// page size); kTma, tensor copies issued by one producer warp (sm_90 with a 90a build, page size >= 16
+// or the contiguous cache).
+enum class DecodeKernel { kCpAsync, kTma };
+
 // A plan: one CTA per (split, row tile, kv head, sequence); its warps share each key tile (block_n
 // keys, block_n / warps per warp) and merge their partial softmax states at the end; with splits > 1
 // the last CTA of each (sequence, kv head) combines the splits by their logsumexp.
 struct DecodePlan {
+  DecodeKernel kernel = DecodeKernel::kCpAsync;
   int head_dim = 0;
   int rows = 0;     // query rows per CTA (group * Lq rows of one kv head, in tiles of `rows`)
   int block_n = 0;  // keys per pipeline stage
-  int warps = 0;
-  int stages = 0;  // cp.async pipeline stages
-  int splits = 1;  // key splits per (sequence, kv head, row tile)
+  int warps = 0;    // the warps that compute (kTma adds one producer warp)
+  int stages = 0;   // pipeline stages
+  int splits = 1;   // key splits per (sequence, kv head, row tile)
 };
 
-std::string to_string(const DecodePlan& plan);  // e.g. "decode d=128 rows=16 tile=64 warps=4 stages=3 splits=16"
+// e.g. "decode d=128 rows=16 tile=64 warps=4 stages=3 splits=16",
+//      "decode_tma d=128 rows=16 tile=64 warps=4+1 stages=3 splits=16"
+std::string to_string(const DecodePlan& plan);
 
 // The zero-initialized head of a split plan's workspace (see "Workspace counters" above): one int32 per
 // (sequence, kv head), rounded up to 256 bytes.

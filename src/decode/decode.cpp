@@ -38,6 +38,9 @@ Status prepare(const DecodeCall& c, Prepared* w) {
 
 bool empty(const DecodeParams& p) { return p.batch == 0 || p.heads_q == 0; }
 
+// The TMA kernel's image runs on this device (asked only of sm_90 devices).
+bool tma_built(const DeviceInfo& dev) { return dev.capability == 90 && decode_tma_built(); }
+
 Status launch(const DecodePlan& plan, const DecodeCall& c, const Prepared& w, void* workspace, cudaStream_t stream) {
   return dispatch_dtype(w.dtype, c.name, [&](auto tag) -> Status {
     using T = decltype(tag);
@@ -78,7 +81,7 @@ Status decode_attention_plan(const DecodeTensors& t, const DecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("decode_attention_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_decode(w.p, *w.dev);
+  *plan = plan_decode(w.p, *w.dev, tma_built(*w.dev));
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
@@ -113,7 +116,7 @@ Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const DecodePlan plan = plan_decode(w.p, *w.dev);
+  const DecodePlan plan = plan_decode(w.p, *w.dev, tma_built(*w.dev));
   if (!(s = check_decode_plan(plan, w.p)).ok()) return s;
   const size_t need = decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query

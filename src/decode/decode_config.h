@@ -1,13 +1,19 @@
-// The compiled tiles of the decode attention kernel (kernels/decode_attention.cuh) and their shared
-// memory, shared by the launcher and the planner so that the instantiations and the plans agree.
+// The compiled tiles of the decode attention kernels (kernels/decode_attention.cuh: cp.async,
+// kernels/decode_attention_tma.cuh: TMA) and their shared memory, shared by the launchers and the
+// planner so that the instantiations and the plans agree.
 //
-// Shared memory (elements of T unless said): the Q tile (rows x (D + pad)), then either the K/V ring
-// (stages x 2 x block_n x (D + pad)) during the key loop, or the warps' float32 partial outputs and
-// their (max, sum) at the end. Rows are padded by 8 elements (16 bytes): conflict-free ldmatrix, as in
-// the mma attention kernels.
+// Shared memory, cp.async (elements of T unless said): the Q tile (rows x (D + pad)), then either the
+// K/V ring (stages x 2 x block_n x (D + pad)) during the key loop, or the warps' float32 partial
+// outputs and their (max, sum) at the end. Rows are padded by 8 elements (16 bytes): conflict-free
+// ldmatrix, as in the mma attention kernels.
+// TMA (bytes): the Q tile rounded up to 1024, the ring (stages x 2 x block_n x D x 2, unpadded rows
+// in the 128-byte swizzle, 1024-byte aligned) or the merge, the full / empty mbarriers (128), and
+// 1024 for rounding the dynamic shared memory base up to 1024.
 #pragma once
 
 #include <cstdint>
+
+#include "kernelforge/decode.h"
 
 namespace kernelforge {
 
@@ -30,6 +36,7 @@ struct DecodeTile {
   // the shared-memory limit
   int ctas_per_sm;
   DecodeTileUse use;
+  DecodeKernel kernel = DecodeKernel::kCpAsync;  // kTma: `warps` consumer warps + 1 producer warp
 };
 constexpr DecodeTile kDecodeTiles[] = {
     // 64 keys per stage; the ring holds 2 stages in flight while one is consumed. The stage count
@@ -44,6 +51,17 @@ constexpr DecodeTile kDecodeTiles[] = {
     {128, 16, 4, 2, 3, DecodeTileUse::kPage1},
     // d256: one m16 tile only (the 128-float output accumulator per thread), Q read from shared memory
     {256, 16, 4, 2, 2, DecodeTileUse::kDefault},
+    // TMA (sm_90a, page size >= 16 or contiguous): 64-key stages (128 keys for the small grid), as many
+    // as 2 CTAs per SM hold, or 1 CTA with a 192 KB ring where the registers do not allow 2: 2 x 5
+    // warps per SM leave 168 registers per thread (3 warps on one of the 4 register files), and the
+    // d128 32-row tile needs more (128 float32 accumulators per thread). Not yet measured: the stage
+    // counts are the shared memory's limit, the warps the cp.async kernel's measured best per shape.
+    {64, 16, 4, 6, 2, DecodeTileUse::kDefault, DecodeKernel::kTma},     // 100 KB
+    {64, 32, 4, 6, 2, DecodeTileUse::kDefault, DecodeKernel::kTma},     // 102 KB
+    {128, 16, 4, 3, 2, DecodeTileUse::kDefault, DecodeKernel::kTma},    // 102 KB
+    {128, 32, 4, 6, 1, DecodeTileUse::kDefault, DecodeKernel::kTma},    // 202 KB
+    {128, 16, 8, 3, 1, DecodeTileUse::kSmallGrid, DecodeKernel::kTma},  // 198 KB
+    {256, 16, 4, 3, 1, DecodeTileUse::kDefault, DecodeKernel::kTma},    // 202 KB
 };
 constexpr int kDecodeTileCount = int(sizeof(kDecodeTiles) / sizeof(kDecodeTiles[0]));
 
@@ -52,6 +70,21 @@ constexpr int64_t decode_smem_bytes(int head_dim, int rows, int warps, int stage
   const int64_t ring = int64_t(stages) * 2 * (16 * warps) * (head_dim + kDecodePad) * 2;
   const int64_t merge = int64_t(warps) * rows * (head_dim + 2) * 4;
   return q + (ring > merge ? ring : merge);
+}
+
+constexpr int kDecodeTmaBarBytes = 128;     // full[stages] and empty[stages] mbarriers, stages <= 8
+constexpr int kDecodeTmaAlignSlack = 1024;  // the dynamic shared memory base rounded up to 1024 bytes
+constexpr int decode_tma_q_bytes(int head_dim, int rows) {
+  return (rows * (head_dim + kDecodePad) * 2 + 1023) / 1024 * 1024;
+}
+constexpr int64_t decode_tma_smem_bytes(int head_dim, int rows, int warps, int stages) {
+  const int64_t ring = int64_t(stages) * 2 * (16 * warps) * head_dim * 2;
+  const int64_t merge = int64_t(warps) * rows * (head_dim + 2) * 4;
+  return decode_tma_q_bytes(head_dim, rows) + (ring > merge ? ring : merge) + kDecodeTmaBarBytes + kDecodeTmaAlignSlack;
+}
+constexpr int64_t decode_tile_smem_bytes(const DecodeTile& c) {
+  return c.kernel == DecodeKernel::kTma ? decode_tma_smem_bytes(c.head_dim, c.rows, c.warps, c.stages)
+                                        : decode_smem_bytes(c.head_dim, c.rows, c.warps, c.stages);
 }
 
 }  // namespace kernelforge

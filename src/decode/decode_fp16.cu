@@ -1,4 +1,5 @@
-// The decode attention kernels (every kDecodeTiles row, the split merge fused) instantiated for __half.
+// The cp.async decode attention kernels (every kDecodeTiles kCpAsync row, the split merge fused) and the
+// launcher's switch to the TMA ones (decode_tma_<dtype>.cu), instantiated for __half.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -1,5 +1,7 @@
-// The decode attention launcher: the kDecodeTiles row the plan names, one launch (the split merge
-// runs in the kernel's last CTA of each (sequence, kv head)). Included by decode_<dtype>.cu.
+// The decode attention launchers: the kDecodeTiles row the plan names, one launch (the split merge
+// runs in the kernel's last CTA of each (sequence, kv head)). launch_decode_attention switches on the
+// plan's kernel: the cp.async tiles here (decode_<dtype>.cu), the TMA tiles in decode_tma_launch.cuh
+// (decode_tma_<dtype>.cu, compiled apart).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +18,8 @@ namespace kernelforge {
 
 template <typename T>
 Status launch_decode_attention(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
+template <typename T>
+Status launch_decode_tma(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
 
 namespace decode {
 
@@ -41,15 +45,22 @@ Status launch_tile(const DecodePlan& plan, const DecodeParams& p, void* workspac
   return launched(l(kernel, p, plan.splits, ws.o, ws.lse, ws.counters), "decode_attention");
 }
 
+// The kDecodeTiles row of `kernel` that `plan` names, from row kTile on.
+constexpr bool decode_tile_matches(const DecodeTile& c, const DecodePlan& plan, DecodeKernel kernel) {
+  return c.kernel == kernel && plan.kernel == kernel && plan.head_dim == c.head_dim && plan.rows == c.rows &&
+         plan.warps == c.warps && plan.stages == c.stages && plan.block_n == 16 * c.warps;
+}
+
 template <typename T, int kTile = 0>
 Status launch_matching(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
   if constexpr (kTile == kDecodeTileCount) {
     return Status::Invalid("decode_attention: no kernel is built for " + to_string(plan));
   } else {
     constexpr DecodeTile c = kDecodeTiles[kTile];
-    if (plan.head_dim == c.head_dim && plan.rows == c.rows && plan.warps == c.warps && plan.stages == c.stages &&
-        plan.block_n == 16 * c.warps)
-      return launch_tile<T, kTile>(plan, p, workspace, stream);
+    if constexpr (c.kernel == DecodeKernel::kCpAsync) {
+      if (decode_tile_matches(c, plan, DecodeKernel::kCpAsync))
+        return launch_tile<T, kTile>(plan, p, workspace, stream);
+    }
     return launch_matching<T, kTile + 1>(plan, p, workspace, stream);
   }
 }
@@ -58,6 +69,12 @@ Status launch_matching(const DecodePlan& plan, const DecodeParams& p, void* work
 
 template <typename T>
 Status launch_decode_attention(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
+  switch (plan.kernel) {
+    case DecodeKernel::kTma:
+      return launch_decode_tma<T>(plan, p, workspace, stream);
+    case DecodeKernel::kCpAsync:
+      break;
+  }
   return decode::launch_matching<T>(plan, p, workspace, stream);
 }
 

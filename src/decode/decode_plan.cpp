@@ -7,10 +7,15 @@
 // CTA plus a fixed cost per CTA (the pipeline fill and the merge of the warps, about two
 // tiles), and the merge pass when s > 1; the smallest cost wins, the smaller s on ties. A split holds
 // at least 256 keys (shorter ones are all overhead). split_keys is the model, shared with MLA decode.
+// Kernel: the TMA kernel (kernels/decode_attention_tma.cuh) wherever it can run the call (an sm_90
+// device, a 90a build, page size >= 16 or the contiguous cache, TMA-legal strides), else the cp.async
+// kernel (kernels/decode_attention.cuh); kPreferTma is the one switch. The TMA kernel is built, not
+// yet measured.
 #include "decode/decode_plan.h"
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/device.h"
 #include "common/math.h"
@@ -25,24 +30,78 @@ namespace {
 constexpr SplitCost kSplitCost = {256, 2, 1, 128};
 constexpr int64_t kSmemPerSm = 227 * 1024;  // sm_80 / sm_90 opt-in per SM
 
+// The kernel switch: the TMA kernel wherever it can run the call (false: the cp.async kernel always).
+constexpr bool kPreferTma = true;
+
+// What the TMA kernel needs of the call's layout: page size >= 16 (a box per page of at least 16 rows
+// of 128 bytes: 2 KB per copy; smaller pages keep the cp.async kernel, whose cost does not depend on
+// the page size) or the contiguous cache, 16-byte aligned caches with 16-byte multiples below 2^40
+// bytes as the strides of the dimensions longer than 1 (validation already asks for the alignment).
+std::string tma_layout_unsupported(const DecodeParams& p) {
+  if (p.block_table != nullptr && p.page_size < 16) return "needs a page size of at least 16 or a contiguous cache";
+  auto bad = [](int64_t stride, int64_t extent) {
+    return extent > 1 && (stride <= 0 || (stride * 2) % 16 != 0 || stride * 2 >= (int64_t(1) << 40));
+  };
+  for (int kv = 0; kv < 2; ++kv) {
+    const void* base = kv == 0 ? p.k_cache : p.v_cache;
+    const int64_t st = kv == 0 ? p.k_st : p.v_st, sh = kv == 0 ? p.k_sh : p.v_sh, sp = kv == 0 ? p.k_sp : p.v_sp;
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || bad(st, p.page_size) || bad(sh, p.heads_kv) || bad(sp, p.pages))
+      return "needs the caches 16-byte aligned with strides of 16-byte multiples below 2^40 bytes";
+  }
+  return "";
+}
+
+// The tile's plan with the key split of the cost model.
+DecodePlan tile_plan(const DecodeTile& c, const DecodeParams& p, const DeviceInfo& dev) {
+  DecodePlan plan;
+  plan.kernel = c.kernel;
+  plan.head_dim = c.head_dim;
+  plan.rows = c.rows;
+  plan.warps = c.warps;
+  plan.block_n = 16 * c.warps;
+  plan.stages = c.stages;
+  const int64_t sms = dev.sm_count > 0 ? dev.sm_count : 1;
+  const int64_t smem = decode_tile_smem_bytes(c);
+  int64_t resident = kSmemPerSm / (smem + 1024);  // 1 KB per CTA reserved by the hardware
+  resident = resident > c.ctas_per_sm ? c.ctas_per_sm : resident;
+  resident = resident < 1 ? 1 : resident;
+  const int64_t slots = sms * resident;
+  const int64_t base = int64_t(p.batch) * p.heads_kv * decode_row_tiles(plan, p);
+  plan.splits = split_keys(base, slots, p.max_seq_len > 0 ? p.max_seq_len : 1, plan.block_n, kSplitCost);
+  return plan;
+}
+
+int64_t smem_limit_of(const DeviceInfo& dev) {
+  return dev.capability > 0 ? mla_smem_limit(dev.capability) : kSmemPerSm;
+}
+
 }  // namespace
 
 std::string to_string(const DecodePlan& plan) {
-  return "decode d=" + std::to_string(plan.head_dim) + " rows=" + std::to_string(plan.rows) +
-         " tile=" + std::to_string(plan.block_n) + " warps=" + std::to_string(plan.warps) +
-         " stages=" + std::to_string(plan.stages) + " splits=" + std::to_string(plan.splits);
+  const bool tma = plan.kernel == DecodeKernel::kTma;
+  return std::string(tma ? "decode_tma" : "decode") + " d=" + std::to_string(plan.head_dim) +
+         " rows=" + std::to_string(plan.rows) + " tile=" + std::to_string(plan.block_n) +
+         " warps=" + std::to_string(plan.warps) + (tma ? "+1" : "") + " stages=" + std::to_string(plan.stages) +
+         " splits=" + std::to_string(plan.splits);
 }
 
-DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
-  DecodePlan plan;
-  const int64_t sms = dev.sm_count > 0 ? dev.sm_count : 1;
+std::string decode_tma_unsupported(const DecodeParams& p, const DeviceInfo& dev, bool tma_built) {
+  if (dev.capability != 90) return "needs an sm_90 device";
+  if (!tma_built) return "is not in this build (KF_CUDA_ARCHS without 90a-real)";
+  return tma_layout_unsupported(p);
+}
+
+DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built) {
+  const DecodeKernel kernel =
+      kPreferTma && decode_tma_unsupported(p, dev, tma_built).empty() ? DecodeKernel::kTma : DecodeKernel::kCpAsync;
   // The row: 16 rows, or 32 when group * Lq needs them and the head dim has a 32-row tile.
   const DecodeTile* pick = nullptr;
   for (const DecodeTile& c : kDecodeTiles) {
-    if (c.head_dim != p.head_dim || c.use != DecodeTileUse::kDefault) continue;
+    if (c.kernel != kernel || c.head_dim != p.head_dim || c.use != DecodeTileUse::kDefault) continue;
     if (pick == nullptr || (pick->rows < p.rows && c.rows > pick->rows)) pick = &c;
   }
   if (pick == nullptr) {  // no kernel for this head dim: check_decode_plan says so
+    DecodePlan plan;
     plan.head_dim = p.head_dim;
     return plan;
   }
@@ -55,7 +114,9 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
   // lets three CTAs share an SM, and every row is its own scattered 256-byte read, so more rows in
   // flight per SM beat a deeper ring. "Few pairs": at most a quarter of the SMs (b1-b4 at 8 kv heads
   // on 132 SMs); a small grid wins over page size 1 (its latency is the larger cost; not measured
-  // together).
+  // together). The TMA kernel takes the same uses (its small-grid tile: 8 + 1 warps, not measured;
+  // page size 1 never reaches it).
+  const int64_t sms = dev.sm_count > 0 ? dev.sm_count : 1;
   const int64_t pairs = int64_t(p.batch) * p.heads_kv;
   DecodeTileUse use = DecodeTileUse::kDefault;
   if (pairs * 4 <= sms)
@@ -63,25 +124,22 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev) {
   else if (p.block_table != nullptr && p.page_size == 1)
     use = DecodeTileUse::kPage1;
   // (only where the device's opt-in shared memory per block holds it: 140 KB is more than sm_86 / sm_89 give)
-  const int64_t smem_limit = dev.capability > 0 ? mla_smem_limit(dev.capability) : kSmemPerSm;
+  const int64_t smem_limit = smem_limit_of(dev);
   for (const DecodeTile& c : kDecodeTiles)
-    if (use != DecodeTileUse::kDefault && c.use == use && c.head_dim == pick->head_dim && c.rows == pick->rows &&
-        decode_smem_bytes(c.head_dim, c.rows, c.warps, c.stages) <= smem_limit)
+    if (use != DecodeTileUse::kDefault && c.use == use && c.kernel == kernel && c.head_dim == pick->head_dim &&
+        c.rows == pick->rows && decode_tile_smem_bytes(c) <= smem_limit)
       pick = &c;
-  plan.head_dim = pick->head_dim;
-  plan.rows = pick->rows;
-  plan.warps = pick->warps;
-  plan.block_n = 16 * pick->warps;
-  plan.stages = pick->stages;
+  return tile_plan(*pick, p, dev);
+}
 
-  const int64_t smem = decode_smem_bytes(plan.head_dim, plan.rows, plan.warps, plan.stages);
-  int64_t resident = kSmemPerSm / (smem + 1024);  // 1 KB per CTA reserved by the hardware
-  resident = resident > pick->ctas_per_sm ? pick->ctas_per_sm : resident;
-  resident = resident < 1 ? 1 : resident;
-  const int64_t slots = sms * resident;
-  const int64_t base = pairs * decode_row_tiles(plan, p);
-  plan.splits = split_keys(base, slots, p.max_seq_len > 0 ? p.max_seq_len : 1, plan.block_n, kSplitCost);
-  return plan;
+std::vector<DecodePlan> decode_candidate_plans(const DecodeParams& p, const DeviceInfo& dev, bool tma_built) {
+  const bool tma = decode_tma_unsupported(p, dev, tma_built).empty();
+  std::vector<DecodePlan> plans;
+  for (const DecodeTile& c : kDecodeTiles)
+    if (c.head_dim == p.head_dim && (c.kernel == DecodeKernel::kCpAsync || tma) &&
+        decode_tile_smem_bytes(c) <= smem_limit_of(dev))
+      plans.push_back(tile_plan(c, p, dev));
+  return plans;
 }
 
 int split_keys(int64_t base_ctas, int64_t slots, int64_t keys, int64_t block_n, const SplitCost& cost) {
@@ -104,9 +162,13 @@ Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p) {
                            std::to_string(p.head_dim));
   bool built = false;
   for (const DecodeTile& c : kDecodeTiles)
-    built = built || (c.head_dim == plan.head_dim && c.rows == plan.rows && c.warps == plan.warps &&
-                      c.stages == plan.stages && plan.block_n == 16 * c.warps);
+    built = built || (c.kernel == plan.kernel && c.head_dim == plan.head_dim && c.rows == plan.rows &&
+                      c.warps == plan.warps && c.stages == plan.stages && plan.block_n == 16 * c.warps);
   if (!built) return Status::Invalid(where + ": no such kernel is built");
+  if (plan.kernel == DecodeKernel::kTma) {  // the device and the build: the launcher (the kernel's image)
+    const std::string why = tma_layout_unsupported(p);
+    if (!why.empty()) return Status::NotSupported(where + ": the TMA kernel " + why);
+  }
   if (plan.splits < 1 || plan.splits > 65535) return Status::Invalid(where + ": splits must be 1 to 65535");
   if (int64_t(decode_row_tiles(plan, p)) * p.heads_kv > 65535)
     return Status::Invalid(where + ": kv heads x row tiles (" + std::to_string(decode_row_tiles(plan, p)) + " x " +

@@ -1,18 +1,25 @@
 // The decode attention planner's interface (decode_plan.cpp): host code only, unit-tested without a
-// GPU. plan_decode picks the kDecodeTiles row and the key split; check_decode_plan refuses plans no
-// kernel is built for; decode_workspace_bytes sizes the split workspace and decode_workspace lays it
-// out.
+// GPU. plan_decode picks the kernel, the kDecodeTiles row and the key split; decode_candidate_plans
+// lists every built tile that can run the call (tests and dev/ sweeps run each); check_decode_plan
+// refuses plans no kernel is built for; decode_workspace_bytes sizes the split workspace and
+// decode_workspace lays it out.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "decode/decode_problem.h"
 
 namespace kernelforge {
 
 struct DeviceInfo;
-DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev);
+// `tma_built`: the build holds an sm_90a image of the TMA kernel (decode_tma_built()).
+DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
+std::vector<DecodePlan> decode_candidate_plans(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
+// Why the TMA kernel cannot run the call on `dev`, or an empty string.
+std::string decode_tma_unsupported(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
 Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p);
 size_t decode_workspace_bytes(const DecodePlan& plan, const DecodeParams& p);
 // Row tiles per (sequence, kv head): ceil(rows / plan.rows).
@@ -32,5 +39,9 @@ struct DecodeWorkspace {
   float* lse = nullptr;
 };
 DecodeWorkspace decode_workspace(const DecodePlan& plan, const DecodeParams& p, void* workspace);
+
+// Whether the current device runs an image of the TMA kernel (an sm_90 device and a 90a-real build);
+// defined with the kernels (decode_tma_bf16.cu), needs the CUDA runtime.
+bool decode_tma_built();
 
 }  // namespace kernelforge

@@ -1,16 +1,19 @@
 // The decode family on the GPU against the float64 reference (kernelforge::ref::decode_attention,
 // ref::kv_append), plus the planner and the argument checks.
 //
-// Every GPU case draws q, k in [-2, 2) and v in [-1, 1), fills the pages no sequence uses with NaN
-// (a read of one would poison the output), shuffles the block table, and runs the planner's plan and
-// then every built tile of its head dim with the key split forced to 1, 3 and 16, each on outputs
-// poisoned with NaN, all on one workspace zeroed once: after every call the split merge's counters
-// must be zero again. Cases cover page sizes 1, 16, 64 and the contiguous cache (with a padded head
-// stride, as transformers' static cache gives), ragged lengths with 0, 1, 7 and 4097, q_len 1 to 8,
+// Every GPU case draws q, k in [-2, 2) and v in [-1, 1), fills the pages no sequence uses, the rows
+// past each length and the rows no query may see (before key_starts, before every row's window) with
+// NaN (a read of one would poison the output), shuffles the block table, and runs the planner's plan
+// and then every candidate tile of its head dim (decode_candidate_plans: the cp.async tiles, and the
+// TMA tiles on an sm_90 device with a 90a build where the call allows them) with the key split forced
+// to 1, 3 and 16, each on outputs poisoned with NaN, all on one workspace zeroed once: after every call
+// the split merge's counters must be zero again. Cases cover page sizes 1, 16, 64, 128 and the
+// contiguous cache (with a padded head stride, as transformers' static cache gives), ragged lengths
+// with 0, 1, 7 and 4097, q_len 1 to 8,
 // GQA groups 1, 4, 7, 8, 16, head dims 64, 128, 256, window, softcap, sinks (float32 and q's dtype),
-// lengths beyond the capacity and block-table entries outside the cache (clamped / read as zeros,
-// as the reference does), batch 1 at 32k keys split up to 128 ways, and a split call captured into a
-// CUDA graph and replayed.
+// lengths beyond the capacity and block-table entries outside the cache, past it and negative
+// (clamped / read as zeros, as the reference does), batch 1 at 32k keys split up to 128 ways, and a split call captured
+// into a CUDA graph and replayed.
 //
 // Tolerance (u: 2^-8 bfloat16, 2^-11 float16; |v| < 1): out is a convex combination of v rows with
 // P rounded to the dtype before P V (at most 2u) and rounded once more (u |out|); float32 logits
@@ -55,7 +58,8 @@ struct DecodeCase {
   float softcap = 0.0f;
   Sinks sinks = Sinks::kNone;
   bool lse = true;
-  int64_t bad_page_seq = -1;      // this sequence's first block-table entry points outside the cache
+  int64_t bad_page_seq = -1;      // this sequence's first block-table entry points outside the cache:
+  int32_t bad_page_entry = 3;     // to P + bad_page_entry when >= 0, else to bad_page_entry
   int64_t max_pages = 0;          // block-table columns (0: enough for the longest sequence)
   std::vector<int> extra_splits;  // forced split counts beyond 1, 3 and 16
   int replays = 0;                // > 0: the split call captured into a CUDA graph, replayed this often
@@ -94,21 +98,24 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   return s;
 }
 
-// The plans a GPU case runs: the planner's, then every built tile of its head dim (the 16- and 32-row
-// tiles, the default, small-grid and page-1 tiles) with the keys unsplit and split 3 and 16 ways (and
-// `extra` ways): the unsplit path and the fused split merge of each tile, whatever the planner picks.
-std::vector<DecodePlan> candidate_plans(const DecodePlan& planned, const std::vector<int>& extra) {
+// The plans a GPU case runs: the planner's, then every candidate tile of its head dim (the cp.async
+// kernel's 16- and 32-row, default, small-grid and page-1 tiles, and the TMA kernel's where the device,
+// the build and the call allow it) with the keys unsplit and split 3 and 16 ways (and `extra` ways):
+// the unsplit path and the fused split merge of each tile, whatever the planner picks.
+std::vector<DecodePlan> candidate_plans(const DecodePlan& planned, const kf::DecodeParams& params,
+                                        const std::vector<int>& extra) {
   std::vector<DecodePlan> v = {planned};
+  int device = 0;
+  const kf::DeviceInfo* dev = nullptr;
+  if (!kf::current_device_info(&device, &dev).ok()) return v;
+  const bool tma_built = dev->capability == 90 && kf::decode_tma_built();
   std::vector<int> splits = {1, 3, 16};
   splits.insert(splits.end(), extra.begin(), extra.end());
-  for (const kf::DecodeTile& c : kf::kDecodeTiles) {
-    if (c.head_dim != planned.head_dim) continue;
+  for (DecodePlan p : kf::decode_candidate_plans(params, *dev, tma_built))
     for (int s : splits) {
-      DecodePlan p = planned;
-      p.rows = c.rows, p.warps = c.warps, p.block_n = 16 * c.warps, p.stages = c.stages, p.splits = s;
+      p.splits = s;
       v.push_back(p);
     }
-  }
   return v;
 }
 
@@ -150,10 +157,15 @@ TEST_P(DecodeGpu, MatchesReference) {
   for (int64_t i = P - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % uint64_t(i + 1)]);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < max_pages; ++j) bt[b * max_pages + j] = perm[b * max_pages + j];
-  if (c.bad_page_seq >= 0) bt[c.bad_page_seq * max_pages] = int32_t(P + 3);
+  if (c.bad_page_seq >= 0)
+    bt[c.bad_page_seq * max_pages] = c.bad_page_entry >= 0 ? int32_t(P + c.bad_page_entry) : c.bad_page_entry;
   const int64_t capacity = paged ? max_pages * page : page;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < std::min(c.lens[b], capacity); ++j) {
+  for (int64_t b = 0; b < B; ++b) {
+    // keys no query row sees stay NaN: before key_starts, and before the window of the first new token
+    const int64_t n = std::max<int64_t>(0, std::min(c.lens[b], capacity));
+    int64_t first = c.starts.empty() ? 0 : std::max<int64_t>(0, c.starts[size_t(b)]);
+    if (c.wl >= 0) first = std::max(first, n - c.Lq - c.wl);
+    for (int64_t j = first; j < n; ++j) {
       const int64_t pg = paged ? bt[b * max_pages + j / page] : b;
       if (pg < 0 || pg >= P) continue;
       for (int64_t h = 0; h < Hkv; ++h)
@@ -163,6 +175,7 @@ TEST_P(DecodeGpu, MatchesReference) {
           vh[o] = round_to(c.dtype, rng.uniform(-1.0, 1.0));
         }
     }
+  }
   HostTensor kc(c.dtype, {celems}), vc(c.dtype, {celems});
   for (int64_t i = 0; i < celems; ++i) kc.set(i, kh[i]), vc.set(i, vh[i]);
   HostTensor q = random_tensor(c.dtype, {B, Lq, Hq, D}, rng);
@@ -219,7 +232,7 @@ TEST_P(DecodeGpu, MatchesReference) {
   call.t = t;
   call.opts = o;
   KF_ASSERT_OK(kf::validate_decode(call, &params, &dt));
-  const std::vector<DecodePlan> plans = candidate_plans(plan, c.extra_splits);
+  const std::vector<DecodePlan> plans = candidate_plans(plan, params, c.extra_splits);
   // One workspace for every plan, zeroed once: the merge counters sit at its head for every plan of
   // these B and Hkv, and each call must leave them zero for the next (decode.h).
   size_t ws_bytes = 16;
@@ -296,7 +309,7 @@ std::vector<DecodeCase> decode_cases() {
   }
   DecodeCase c;
   c.lens = {777, 33, 2000};
-  for (int64_t pg : {1, 64, 0}) {
+  for (int64_t pg : {1, 64, 128, 0}) {  // 128: two TMA tiles of 64 keys per page
     c.page = pg;
     c.name = "page" + std::to_string(pg);
     add(c);
@@ -330,6 +343,8 @@ std::vector<DecodeCase> decode_cases() {
   c.page = 16, c.max_pages = 8, c.name = "lengths_out_of_range";
   add(c);
   c.max_pages = 0, c.bad_page_seq = 0, c.lens = {100, 40, 60}, c.name = "page_out_of_range";
+  add(c);
+  c.bad_page_seq = 1, c.bad_page_entry = -7, c.name = "page_negative";
   add(c);
   c = DecodeCase{};
   c.lse = false, c.lens = {2048}, c.name = "nolse_b1";
@@ -398,22 +413,33 @@ kf::DecodeParams params_for(int64_t B, int64_t Lq, int64_t Hq, int64_t Hkv, int6
   return p;
 }
 
+// A paged (or, page_size = the length and no table, contiguous) [pages, page_size, Hkv, D] cache with
+// its contiguous strides, as TMA can address it.
+kf::DecodeParams tma_paged(kf::DecodeParams p, int32_t page_size) {
+  static const int32_t table = 0;  // never read by the planner: only "paged or not"
+  p.block_table = &table, p.page_size = page_size, p.pages = 64;
+  p.k_st = p.v_st = int64_t(p.heads_kv) * p.head_dim;
+  p.k_sh = p.v_sh = p.head_dim;
+  p.k_sp = p.v_sp = int64_t(page_size) * p.heads_kv * p.head_dim;
+  return p;
+}
+
 TEST(DecodePlan, SplitsFillTheGpu) {
   kf::DeviceInfo h100;
   h100.sm_count = 132, h100.capability = 90;
   // batch 1, 8 kv heads, 8k keys: 8 CTAs unsplit; the split fills the SMs with >= 256 keys each
-  const DecodePlan b1 = kf::plan_decode(params_for(1, 1, 32, 8, 128, 8192), h100);
+  const DecodePlan b1 = kf::plan_decode(params_for(1, 1, 32, 8, 128, 8192), h100, false);
   EXPECT_EQ(b1.rows, 16);
   EXPECT_GE(b1.splits, 16);
   EXPECT_LE(b1.splits, 32);
   // batch 64 x 8 kv heads = 512 CTAs: already two waves, no split
-  EXPECT_EQ(kf::plan_decode(params_for(64, 1, 32, 8, 128, 2048), h100).splits, 1);
+  EXPECT_EQ(kf::plan_decode(params_for(64, 1, 32, 8, 128, 2048), h100, false).splits, 1);
   // short sequences are not split below 256 keys
-  EXPECT_EQ(kf::plan_decode(params_for(1, 1, 32, 8, 128, 200), h100).splits, 1);
+  EXPECT_EQ(kf::plan_decode(params_for(1, 1, 32, 8, 128, 200), h100, false).splits, 1);
   // 32 rows when group x q_len > 16; d256 has only the 16-row tile
-  EXPECT_EQ(kf::plan_decode(params_for(4, 4, 32, 4, 128, 1024), h100).rows, 32);
-  EXPECT_EQ(kf::plan_decode(params_for(4, 4, 32, 4, 256, 1024), h100).rows, 16);
-  const DecodePlan p = kf::plan_decode(params_for(2, 1, 16, 2, 64, 4096), h100);
+  EXPECT_EQ(kf::plan_decode(params_for(4, 4, 32, 4, 128, 1024), h100, false).rows, 32);
+  EXPECT_EQ(kf::plan_decode(params_for(4, 4, 32, 4, 256, 1024), h100, false).rows, 16);
+  const DecodePlan p = kf::plan_decode(params_for(2, 1, 16, 2, 64, 4096), h100, false);
   EXPECT_TRUE(kf::check_decode_plan(p, params_for(2, 1, 16, 2, 64, 4096)).ok());
   EXPECT_EQ(kf::to_string(p).rfind("decode d=64 rows=16 tile=64 warps=4 stages=4 splits=", 0), 0u) << kf::to_string(p);
   DecodePlan bad = p;
@@ -438,38 +464,131 @@ TEST(DecodePlan, TileByShape) {
   };
   // b1 x kv8k, GQA 32/8, d128: 8 (sequence, kv head) pairs on 132 SMs -> 8 warps x 2 stages, split
   // into one wave of 128-key-stage CTAs (one per SM)
-  const DecodePlan b1 = kf::plan_decode(paged(params_for(1, 1, 32, 8, 128, 8192), 16), h100);
+  const DecodePlan b1 = kf::plan_decode(paged(params_for(1, 1, 32, 8, 128, 8192), 16), h100, false);
   EXPECT_EQ(tile(b1), "warps=8 stages=2 rows=16") << kf::to_string(b1);
   EXPECT_EQ(b1.block_n, 128);
   EXPECT_EQ(b1.splits, 16);
   EXPECT_EQ(kf::to_string(b1), "decode d=128 rows=16 tile=128 warps=8 stages=2 splits=16");
   // b4 x 8 kv heads = 32 pairs <= 132 / 4: still small; b8 (64 pairs): the default
-  EXPECT_EQ(tile(kf::plan_decode(params_for(4, 1, 32, 8, 128, 8192), h100)), "warps=8 stages=2 rows=16");
-  EXPECT_EQ(tile(kf::plan_decode(params_for(8, 1, 32, 8, 128, 8192), h100)), "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(4, 1, 32, 8, 128, 8192), h100, false)), "warps=8 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(8, 1, 32, 8, 128, 8192), h100, false)), "warps=4 stages=3 rows=16");
   // b16 x kv4k and b64 x kv2k, page 16: 4 warps x 3 stages
-  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(16, 1, 32, 8, 128, 4096), 16), h100)), "warps=4 stages=3 rows=16");
-  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(64, 1, 32, 8, 128, 2048), 16), h100)), "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(16, 1, 32, 8, 128, 4096), 16), h100, false)),
+            "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(64, 1, 32, 8, 128, 2048), 16), h100, false)),
+            "warps=4 stages=3 rows=16");
   // page size 1 at b16: 4 warps x 2 stages (three CTAs per SM); the contiguous cache keeps the default
   const kf::DecodeParams p1 = paged(params_for(16, 1, 32, 8, 128, 4096), 1);
-  EXPECT_EQ(tile(kf::plan_decode(p1, h100)), "warps=4 stages=2 rows=16");
-  EXPECT_EQ(tile(kf::plan_decode(params_for(16, 1, 32, 8, 128, 4096), h100)), "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(p1, h100, false)), "warps=4 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(16, 1, 32, 8, 128, 4096), h100, false)), "warps=4 stages=3 rows=16");
   // page size 1 at b1: the small grid wins
-  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(1, 1, 32, 8, 128, 8192), 1), h100)), "warps=8 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(1, 1, 32, 8, 128, 8192), 1), h100, false)),
+            "warps=8 stages=2 rows=16");
   // 32 rows (Lq 4 x group 8) and the other head dims keep their default tiles at b1
-  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 4, 32, 4, 128, 8192), h100)), "warps=4 stages=3 rows=32");
-  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 1, 32, 8, 64, 8192), h100)), "warps=4 stages=4 rows=16");
-  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(16, 1, 32, 8, 256, 4096), 1), h100)), "warps=4 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 4, 32, 4, 128, 8192), h100, false)), "warps=4 stages=3 rows=32");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 1, 32, 8, 64, 8192), h100, false)), "warps=4 stages=4 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(paged(params_for(16, 1, 32, 8, 256, 4096), 1), h100, false)),
+            "warps=4 stages=2 rows=16");
   // sm_89 (99 KB per block): no 140 KB small-grid tile; the 72 KB page-1 tile fits
   kf::DeviceInfo l40 = h100;
   l40.capability = 89;
-  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 1, 32, 8, 128, 8192), l40)), "warps=4 stages=3 rows=16");
-  EXPECT_EQ(tile(kf::plan_decode(p1, l40)), "warps=4 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(params_for(1, 1, 32, 8, 128, 8192), l40, false)), "warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(p1, l40, false)), "warps=4 stages=2 rows=16");
   // every table row is a plan check_decode_plan accepts (a kernel is built for it)
   for (const kf::DecodeTile& c : kf::kDecodeTiles) {
     DecodePlan p;
+    p.kernel = c.kernel;
     p.head_dim = c.head_dim, p.rows = c.rows, p.warps = c.warps, p.block_n = 16 * c.warps, p.stages = c.stages;
-    EXPECT_TRUE(kf::check_decode_plan(p, params_for(2, 1, 16, 2, c.head_dim, 4096)).ok()) << kf::to_string(p);
+    EXPECT_TRUE(kf::check_decode_plan(p, tma_paged(params_for(2, 1, 16, 2, c.head_dim, 4096), 16)).ok())
+        << kf::to_string(p);
   }
+}
+
+// The TMA kernel: on sm_90 with the 90a image, page size >= 16 or the contiguous cache, TMA-legal
+// strides; the same uses (default, small grid) as the cp.async kernel; everything else keeps cp.async.
+TEST(DecodePlan, TmaKernelChoice) {
+  kf::DeviceInfo h100;
+  h100.sm_count = 132, h100.capability = 90;
+  auto tile = [](const DecodePlan& p) {
+    return std::string(p.kernel == kf::DecodeKernel::kTma ? "tma " : "cp.async ") + "warps=" + std::to_string(p.warps) +
+           " stages=" + std::to_string(p.stages) + " rows=" + std::to_string(p.rows);
+  };
+  const kf::DecodeParams b16 = tma_paged(params_for(16, 1, 32, 8, 128, 4096), 16);
+  const DecodePlan p16 = kf::plan_decode(b16, h100, true);
+  EXPECT_EQ(tile(p16), "tma warps=4 stages=3 rows=16");
+  EXPECT_EQ(kf::to_string(p16).rfind("decode_tma d=128 rows=16 tile=64 warps=4+1 stages=3 splits=", 0), 0u)
+      << kf::to_string(p16);
+  EXPECT_TRUE(kf::check_decode_plan(p16, b16).ok());
+  EXPECT_TRUE(kf::decode_tma_unsupported(b16, h100, true).empty());
+  // no 90a image, or not sm_90: cp.async
+  EXPECT_EQ(tile(kf::plan_decode(b16, h100, false)), "cp.async warps=4 stages=3 rows=16");
+  kf::DeviceInfo a100 = h100;
+  a100.capability = 80;
+  EXPECT_EQ(tile(kf::plan_decode(b16, a100, true)), "cp.async warps=4 stages=3 rows=16");
+  EXPECT_EQ(kf::decode_tma_unsupported(b16, a100, true), "needs an sm_90 device");
+  // page sizes below 16: cp.async (page size 1: its page-1 tile)
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 128, 4096), 1), h100, true)),
+            "cp.async warps=4 stages=2 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 128, 4096), 8), h100, true)),
+            "cp.async warps=4 stages=3 rows=16");
+  // page sizes 64 and 128 (boxes of 64 rows), the contiguous cache (page b, the cache length as page size)
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 128, 4096), 64), h100, true)),
+            "tma warps=4 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 128, 4096), 128), h100, true)),
+            "tma warps=4 stages=3 rows=16");
+  kf::DecodeParams contiguous = tma_paged(params_for(16, 1, 32, 8, 128, 4096), 4096);
+  contiguous.block_table = nullptr;
+  EXPECT_EQ(tile(kf::plan_decode(contiguous, h100, true)), "tma warps=4 stages=3 rows=16");
+  // strides TMA cannot address: a row stride of 24 bytes; a zero head stride (broadcast)
+  kf::DecodeParams odd = b16;
+  odd.v_st = 12;
+  EXPECT_EQ(tile(kf::plan_decode(odd, h100, true)), "cp.async warps=4 stages=3 rows=16");
+  EXPECT_FALSE(kf::decode_tma_unsupported(odd, h100, true).empty());
+  odd = b16;
+  odd.k_sh = 0;
+  EXPECT_EQ(tile(kf::plan_decode(odd, h100, true)), "cp.async warps=4 stages=3 rows=16");
+  // the uses and the other head dims: small grid (b1), 32 rows (1 CTA per SM, 6 stages), d64, d256
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(1, 1, 32, 8, 128, 8192), 16), h100, true)),
+            "tma warps=8 stages=3 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 4, 32, 4, 128, 4096), 16), h100, true)),
+            "tma warps=4 stages=6 rows=32");
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 64, 4096), 16), h100, true)),
+            "tma warps=4 stages=6 rows=16");
+  EXPECT_EQ(tile(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 256, 4096), 16), h100, true)),
+            "tma warps=4 stages=3 rows=16");
+  // a TMA plan for a call it cannot run is refused
+  DecodePlan bad = p16;
+  const kf::Status st = kf::check_decode_plan(bad, tma_paged(params_for(16, 1, 32, 8, 128, 4096), 1));
+  EXPECT_EQ(st.code(), kf::StatusCode::kNotSupported) << st.message();
+  EXPECT_NE(st.message().find("page size of at least 16"), std::string::npos) << st.message();
+  bad.stages = 4;
+  KF_EXPECT_INVALID(kf::check_decode_plan(bad, b16), "no such kernel");
+}
+
+// Candidates: every built tile of the head dim the call can run, the planner's among them.
+TEST(DecodePlan, CandidatePlans) {
+  kf::DeviceInfo h100;
+  h100.sm_count = 132, h100.capability = 90;
+  auto count = [](const std::vector<DecodePlan>& v, kf::DecodeKernel k) {
+    return std::count_if(v.begin(), v.end(), [&](const DecodePlan& p) { return p.kernel == k; });
+  };
+  const kf::DecodeParams b16 = tma_paged(params_for(16, 1, 32, 8, 128, 4096), 16);
+  const std::vector<DecodePlan> all = kf::decode_candidate_plans(b16, h100, true);
+  EXPECT_EQ(count(all, kf::DecodeKernel::kCpAsync), 4);  // d128: 4 x 3 (16, 32 rows), 8 x 2, 4 x 2
+  EXPECT_EQ(count(all, kf::DecodeKernel::kTma), 3);      // d128: 4 x 3, 4 x 6 (32 rows), 8 x 3
+  const DecodePlan planned = kf::plan_decode(b16, h100, true);
+  EXPECT_TRUE(std::any_of(all.begin(), all.end(),
+                          [&](const DecodePlan& p) { return kf::to_string(p) == kf::to_string(planned); }));
+  for (const DecodePlan& p : all) EXPECT_TRUE(kf::check_decode_plan(p, b16).ok()) << kf::to_string(p);
+  EXPECT_EQ(count(kf::decode_candidate_plans(b16, h100, false), kf::DecodeKernel::kTma), 0);
+  const kf::DecodeParams page1 = tma_paged(params_for(16, 1, 32, 8, 128, 4096), 1);
+  EXPECT_EQ(count(kf::decode_candidate_plans(page1, h100, true), kf::DecodeKernel::kTma), 0);
+  // sm_89 (99 KB per block): no TMA, and only the cp.async tiles that fit
+  kf::DeviceInfo l40 = h100;
+  l40.capability = 89;
+  const std::vector<DecodePlan> small = kf::decode_candidate_plans(b16, l40, true);
+  EXPECT_EQ(count(small, kf::DecodeKernel::kTma), 0);
+  EXPECT_EQ(count(small, kf::DecodeKernel::kCpAsync), 1);  // 4 x 2 (72 KB); 4 x 3 is 106 / 110 KB
 }
 
 TEST(DecodePlan, WorkspaceLayout) {
