@@ -40,6 +40,8 @@ bool empty(const DecodeParams& p) { return p.batch == 0 || p.heads_q == 0; }
 
 // The TMA kernel's image runs on this device (asked only of sm_90 devices).
 bool tma_built(const DeviceInfo& dev) { return dev.capability == 90 && decode_tma_built(); }
+// What the calls' planner may pick (decode_plan.h: kDecodeTmaByDefault).
+bool tma_default(const DeviceInfo& dev) { return kDecodeTmaByDefault && tma_built(dev); }
 
 Status launch(const DecodePlan& plan, const DecodeCall& c, const Prepared& w, void* workspace, cudaStream_t stream) {
   return dispatch_dtype(w.dtype, c.name, [&](auto tag) -> Status {
@@ -81,7 +83,7 @@ Status decode_attention_plan(const DecodeTensors& t, const DecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("decode_attention_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_decode(w.p, *w.dev, tma_built(*w.dev));
+  *plan = plan_decode(w.p, *w.dev, tma_default(*w.dev));
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
@@ -116,7 +118,7 @@ Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const DecodePlan plan = plan_decode(w.p, *w.dev, tma_built(*w.dev));
+  const DecodePlan plan = plan_decode(w.p, *w.dev, tma_default(*w.dev));
   if (!(s = check_decode_plan(plan, w.p)).ok()) return s;
   const size_t need = decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query

@@ -9,7 +9,7 @@
 // at least 256 keys (shorter ones are all overhead). split_keys is the model, shared with MLA decode.
 // Kernel: the TMA kernel (kernels/decode_attention_tma.cuh) wherever it can run the call (an sm_90
 // device, a 90a build, page size >= 16 or the contiguous cache, TMA-legal strides), else the cp.async
-// kernel (kernels/decode_attention.cuh); kPreferTma is the one switch. The TMA kernel is built, not
+// kernel (kernels/decode_attention.cuh); the calls ask for it only when kDecodeTmaByDefault is set (decode_plan.h). The TMA kernel is built, not
 // yet measured.
 #include "decode/decode_plan.h"
 
@@ -30,8 +30,6 @@ namespace {
 constexpr SplitCost kSplitCost = {256, 2, 1, 128};
 constexpr int64_t kSmemPerSm = 227 * 1024;  // sm_80 / sm_90 opt-in per SM
 
-// The kernel switch: the TMA kernel wherever it can run the call (false: the cp.async kernel always).
-constexpr bool kPreferTma = true;
 
 // What the TMA kernel needs of the call's layout: page size >= 16 (a box per page of at least 16 rows
 // of 128 bytes: 2 KB per copy; smaller pages keep the cp.async kernel, whose cost does not depend on
@@ -93,7 +91,7 @@ std::string decode_tma_unsupported(const DecodeParams& p, const DeviceInfo& dev,
 
 DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built) {
   const DecodeKernel kernel =
-      kPreferTma && decode_tma_unsupported(p, dev, tma_built).empty() ? DecodeKernel::kTma : DecodeKernel::kCpAsync;
+      decode_tma_unsupported(p, dev, tma_built).empty() ? DecodeKernel::kTma : DecodeKernel::kCpAsync;
   // The row: 16 rows, or 32 when group * Lq needs them and the head dim has a 32-row tile.
   const DecodeTile* pick = nullptr;
   for (const DecodeTile& c : kDecodeTiles) {

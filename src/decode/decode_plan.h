@@ -17,6 +17,11 @@ namespace kernelforge {
 struct DeviceInfo;
 // `tma_built`: the build holds an sm_90a image of the TMA kernel (decode_tma_built()).
 DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
+
+// decode_attention_plan / decode_attention pass tma_built = kDecodeTmaByDefault && the device and the
+// build have the TMA kernel. false: calls plan the cp.async kernel, and the TMA kernel runs only through
+// explicit plans (decode_candidate_plans, the GPU tests): it has not yet been run on a GPU.
+inline constexpr bool kDecodeTmaByDefault = false;
 std::vector<DecodePlan> decode_candidate_plans(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
 // Why the TMA kernel cannot run the call on `dev`, or an empty string.
 std::string decode_tma_unsupported(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);

@@ -74,7 +74,7 @@ Status mla_decode_plan(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("mla_decode_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_mla_decode(w.p, *w.dev, w.wgmma_image);
+  *plan = plan_mla_decode(w.p, *w.dev, kMlaWgmmaByDefault && w.wgmma_image);
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
@@ -110,7 +110,7 @@ Status mla_decode(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, w.wgmma_image);
+  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, kMlaWgmmaByDefault && w.wgmma_image);
   if (!(s = check_mla_decode_plan(plan, w.p, *w.dev, w.wgmma_image)).ok()) return s;
   const size_t need = mla_decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query

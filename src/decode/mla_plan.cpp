@@ -4,7 +4,7 @@
 //
 // Kernel: the wgmma kernel needs an sm_90 device, the library's sm_90a image of it (mla_wgmma_image),
 // and a cache TMA can read by boxes: pages of at least 16 rows (one box per page of a 64-key tile) or
-// a contiguous cache; strides are 16-byte multiples by validation. kUseMlaWgmma is the one switch.
+// a contiguous cache; strides are 16-byte multiples by validation. The calls ask for it only when kMlaWgmmaByDefault is set (mla_plan.h).
 //
 // Splits: one CTA per (sequence, row tile) reads only its own keys, so a batch-1 call at H = 128 has
 // 2 CTAs on a 132-SM GPU unless the keys are split. For each split count s the model counts the CTA
@@ -23,8 +23,6 @@ namespace kernelforge {
 
 namespace {
 
-// false: every call runs the mma.sync kernel (the wgmma kernel stays reachable through explicit plans).
-constexpr bool kUseMlaWgmma = true;
 
 // mma.sync, 32-key tiles: at least 256 keys (8 tiles) per split; Q tile (72 KB: two tiles) + pipeline
 // fill + epilogue = 4 tiles per CTA; the merge 2.
@@ -75,7 +73,7 @@ MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev) {
 }
 
 MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image) {
-  if (kUseMlaWgmma && mla_wgmma_unsupported(p, dev, wgmma_image).empty()) return mla_wgmma_plan(p, dev);
+  if (mla_wgmma_unsupported(p, dev, wgmma_image).empty()) return mla_wgmma_plan(p, dev);
   MlaDecodePlan plan;
   plan.kernel = MlaKernel::kMmaSync;
   plan.rows = kMlaRows;

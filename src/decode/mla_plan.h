@@ -16,6 +16,11 @@ namespace kernelforge {
 
 struct DeviceInfo;
 MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
+
+// mla_decode_plan / mla_decode pass wgmma_image = kMlaWgmmaByDefault && the device and the build have
+// the wgmma kernel. false: calls plan the mma.sync kernel, and the wgmma kernel runs only through
+// explicit plans (mla_wgmma_plan, the GPU tests): it has not yet been run on a GPU.
+inline constexpr bool kMlaWgmmaByDefault = false;
 Status check_mla_decode_plan(const MlaDecodePlan& plan, const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
 size_t mla_decode_workspace_bytes(const MlaDecodePlan& plan, const DecodeParams& p);
 // Why the wgmma kernel cannot run the call, or an empty string.
