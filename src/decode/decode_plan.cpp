@@ -9,8 +9,8 @@
 // at least 256 keys (shorter ones are all overhead). split_keys is the model, shared with MLA decode.
 // Kernel: the TMA kernel (kernels/decode_attention_tma.cuh) wherever it can run the call (an sm_90
 // device, a 90a build, page size >= 16 or the contiguous cache, TMA-legal strides), else the cp.async
-// kernel (kernels/decode_attention.cuh); the calls ask for it only when kDecodeTmaByDefault is set (decode_plan.h). The TMA kernel is built, not
-// yet measured.
+// kernel (kernels/decode_attention.cuh); the calls ask for it only when kDecodeTmaByDefault is set (decode_plan.h). The
+// TMA kernel is built, not yet measured.
 #include "decode/decode_plan.h"
 
 #include <cstdint>
@@ -29,7 +29,6 @@ namespace {
 // at least 256 keys (4 tiles of 64) per split; pipeline fill + warp merge = 2 tiles per CTA; the merge 1
 constexpr SplitCost kSplitCost = {256, 2, 1, 128};
 constexpr int64_t kSmemPerSm = 227 * 1024;  // sm_80 / sm_90 opt-in per SM
-
 
 // What the TMA kernel needs of the call's layout: page size >= 16 (a box per page of at least 16 rows
 // of 128 bytes: 2 KB per copy; smaller pages keep the cp.async kernel, whose cost does not depend on
