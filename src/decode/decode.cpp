@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -40,8 +41,15 @@ bool empty(const DecodeParams& p) { return p.batch == 0 || p.heads_q == 0; }
 
 // The TMA kernel's image runs on this device (asked only of sm_90 devices).
 bool tma_built(const DeviceInfo& dev) { return dev.capability == 90 && decode_tma_built(); }
-// What the calls' planner may pick (decode_plan.h: kDecodeTmaByDefault).
-bool tma_default(const DeviceInfo& dev) { return kDecodeTmaByDefault && tma_built(dev); }
+// What the calls' planner may pick (decode_plan.h: kDecodeTmaByDefault; KF_DECODE_TMA=1 or 0 overrides it,
+// read once: the bench and the tests time and check either kernel through the public entries).
+bool tma_default(const DeviceInfo& dev) {
+  static const bool on = [] {
+    const char* env = std::getenv("KF_DECODE_TMA");
+    return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kDecodeTmaByDefault;
+  }();
+  return on && tma_built(dev);
+}
 
 Status launch(const DecodePlan& plan, const DecodeCall& c, const Prepared& w, void* workspace, cudaStream_t stream) {
   return dispatch_dtype(w.dtype, c.name, [&](auto tag) -> Status {

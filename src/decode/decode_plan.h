@@ -20,7 +20,8 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_bu
 
 // decode_attention_plan / decode_attention pass tma_built = kDecodeTmaByDefault && the device and the
 // build have the TMA kernel. false: calls plan the cp.async kernel, and the TMA kernel runs only through
-// explicit plans (decode_candidate_plans, the GPU tests): it has not yet been run on a GPU.
+// explicit plans (decode_candidate_plans, the GPU tests): it has not yet been run on a GPU. The
+// environment's KF_DECODE_TMA=1 (or 0) overrides it for the process.
 inline constexpr bool kDecodeTmaByDefault = false;
 std::vector<DecodePlan> decode_candidate_plans(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
 // Why the TMA kernel cannot run the call on `dev`, or an empty string.

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -30,7 +31,8 @@ struct Prepared {
   DecodeParams p;
   DType dtype = DType::kFloat16;
   const DeviceInfo* dev = nullptr;
-  bool wgmma_image = false;  // the library's sm_90a image of the wgmma kernel runs on this device
+  bool wgmma_image = false;    // the library's sm_90a image of the wgmma kernel runs on this device
+  bool wgmma_default = false;  // ... and the calls' planner may pick it
 };
 
 Status prepare(const MlaDecodeCall& c, Prepared* w) {
@@ -41,6 +43,13 @@ Status prepare(const MlaDecodeCall& c, Prepared* w) {
     return Status::NotSupported(std::string(c.name) + ": MLA decode needs sm_80 or later, this GPU is sm_" +
                                 std::to_string(w->dev->capability));
   w->wgmma_image = w->dev->capability == 90 && mla_decode_wgmma_image(w->dtype);
+  // What the calls' planner may pick (mla_plan.h: kMlaWgmmaByDefault; KF_MLA_WGMMA=1 or 0 overrides it,
+  // read once).
+  static const bool on = [] {
+    const char* env = std::getenv("KF_MLA_WGMMA");
+    return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kMlaWgmmaByDefault;
+  }();
+  w->wgmma_default = on && w->wgmma_image;
   return Status::Ok();
 }
 
@@ -74,7 +83,7 @@ Status mla_decode_plan(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("mla_decode_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_mla_decode(w.p, *w.dev, kMlaWgmmaByDefault && w.wgmma_image);
+  *plan = plan_mla_decode(w.p, *w.dev, w.wgmma_default);
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
@@ -110,7 +119,7 @@ Status mla_decode(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, kMlaWgmmaByDefault && w.wgmma_image);
+  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, w.wgmma_default);
   if (!(s = check_mla_decode_plan(plan, w.p, *w.dev, w.wgmma_image)).ok()) return s;
   const size_t need = mla_decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query
