@@ -1,6 +1,6 @@
 """kernelforge.decode_step: the one-token decode step of Llama / Mistral / Qwen2 causal LMs written with
 kernelforge ops, for ``kernelforge.generate`` (``fused_step``). It computes what the transformers forward of
-one token computes on a static cache, with 9 kernels per layer where that forward issues 19 (kf.patch'ed:
+one token computes on a static cache, with 10 kernels per layer (9 with the fused RoPE append) where that forward issues 19 (kf.patch'ed:
 separate q / k / v and gate / up projections, two residual adds, the cache's arange + index_copy pairs and
 length counter) to ~40 (unpatched: RMSNorm and RoPE as elementwise ops too).
 
@@ -8,16 +8,17 @@ Per layer, x the residual stream [B, 1, H] in the model's dtype, d the previous 
 
     h, x  = add_rms_norm(x, d, w_in)                   layer 0: h = rms_norm(embedding(tokens), w_in)
     qkv   = linear(h, W_qkv, b_qkv)                    [B, 1, (Hq + 2 Hkv) D], one GEMM
-    q     = rope_kv_append(q, k, v, cos, sin, K, V, seq_lens)   one launch: q and k rotated at position
-                                                       seq_lens - 1, k and v written as that row of the cache
+    q, k  = apply_rope(q, k, cos, sin, positions)      in place on the views of qkv (positions = seq_lens - 1)
+    kv_append(K, V, k, v, seq_lens)                    the new row at seq_lens - 1 of the static cache
+                                                       (FUSED_ROPE_APPEND: one rope_kv_append launch)
     a     = decode_attention(q, K, V, seq_lens)        [B, 1, Hq, D]
     o     = linear(a, W_o, b_o)
     h, x  = add_rms_norm(x, o, w_post)
     d     = linear(silu_and_mul(linear(h, W_gate_up)), W_down)
     final: h = add_rms_norm(x, d, w_norm)[0]; logits = linear(h, W_lm_head)   [B, V]
 
-Kernels per layer: 2 norms, 4 GEMMs, rope_kv_append, decode_attention (plus the zeroing of its split
-counters when the plan splits the keys), silu_and_mul: 9 (10). Per step besides: the
+Kernels per layer: 2 norms, 4 GEMMs, RoPE, kv_append, decode_attention (plus the zeroing of its split
+counters when the plan splits the keys), silu_and_mul: 10 (11); 9 (10) with FUSED_ROPE_APPEND. Per step besides: the
 embedding, the final norm, the LM head. The bytes are the weights once and the cache's rows once:
 Llama-3.2-1B in bf16 at 576 keys reads 2.47 GB of weights and 16 layers x 2 x 8 heads x 64 x 2 B x 576
 = 19 MB of keys and values per token (0.64 ms at 3.9 TB/s); at ~175 kernels per step, each microsecond
@@ -64,9 +65,14 @@ from . import activation as _act
 from . import decode as _dec
 from . import norm as _norm
 
+from . import rope as _rope
+
 _lin = importlib.import_module(".linear", __package__)  # the module (the package binds the name to the function)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# rope_kv_append (one launch) in place of apply_rope + kv_append (two).
+# False until rope_kv_append's kernel has run on a GPU; the CPU paths of both give the same bits.
+FUSED_ROPE_APPEND = False
 HEAD_DIMS = (64, 128, 256)  # decode_attention's head dims
 
 # model -> DecodeStep: built once per model, rebuilt when its parameters move (a weak dictionary: dies with it)
@@ -323,11 +329,12 @@ class DecodeStep:
                              f"({out[0][0].shape[1]} rows); the step attends to every key it holds")
         return out
 
-    def __call__(self, tokens: torch.Tensor, seq_lens: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The logits [B, V] (model dtype) of tokens (int64 [B, 1]) at positions seq_lens - 1 (seq_lens int32
-        [B]: the keys held after the append), their keys and values appended to ``caches`` (``caches(cache)``)
-        at those rows. No host synchronization, fixed shapes: graph-capturable."""
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+                 caches: list[tuple[torch.Tensor, torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The logits [B, V] (model dtype) of tokens (int64 [B, 1]) at positions (int64 [B, 1], equal to
+        seq_lens - 1: rope_kv_append reads its positions from seq_lens), their keys and values appended to
+        ``caches`` (``caches(cache)``) at those rows (seq_lens int32 [B]: the keys held after the append).
+        No host synchronization, fixed shapes: graph-capturable."""
         lin, D = self.proj_linear, self.head_dim
         B = tokens.shape[0]
         nq, nkv = self.n_q * D, self.n_kv * D
@@ -344,7 +351,11 @@ class DecodeStep:
             else:
                 q, k, v = (lin(h, w, b) for w, b in lay.qkv)
             q, k, v = q.view(B, 1, self.n_q, D), k.view(B, 1, self.n_kv, D), v.view(B, 1, self.n_kv, D)
-            q = _dec.rope_kv_append(q, k, v, cos, sin, K, V, seq_lens)
+            if FUSED_ROPE_APPEND:
+                q = _dec.rope_kv_append(q, k, v, cos, sin, K, V, seq_lens)
+            else:
+                _rope.apply_rope(q, k, cos, sin, position_ids=positions, inplace=True)
+                _dec.kv_append(K, V, k, v, seq_lens)
             a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1])
             o = lin(a.view(B, 1, nq), lay.w_o, lay.b_o)
             h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)

@@ -23,12 +23,12 @@ The loop:
   the end.
 
 The fused decode step (``fused_step=None``, the default, for the models it supports; True requires it):
-``decode_step.DecodeStep`` computes the forward of one token with kernelforge ops, 9 kernels per layer
+``decode_step.DecodeStep`` computes the forward of one token with kernelforge ops, 10 kernels per layer
 where the transformers forward issues 19 (patched) to ~40 (unpatched): rms_norm / add_rms_norm with the
-residual add fused, one GEMM over the concatenated q/k/v weights (+ bias, Qwen2), RoPE fused into the
-cache append (rope_kv_append) from a cos/sin table of the cache's positions computed once by the model's
-rotary module (llama3 / linear / yarn scaling exact), then decode_attention on the prefill's StaticCache
-tensors with an int32 ``seq_lens`` device buffer, the o projection, one GEMM over the concatenated gate/up weights,
+residual add fused, one GEMM over the concatenated q/k/v weights (+ bias, Qwen2), RoPE in place from a
+cos/sin table of the cache's positions computed once by the model's rotary module (llama3 / linear /
+yarn scaling exact), kv_append and decode_attention on the prefill's StaticCache tensors with an int32
+``seq_lens`` device buffer, the o projection, one GEMM over the concatenated gate/up weights,
 silu_and_mul, the down projection; then the final norm and the LM head (``kernelforge.linear``). The
 concatenated weights are built once and the modules' q/k/v and gate/up parameters re-pointed to views
 of them (same values, same memory: the model is unchanged). The prefill stays the model's forward.
@@ -120,7 +120,7 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     model's generation_config); ``ignore_eos=True`` always generates max_new_tokens. ``cuda_graph``:
     capture the decode step into a CUDA graph (CUDA models); False runs the same loop eagerly.
     ``fused_step``: the decode step written with kernelforge ops (``decode_step.DecodeStep``: one q/k/v
-    GEMM, one gate/up GEMM, fused residual norms, RoPE fused into the cache append, 9 kernels per layer) instead of the model's forward;
+    GEMM, one gate/up GEMM, fused residual norms, 10 kernels per layer) instead of the model's forward;
     None uses it when the model is supported (Llama / Mistral / Qwen2, see ``decode_step``) and otherwise
     announces the model's forward (KF_STRICT=1: an error); True requires it (ValueError when unsupported);
     False runs the model's forward; a ``DecodeStep`` of this model runs that one (its linear options).
@@ -387,7 +387,7 @@ def _step(model, loop: _Loop) -> None:
     """One decode step, on fixed buffers only (what the graph records): the fused step, or the model's
     forward."""
     if loop.fused is not None:
-        logits = loop.fused(loop.tokens, loop.seq_lens, loop.kv, *loop.rope)
+        logits = loop.fused(loop.tokens, loop.positions, loop.seq_lens, loop.kv, *loop.rope)
     else:
         logits = _forward(model, loop.tokens, loop.positions, loop.cache)
     _record(loop, _pick(logits, loop.sampler, loop.generator))

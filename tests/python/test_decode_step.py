@@ -110,6 +110,21 @@ def test_greedy_equals_hf_generate(kf, fresh_warnings, fused_calls, arch, varian
     assert torch.equal(hf_generate(model, ids, 12), want)  # the fused model generates as before
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_rope_append_equals_hf_generate(kf, monkeypatch, arch):
+    """FUSED_ROPE_APPEND: RoPE and the cache append as one rope_kv_append launch give HF's tokens too."""
+    import kernelforge.decode_step as ds  # noqa: PLC0415
+
+    monkeypatch.setattr(ds, "FUSED_ROPE_APPEND", True)
+    calls = []
+    real = ds._dec.rope_kv_append
+    monkeypatch.setattr(ds._dec, "rope_kv_append", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model(arch)
+    ids = prompt(2, 7)
+    assert torch.equal(kf.generate(model, ids, 12, fused_step=True), hf_generate(model, ids, 12))
+    assert calls  # the fused launch ran
+
+
 @pytest.mark.parametrize("arch,variant", list(_cases()))
 def test_step_logits_equal_hf_forward(ds, gen, arch, variant):
     """One step at position 9 after a 9-token prefill: logits and the appended cache rows as the HF forward
@@ -127,7 +142,7 @@ def test_step_logits_equal_hf_forward(ds, gen, arch, variant):
         cache = gen._new_cache(model, 16)
         model(input_ids=ids, past_key_values=cache, use_cache=True)
         seq_lens = torch.full((3,), 10, dtype=torch.int32)
-        got = step(nxt, seq_lens, step.caches(cache), *step.rope_table(16))
+        got = step(nxt, torch.full((3, 1), 9), seq_lens, step.caches(cache), *step.rope_table(16))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for a, b in zip(cache.layers, ref.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
