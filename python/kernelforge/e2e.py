@@ -210,6 +210,22 @@ def write_csv(path: str, results: list[dict], device_name: str, torch_version: s
                         f"{r['tok_s']:.1f}" if "tok_s" in r else "", f"{r['floor_ms']:.4f}" if "floor_ms" in r else ""])
 
 
+def _plot_generation(ax, case: str, rs: list[dict]) -> None:
+    """Tokens/s per provider, and the line of the decode floor's tokens/s (every weight and the average
+    KV cache read once per token at the copy bandwidth: tok_s * ms / floor_ms)."""
+    bars = ax.bar([r["provider"] for r in rs], [r["tok_s"] for r in rs],
+                  color=["#c0392b" if r["provider"].startswith("kernelforge") else "#7f8c8d" for r in rs])
+    limit = max(r["tok_s"] * r["ms"] / r["floor_ms"] for r in rs)
+    ax.axhline(limit, color="#2c3e50", linestyle="--", linewidth=1)
+    ax.text(-0.4, limit, f"bandwidth floor {limit:.0f} tok/s", va="bottom", fontsize=7)
+    for bar, r in zip(bars, rs):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
+                f"{r['tok_s']:.0f}\n{100 * r['floor_ms'] / r['ms']:.0f} %", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, limit * 1.15)
+    ax.set_title(f"{case}: tokens/s (% of the floor)", fontsize=9)
+    ax.tick_params(axis="x", rotation=30, labelsize=7)
+
+
 def plot(path: str, results: list[dict]) -> bool:
     try:
         import matplotlib  # noqa: PLC0415
@@ -222,6 +238,9 @@ def plot(path: str, results: list[dict]) -> bool:
     fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 3.8), squeeze=False)
     for ax, case in zip(axes[0], cases):
         rs = [r for r in results if r["case"] == case and "error" not in r]
+        if rs and all("floor_ms" in r for r in rs):  # generation: tokens/s against the bandwidth floor's
+            _plot_generation(ax, case, rs)
+            continue
         eager = next((r["ms"] for r in rs if r["provider"] == "eager"), None)
         vals = [eager / r["ms"] if eager else 0.0 for r in rs]
         bars = ax.bar([r["provider"] for r in rs], vals,
