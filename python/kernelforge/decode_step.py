@@ -330,10 +330,13 @@ class DecodeStep:
         return out
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
-                 caches: list[tuple[torch.Tensor, torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                 caches: list[tuple[torch.Tensor, torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor,
+                 key_starts: torch.Tensor | None = None) -> torch.Tensor:
         """The logits [B, V] (model dtype) of tokens (int64 [B, 1]) at positions (int64 [B, 1], equal to
         seq_lens - 1: rope_kv_append reads its positions from seq_lens), their keys and values appended to
         ``caches`` (``caches(cache)``) at those rows (seq_lens int32 [B]: the keys held after the append).
+        ``key_starts`` (int32 [B]): a left-padded batch's pad rows at the head of each cache row, skipped by
+        decode_attention (positions then count from each row's first token: seq_lens - 1 - key_starts).
         No host synchronization, fixed shapes: graph-capturable."""
         lin, D = self.proj_linear, self.head_dim
         B = tokens.shape[0]
@@ -351,12 +354,12 @@ class DecodeStep:
             else:
                 q, k, v = (lin(h, w, b) for w, b in lay.qkv)
             q, k, v = q.view(B, 1, self.n_q, D), k.view(B, 1, self.n_kv, D), v.view(B, 1, self.n_kv, D)
-            if FUSED_ROPE_APPEND:
+            if FUSED_ROPE_APPEND and key_starts is None:  # its positions are seq_lens - 1
                 q = _dec.rope_kv_append(q, k, v, cos, sin, K, V, seq_lens)
             else:
                 _rope.apply_rope(q, k, cos, sin, position_ids=positions, inplace=True)
                 _dec.kv_append(K, V, k, v, seq_lens)
-            a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1])
+            a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1], key_starts=key_starts)
             o = lin(a.view(B, 1, nq), lay.w_o, lay.b_o)
             h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
             if lay.fused_gate_up:

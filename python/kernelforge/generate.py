@@ -50,8 +50,9 @@ the same distribution as HF (temperature, then top-k, then softmax) by the expon
 for a seeded generator, but not HF's random stream. With a graph, the graph draws from the generator
 registered at capture (``CUDAGraph.register_generator_state``).
 
-Not supported: padded batches (all rows share one prompt length; there is no attention_mask
-argument), beam search, repetition penalties, stop strings. CPU models (and ``cuda_graph=False``)
+Left-padded batches (``attention_mask``) run on the fused step only: HF's prefill with the mask, then
+``decode_attention`` skipping each row's pads (``key_starts``). Not supported: right padding, padded
+batches on the model's forward, beam search, repetition penalties, stop strings. CPU models (and ``cuda_graph=False``)
 run the same step in a Python loop without a graph; on CPU this is announced once (KF_STRICT=1: an
 error). Sliding-window layers whose window is shorter than prompt + max_new_tokens roll their cache
 with host-side state that a graph cannot replay: they run without a graph, announced (as do caches with
@@ -104,15 +105,23 @@ class _Loop:
     seq_lens: torch.Tensor | None = None  # int32 [B]: keys held after the next step's append (fused step)
     kv: list | None = None  # the fused step's [B, L, Hkv, D] views of the cache layers (set after the prefill)
     rope: tuple | None = None  # the fused step's cos, sin [L, D]
+    key_starts: torch.Tensor | None = None  # int32 [B]: left padding, the pad rows at the head of each cache row
 
 
 def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None,
              eos_token_id: int | list[int] | None = None, ignore_eos: bool = False,
-             cuda_graph: bool = True, fused_step: bool | DecodeStep | None = None) -> torch.Tensor:
-    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (int [B, S], no padding) with the
-    transformers causal LM ``model``; returns int64 [B, S + n], the prompt then the n new tokens (n <
-    max_new_tokens when every sequence ended, as HF generate).
+             cuda_graph: bool = True, fused_step: bool | DecodeStep | None = None,
+             attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (int [B, S]) with the transformers
+    causal LM ``model``; returns int64 [B, S + n], the prompt then the n new tokens (n < max_new_tokens
+    when every sequence ended, as HF generate).
+
+    ``attention_mask`` (int or bool [B, S], HF's): prompts of different lengths, left-padded (each row's
+    zeros before its ones, at least one 1). The pads sit at the head of each row's cache; the fused step's
+    ``decode_attention`` skips them (``key_starts``) and the positions count from each row's first token,
+    as HF's. Padded batches need the fused decode step (ValueError otherwise); an all-ones mask is no
+    padding.
 
     Greedy by default; ``do_sample=True`` samples from softmax(logits / ``temperature``) restricted
     to the ``top_k`` most likely tokens (None or 0: all), with ``generator`` (on the model's device;
@@ -126,18 +135,31 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     False runs the model's forward; a ``DecodeStep`` of this model runs that one (its linear options).
     """
     B, S, device = _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k, generator)
+    pads = _left_pads(attention_mask, B, S)  # int64 [B] on the CPU, or None: no padding
     if max_new_tokens == 0:
         return input_ids.to(torch.int64).clone()
     sampler = _sampler(model, do_sample, temperature, top_k, eos_token_id, ignore_eos)
     cache_len = S + max_new_tokens
+    if pads is not None and fused_step is not False and (why := unsupported_reason(model, cache_len)) is not None:
+        raise ValueError(f"generate: a padded attention_mask needs the fused decode step (Llama / Mistral / Qwen2), "
+                         f"which cannot run this model: {why}")
+    if pads is not None and fused_step is False:
+        raise ValueError("generate: a padded attention_mask needs the fused decode step; fused_step=False runs "
+                         "the model's forward, which takes no padding here")
     step = _fused_step(model, fused_step, cache_len)
     use_graph = cuda_graph and _graph_possible(model, device, cache_len)
     # the model's device current: the side stream, the capture stream and the replays must be on its device
     # (a model on cuda:1 with cuda:0 current would run its kernels outside the capture)
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with torch.no_grad(), on_device:
-        loop = _loop(model, B, cache_len, device, sampler, generator, use_graph, step)
-        logits = _forward(model, input_ids.to(device, torch.int64), _arange_positions(B, S, device), loop.cache)
+        loop = _loop(model, B, cache_len, device, sampler, generator, use_graph, step, pads is not None)
+        if pads is None:
+            logits = _forward(model, input_ids.to(device, torch.int64), _arange_positions(B, S, device), loop.cache)
+        else:  # HF's prefill of a left-padded batch: its mask, positions counted from each row's first token
+            mask = attention_mask.to(device, torch.int64)
+            logits = _forward(model, input_ids.to(device, torch.int64), (mask.cumsum(1) - 1).clamp_min(0), loop.cache,
+                              mask)
+            loop.key_starts.copy_(pads.to(device, torch.int32))
         if step is not None and loop.kv is None:
             loop.kv = step.caches(loop.cache)  # the prefill allocated the layers' tensors
         _start(loop, logits, S)
@@ -194,6 +216,30 @@ def _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k,
     if top_k is not None and vocab is not None and top_k > vocab:
         raise ValueError(f"generate: top_k must be at most the vocabulary size {vocab}, got {top_k}")
     return input_ids.shape[0], input_ids.shape[1], device
+
+
+def _left_pads(attention_mask, B: int, S: int) -> torch.Tensor | None:
+    """The pad count of each row of a left-padded HF attention mask (int64 [B], CPU), None without padding.
+    Reads the mask on the host (an argument, before the loop)."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != (B, S) \
+            or attention_mask.is_floating_point() or attention_mask.is_complex():
+        what = (f"a {attention_mask.dtype} tensor of shape {list(attention_mask.shape)}"
+                if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__)
+        raise ValueError(f"generate: attention_mask must be an int or bool tensor of input_ids' shape [{B}, {S}], "
+                         f"got {what}")
+    m = attention_mask.detach().to("cpu", torch.int64)
+    if ((m != 0) & (m != 1)).any():
+        raise ValueError("generate: attention_mask must hold 0 (pad) and 1 (token) only")
+    if (m[:, 1:] < m[:, :-1]).any():
+        b = int((m[:, 1:] < m[:, :-1]).any(dim=1).nonzero()[0, 0])
+        raise ValueError(f"generate: attention_mask row {b} has a pad after a token; only left padding (each row's "
+                         f"zeros before its ones) is supported")
+    pads = (m == 0).sum(dim=1)
+    if (pads == S).any():
+        raise ValueError(f"generate: attention_mask row {int((pads == S).nonzero()[0, 0])} holds no token")
+    return pads if bool(pads.any()) else None
 
 
 def _sampler(model, do_sample, temperature, top_k, eos_token_id, ignore_eos) -> _Sampler:
@@ -309,12 +355,13 @@ def _fingerprint(model, sampler: _Sampler, step: DecodeStep | None) -> tuple:
 
 
 def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, use_graph: bool,
-          step: DecodeStep | None) -> _Loop:
-    """The cached loop of (B, cache_len) when its graph still applies (its cache emptied, ready for a
-    prefill), else a new one (kept for the next call when it will hold a graph)."""
+          step: DecodeStep | None, padded: bool = False) -> _Loop:
+    """The cached loop of (B, cache_len, padded) when its graph still applies (its cache emptied, ready for
+    a prefill), else a new one (kept for the next call when it will hold a graph)."""
     fingerprint = _fingerprint(model, sampler, step) if use_graph else None
+    key = (B, cache_len, padded)
     if use_graph:
-        loop = _GRAPHS.get(model, {}).get((B, cache_len))
+        loop = _GRAPHS.get(model, {}).get(key)
         if (loop is not None and loop.fingerprint == fingerprint and loop.generator is generator
                 and loop.fused is step):
             loop.cache.reset()
@@ -329,8 +376,10 @@ def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, u
     if step is not None:
         loop.fused, loop.rope = step, step.rope_table(cache_len)
         loop.seq_lens = torch.zeros(B, dtype=torch.int32, device=device)
+        if padded:
+            loop.key_starts = torch.zeros(B, dtype=torch.int32, device=device)
     if use_graph:
-        _GRAPHS.setdefault(model, {})[(B, cache_len)] = loop  # replaces a loop whose graph no longer applies
+        _GRAPHS.setdefault(model, {})[key] = loop  # replaces a loop whose graph no longer applies
     return loop
 
 
@@ -338,10 +387,12 @@ def _arange_positions(B: int, S: int, device) -> torch.Tensor:
     return torch.arange(S, device=device).expand(B, S)
 
 
-def _forward(model, ids, positions, cache) -> torch.Tensor:
-    """The last position's logits [B, V] of one forward through the static cache. No attention mask:
-    every sequence holds the same keys, which the cache counts (the mask functions read its length)."""
-    out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+def _forward(model, ids, positions, cache, attention_mask=None) -> torch.Tensor:
+    """The last position's logits [B, V] of one forward through the static cache. No attention mask but
+    a padded prefill's: every sequence holds the same keys, which the cache counts (the mask functions
+    read its length)."""
+    kw = {} if attention_mask is None else {"attention_mask": attention_mask}
+    out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1, **kw)
     return out.logits[:, -1]
 
 
@@ -378,6 +429,8 @@ def _start(loop: _Loop, logits: torch.Tensor, prompt_len: int) -> None:
     """The prefill's token: out column 0; the first decode step reads it at position prompt_len."""
     loop.step.zero_()
     loop.positions.fill_(prompt_len - 1)
+    if loop.key_starts is not None:  # left padding: positions count from each row's first token
+        loop.positions.sub_(loop.key_starts.view(-1, 1))
     if loop.seq_lens is not None:
         loop.seq_lens.fill_(prompt_len)  # the first step appends its key as row prompt_len: prompt_len + 1 held
     _record(loop, _pick(logits, loop.sampler, loop.generator))
@@ -387,7 +440,7 @@ def _step(model, loop: _Loop) -> None:
     """One decode step, on fixed buffers only (what the graph records): the fused step, or the model's
     forward."""
     if loop.fused is not None:
-        logits = loop.fused(loop.tokens, loop.positions, loop.seq_lens, loop.kv, *loop.rope)
+        logits = loop.fused(loop.tokens, loop.positions, loop.seq_lens, loop.kv, *loop.rope, key_starts=loop.key_starts)
     else:
         logits = _forward(model, loop.tokens, loop.positions, loop.cache)
     _record(loop, _pick(logits, loop.sampler, loop.generator))
@@ -409,7 +462,7 @@ def _warm_up_and_capture(model, loop: _Loop) -> None:
         with torch.cuda.graph(graph):
             _step(model, loop)
     except RuntimeError as e:
-        _GRAPHS.get(model, {}).pop((loop.tokens.shape[0], loop.out.shape[1]), None)
+        _GRAPHS.get(model, {}).pop((loop.tokens.shape[0], loop.out.shape[1], loop.key_starts is not None), None)
         raise RuntimeError(f"generate: capturing the decode step of {type(model).__name__} into a CUDA graph failed "
                            f"({e}); pass cuda_graph=False to run the loop without a graph") from e
     loop.graph = graph

@@ -301,6 +301,50 @@ def test_sliding_window_shorter_than_the_cache_runs_the_forward(kf, fresh_warnin
     assert torch.equal(got, hf_generate(model, ids, 8)) and not fused_calls
 
 
+def _left_padded(batch=3, length=9, device="cpu"):
+    """A left-padded batch: row 0 four pads, row 1 none, row 2 one; pads hold token 0 (the pad id)."""
+    ids = prompt(batch, length, device)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padded_batch_equals_hf_generate(kf, arch):
+    """attention_mask with left padding: HF's prefill (its mask, positions from each row's first token),
+    then the fused step with the pads skipped by decode_attention's key_starts; greedy tokens equal HF
+    generate's with the same mask, pads included in the output."""
+    model = tiny_model(arch)
+    model.generation_config.pad_token_id = 0
+    ids, mask = _left_padded()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    assert torch.equal(kf.generate(model, ids, 10, attention_mask=mask, cuda_graph=False), want)
+    # an all-ones mask is no padding: the unpadded loop
+    assert torch.equal(kf.generate(model, ids[1:2], 6, attention_mask=mask[1:2], cuda_graph=False),
+                       hf_generate(model, ids[1:2], 6))
+
+
+def test_left_padded_batch_errors(kf):
+    model = tiny_model("llama")
+    ids, mask = _left_padded()
+    with pytest.raises(ValueError, match="only left padding"):
+        kf.generate(model, ids, 2, attention_mask=mask.flip(1), cuda_graph=False)
+    with pytest.raises(ValueError, match="holds no token"):
+        kf.generate(model, ids, 2, attention_mask=torch.zeros_like(mask).index_fill(0, torch.tensor([1]), 1),
+                    cuda_graph=False)
+    with pytest.raises(ValueError, match=r"attention_mask must be an int or bool tensor of input_ids' shape \[3, 9\]"):
+        kf.generate(model, ids, 2, attention_mask=mask[:, 1:], cuda_graph=False)
+    with pytest.raises(ValueError, match="0 \\(pad\\) and 1 \\(token\\) only"):
+        kf.generate(model, ids, 2, attention_mask=mask * 2, cuda_graph=False)
+    with pytest.raises(ValueError, match="fused_step=False runs the model's forward"):
+        kf.generate(model, ids, 2, attention_mask=mask, cuda_graph=False, fused_step=False)
+    with pytest.raises(ValueError, match="needs the fused decode step"):
+        kf.generate(tiny_model("qwen3"), ids, 2, attention_mask=mask, cuda_graph=False)
+
+
 # ---- CUDA --------------------------------------------------------------------------------------------------------
 
 
@@ -368,3 +412,16 @@ def test_cuda_float32_falls_back(kf, fresh_warnings):
     with pytest.warns(UserWarning, match="float32 CUDA parameters"):
         got = kf.generate(model, ids, 6)
     assert torch.equal(got, hf_generate(model, ids, 6))
+
+
+@pytest.mark.cuda
+def test_cuda_left_padded_batch_graph(kf):
+    """bf16 left-padded batch: the captured graph replays the eager fused loop bit for bit, and a padded
+    call after an unpadded one of the same shapes takes its own graph."""
+    model = tiny_model("llama", "cuda", torch.bfloat16, num_hidden_layers=4)
+    model.generation_config.pad_token_id = 0
+    ids, mask = _left_padded(device="cuda")
+    eager = kf.generate(model, ids, 24, ignore_eos=True, attention_mask=mask, cuda_graph=False)
+    assert torch.equal(kf.generate(model, ids, 24, ignore_eos=True, attention_mask=mask), eager)
+    kf.generate(model, ids, 24, ignore_eos=True)
+    assert torch.equal(kf.generate(model, ids, 24, ignore_eos=True, attention_mask=mask), eager)
