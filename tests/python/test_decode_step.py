@@ -80,9 +80,9 @@ def fused_calls(monkeypatch, ds):
     """How many times a DecodeStep ran."""
     calls, real = [], ds.DecodeStep.__call__
 
-    def spy(self, *args):
+    def spy(self, *args, **kwargs):
         calls.append(self)
-        return real(self, *args)
+        return real(self, *args, **kwargs)
 
     monkeypatch.setattr(ds.DecodeStep, "__call__", spy)
     return calls
