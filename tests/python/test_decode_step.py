@@ -372,7 +372,7 @@ def test_cuda_bf16_tokens_as_the_forward_step(kf, gen, fused_calls, arch):
     ids = prompt(2, 24, "cuda")
     unfused = kf.generate(model, ids, 32, ignore_eos=True, fused_step=False)
     fused = kf.generate(model, ids, 32, ignore_eos=True)
-    loop = gen._GRAPHS[model][(2, 56)]
+    loop = gen._GRAPHS[model][(2, 56, False)]
     assert loop.fused is not None and loop.graph is not None and loop.fused.fused
     assert len(fused_calls) == 2  # the warm-up step and the capture; the other 30 steps are replays
     _first_difference_is_a_near_tie(model, unfused, fused, 24)
@@ -380,7 +380,7 @@ def test_cuda_bf16_tokens_as_the_forward_step(kf, gen, fused_calls, arch):
     graph = loop.graph
     ids2 = prompt(2, 24, "cuda", seed=3)
     again = kf.generate(model, ids2, 32, ignore_eos=True)
-    assert gen._GRAPHS[model][(2, 56)] is loop and loop.graph is graph
+    assert gen._GRAPHS[model][(2, 56, False)] is loop and loop.graph is graph
     assert torch.equal(again, kf.generate(model, ids2, 32, ignore_eos=True, cuda_graph=False))
 
 
@@ -391,16 +391,16 @@ def test_cuda_graph_sees_weight_changes(kf, gen):
     model = tiny_model("llama", "cuda", torch.bfloat16)
     ids = prompt(1, 9, "cuda")
     kf.generate(model, ids, 8, ignore_eos=True)
-    loop = gen._GRAPHS[model][(1, 17)]
+    loop = gen._GRAPHS[model][(1, 17, False)]
     with torch.no_grad():
         model.model.layers[0].mlp.gate_proj.weight.mul_(-1.0)
     got = kf.generate(model, ids, 8, ignore_eos=True)
-    assert gen._GRAPHS[model][(1, 17)] is loop
+    assert gen._GRAPHS[model][(1, 17, False)] is loop
     assert torch.equal(got, kf.generate(model, ids, 8, ignore_eos=True, cuda_graph=False))
     v = model.model.layers[1].self_attn.v_proj
     v.weight = torch.nn.Parameter(v.weight.detach().clone().mul_(0.5))
     got = kf.generate(model, ids, 8, ignore_eos=True)
-    assert gen._GRAPHS[model][(1, 17)] is not loop
+    assert gen._GRAPHS[model][(1, 17, False)] is not loop
     assert torch.equal(got, kf.generate(model, ids, 8, ignore_eos=True, cuda_graph=False))
 
 

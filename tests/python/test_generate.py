@@ -227,7 +227,7 @@ def test_cuda_graph_replays_the_eager_loop(kf, gen, arch):
     model = tiny_model(arch, "cuda", torch.bfloat16)
     ids = prompt(2, 9, "cuda")
     got = kf.generate(model, ids, 16, ignore_eos=True)
-    loop = gen._GRAPHS[model][(2, 25)]
+    loop = gen._GRAPHS[model][(2, 25, False)]
     graph = loop.graph
     assert graph is not None
     assert torch.equal(got, kf.generate(model, ids, 16, ignore_eos=True, cuda_graph=False))
@@ -237,7 +237,7 @@ def test_cuda_graph_replays_the_eager_loop(kf, gen, arch):
     assert torch.equal(got[clear, :10], hf_generate(model, ids, 1)[clear])
     ids2 = prompt(2, 9, "cuda", seed=2)
     got2 = kf.generate(model, ids2, 16, ignore_eos=True)
-    assert gen._GRAPHS[model][(2, 25)] is loop and loop.graph is graph
+    assert gen._GRAPHS[model][(2, 25, False)] is loop and loop.graph is graph
     assert torch.equal(got2, kf.generate(model, ids2, 16, ignore_eos=True, cuda_graph=False))
 
 
@@ -262,14 +262,14 @@ def test_cuda_graph_patched_holds_decode_attention(kf, gen, decode_calls, arch, 
     ids = prompt(2, 9, "cuda")
     got = kf.generate(model, ids, 16, ignore_eos=True, fused_step=fused)
     assert [c[0] for c in decode_calls] == [(2, 9, 2, 64)] * 2 + [(2, 1, 2, 64)] * 4
-    assert (gen._GRAPHS[model][(2, 25)].fused is not None) == fused
+    assert (gen._GRAPHS[model][(2, 25, False)].fused is not None) == fused
     decode_calls.clear()
     again = kf.generate(model, ids, 16, ignore_eos=True, fused_step=fused)
     assert [c[0] for c in decode_calls] == [(2, 9, 2, 64)] * 2
     assert torch.equal(again, got)
     assert torch.equal(got, kf.generate(model, ids, 16, ignore_eos=True, cuda_graph=False, fused_step=fused))
     kf.unpatch(model)
-    assert gen._GRAPHS[model][(2, 25)].graph is not None
+    assert gen._GRAPHS[model][(2, 25, False)].graph is not None
 
 
 @pytest.mark.cuda
@@ -279,10 +279,10 @@ def test_cuda_graph_recaptured_after_unpatch(kf, gen):
     ids = prompt(1, 9, "cuda")
     kf.patch(model)
     kf.generate(model, ids, 8, ignore_eos=True)  # the same sampling as below: only the patch state differs
-    patched_loop = gen._GRAPHS[model][(1, 17)]
+    patched_loop = gen._GRAPHS[model][(1, 17, False)]
     kf.unpatch(model)
     got = kf.generate(model, ids, 8, ignore_eos=True)
-    assert gen._GRAPHS[model][(1, 17)] is not patched_loop
+    assert gen._GRAPHS[model][(1, 17, False)] is not patched_loop
     assert torch.equal(got, kf.generate(model, ids, 8, ignore_eos=True, cuda_graph=False))
 
 
