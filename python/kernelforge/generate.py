@@ -10,8 +10,8 @@ The loop:
   prompt + max_new_tokens rows. The first new token comes from its last position's logits.
 - Decode: one step = the model's forward of the last token with ``position_ids`` read from a device
   buffer, the static cache (which counts its own length on the device), the choice of the next token
-  (argmax, or sampling), and in-place updates of the step's input buffers. Llama / Mistral / Qwen2
-  models run the fused step of ``decode_step.py`` in place of the forward (``fused_step``, below).
+  (argmax, or sampling), and in-place updates of the step's input buffers. ``fused_step=True`` runs
+  the fused step of ``decode_step.py`` (Llama / Mistral / Qwen2) in place of the forward (below).
   On CUDA the step is captured once into a CUDA graph per (batch size, cache length) and replayed; the
   graph, its buffers and its cache are kept with the model (a weak dictionary), so a second call of
   the same shapes replays the same graph after a prefill. A model whose weights, attention
@@ -22,7 +22,8 @@ The loop:
   transformers does; the output is cut where transformers' would end), and the read of the tokens at
   the end.
 
-The fused decode step (``fused_step=None``, the default, for the models it supports; True requires it):
+The fused decode step (``fused_step=True``; ``None``, the default, takes it for the models it supports
+once ``FUSED_STEP_BY_DEFAULT`` is set, which it is not until the step has run on a GPU):
 ``decode_step.DecodeStep`` computes the forward of one token with kernelforge ops, 10 kernels per layer
 where the transformers forward issues 19 (patched) to ~40 (unpatched): rms_norm / add_rms_norm with the
 residual add fused, one GEMM over the concatenated q/k/v weights (+ bias, Qwen2), RoPE in place from a
@@ -33,8 +34,9 @@ silu_and_mul, the down projection; then the final norm and the LM head (``kernel
 concatenated weights are built once and the modules' q/k/v and gate/up parameters re-pointed to views
 of them (same values, same memory: the model is unchanged). The prefill stays the model's forward.
 Models it does not take (other architectures, head dims other than 64/128/256, dynamic rope, CUDA
-float32, module hooks, mixed dtypes, a sliding window shorter than the cache) run their forward,
-announced once (KF_STRICT=1: an error; ``fused_step=False``: no notice). Greedy tokens equal HF's on CPU
+float32, module hooks, mixed dtypes, a sliding window shorter than the cache) run their forward: with
+``fused_step=True`` a ValueError, with the default announced once (KF_STRICT=1: an error;
+``fused_step=False``: no notice). Greedy tokens equal HF's on CPU
 float32; in bf16 the step rounds like the patched model (RoPE and silu_and_mul in float32), so tokens
 may differ from the model-forward step's where two logits are within bf16 noise.
 
@@ -72,6 +74,10 @@ from .patch._registry import STATE_ATTR
 from .patch._runtime import announce_fallback
 
 EOS_CHECK_EVERY = 16  # decode steps between two host reads of "every sequence has ended"
+# fused_step=None takes the fused decode step for the models it supports. False until the fused step has
+# run on a GPU (its ops have; their composition, on the CPU only): None runs the model's forward, and
+# fused_step=True (or a DecodeStep) asks for the fused step.
+FUSED_STEP_BY_DEFAULT = False
 
 # model -> {(batch size, cache length): _Loop}; an entry dies with its model
 _GRAPHS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -130,8 +136,9 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     capture the decode step into a CUDA graph (CUDA models); False runs the same loop eagerly.
     ``fused_step``: the decode step written with kernelforge ops (``decode_step.DecodeStep``: one q/k/v
     GEMM, one gate/up GEMM, fused residual norms, 10 kernels per layer) instead of the model's forward;
-    None uses it when the model is supported (Llama / Mistral / Qwen2, see ``decode_step``) and otherwise
-    announces the model's forward (KF_STRICT=1: an error); True requires it (ValueError when unsupported);
+    None runs the model's forward (with ``FUSED_STEP_BY_DEFAULT``: the fused step when the model is
+    supported, Llama / Mistral / Qwen2, see ``decode_step``, else the forward, announced; KF_STRICT=1: an
+    error), or the fused step for a padded ``attention_mask``; True requires it (ValueError when unsupported);
     False runs the model's forward; a ``DecodeStep`` of this model runs that one (its linear options).
     """
     B, S, device = _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k, generator)
@@ -146,7 +153,7 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     if pads is not None and fused_step is False:
         raise ValueError("generate: a padded attention_mask needs the fused decode step; fused_step=False runs "
                          "the model's forward, which takes no padding here")
-    step = _fused_step(model, fused_step, cache_len)
+    step = _fused_step(model, True if pads is not None and fused_step is None else fused_step, cache_len)
     use_graph = cuda_graph and _graph_possible(model, device, cache_len)
     # the model's device current: the side stream, the capture stream and the replays must be on its device
     # (a model on cuda:1 with cuda:0 current would run its kernels outside the capture)
@@ -295,6 +302,8 @@ def _fused_step(model, fused_step, cache_len: int) -> DecodeStep | None:
         return fused_step
     if fused_step is not None and fused_step is not True:
         raise TypeError(f"generate: fused_step must be None, a bool or a DecodeStep, got {type(fused_step).__name__}")
+    if fused_step is None and not FUSED_STEP_BY_DEFAULT:
+        return None
     why = unsupported_reason(model, cache_len)
     if why is None:
         return decode_step(model)

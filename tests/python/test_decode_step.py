@@ -59,6 +59,12 @@ def hf_generate(model, ids, n):
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
 
 
+@pytest.fixture(autouse=True)
+def fused_by_default(monkeypatch):
+    """These tests are about the fused step as generate's default for the models it supports."""
+    monkeypatch.setattr(importlib.import_module("kernelforge.generate"), "FUSED_STEP_BY_DEFAULT", True)
+
+
 @pytest.fixture
 def ds():
     return importlib.import_module("kernelforge.decode_step")
@@ -108,6 +114,19 @@ def test_greedy_equals_hf_generate(kf, fresh_warnings, fused_calls, arch, varian
     assert torch.equal(got, want)
     assert len(fused_calls) == 11  # every decode step after the prefill's token
     assert torch.equal(hf_generate(model, ids, 12), want)  # the fused model generates as before
+
+
+def test_default_is_the_forward_until_enabled(kf, fresh_warnings, fused_calls, monkeypatch):
+    """FUSED_STEP_BY_DEFAULT unset: fused_step=None runs the model's forward, with no notice; True the fused step."""
+    monkeypatch.setattr(importlib.import_module("kernelforge.generate"), "FUSED_STEP_BY_DEFAULT", False)
+    model = tiny_model("llama")
+    ids = prompt(2, 7)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = kf.generate(model, ids, 6, cuda_graph=False)
+    assert torch.equal(got, hf_generate(model, ids, 6)) and not fused_calls
+    assert not [x for x in w if "fused" in str(x.message)]
+    assert torch.equal(kf.generate(model, ids, 6, cuda_graph=False, fused_step=True), got) and fused_calls
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

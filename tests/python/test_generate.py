@@ -168,7 +168,8 @@ def test_sampling_distribution(gen):
         assert (freq - p).abs().max() < 0.01, (freq, p)
 
 
-def test_zero_new_tokens_and_announced_eager_loop(kf, fresh_warnings):
+def test_zero_new_tokens_and_announced_eager_loop(kf, fresh_warnings, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("kernelforge.generate"), "FUSED_STEP_BY_DEFAULT", True)
     model = tiny_model("llama")
     ids = prompt(1, 4)
     assert torch.equal(kf.generate(model, ids, 0), ids)
