@@ -21,39 +21,9 @@ inline std::string dims(std::initializer_list<int64_t> v) {
   return s + "]";
 }
 
-// Bytes spanned by a view: [data, data + extent).
-inline int64_t extent_bytes(const TensorView& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  return (last + 1) * int64_t(dtype_size(t.dtype));
-}
-
-inline bool ranges_overlap(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const char* pa = static_cast<const char*>(a.data);
-  const char* pb = static_cast<const char*>(b.data);
-  return pa < pb + extent_bytes(b) && pb < pa + extent_bytes(a);
-}
-
-// True when no two elements of the view share an address (sufficient test: with the dimensions of
-// size > 1 sorted by stride, each stride exceeds the span of the dimensions inside it).
-inline bool non_overlapping(const TensorView& t) {
-  if (t.numel() <= 1) return true;
-  int order[kMaxDims];
-  int n = 0;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) order[n++] = d;
-  for (int i = 1; i < n; ++i)  // insertion sort by stride
-    for (int j = i; j > 0 && t.strides[order[j]] < t.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
-  int64_t span = 0;  // largest offset reachable with the inner dimensions
-  for (int i = 0; i < n; ++i) {
-    const int d = order[i];
-    if (t.strides[d] <= span) return false;
-    span += (t.shape[d] - 1) * t.strides[d];
-  }
-  return true;
-}
+using validate_util::extent_bytes;
+using validate_util::non_overlapping;
+using validate_util::ranges_overlap;
 
 // True when two views whose byte ranges interleave are still disjoint because they are slices of
 // one parent view along one dimension d: the same dtype and strides, the same sizes except in d, b

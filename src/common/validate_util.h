@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kernelforge/tensor.h"
 
@@ -98,6 +99,41 @@ inline std::string placement_error(const TensorView& t, const char* name, const 
     return std::string(name) + " must have " + ref_name + "'s dtype (" + dtype_name(ref.dtype) + "), got " +
            dtype_name(t.dtype);
   return "";
+}
+
+// Bytes spanned by a view: [data, data + extent) (non-negative strides).
+inline int64_t extent_bytes(const TensorView& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  return (last + 1) * int64_t(dtype_size(t.dtype));
+}
+
+// Whether the byte ranges of two non-empty views intersect.
+inline bool ranges_overlap(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* pa = static_cast<const char*>(a.data);
+  const char* pb = static_cast<const char*>(b.data);
+  return pa < pb + extent_bytes(b) && pb < pa + extent_bytes(a);
+}
+
+// True when no two elements of the view share an address (sufficient test: with the dimensions of
+// size > 1 sorted by stride, each stride exceeds the span of the dimensions inside it).
+inline bool non_overlapping(const TensorView& t) {
+  if (t.numel() <= 1) return true;
+  int order[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) order[n++] = d;
+  for (int i = 1; i < n; ++i)  // insertion sort by stride (std::sort on int[8] trips GCC 12's -Warray-bounds)
+    for (int j = i; j > 0 && t.strides[order[j]] < t.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
+  int64_t span = 0;  // largest offset reachable with the inner dimensions
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    if (t.strides[d] <= span) return false;
+    span += (t.shape[d] - 1) * t.strides[d];
+  }
+  return true;
 }
 
 }  // namespace validate_util

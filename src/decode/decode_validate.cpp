@@ -13,6 +13,8 @@ namespace kernelforge {
 namespace {
 
 using validate_util::device_str;
+using validate_util::non_overlapping;
+using validate_util::ranges_overlap;
 using validate_util::shape_str;
 using validate_util::strides_str;
 
@@ -274,36 +276,6 @@ Status validate_kv_append(const char* name, bool cuda, const KvAppendTensors& t,
   return Status::Ok();
 }
 
-namespace {
-
-// Bytes from a view's first to one past its last element (non-negative strides).
-int64_t extent_bytes(const TensorView& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  return (last + 1) * int64_t(dtype_size(t.dtype));
-}
-
-// True when no two elements of the view share an address: with the dimensions of size > 1 sorted by
-// stride, each stride exceeds the span of the dimensions inside it.
-bool non_overlapping(const TensorView& t) {
-  if (t.numel() <= 1) return true;
-  int dims[kMaxDims];
-  int n = 0;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) dims[n++] = d;
-  for (int i = 1; i < n; ++i)
-    for (int j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j) std::swap(dims[j], dims[j - 1]);
-  int64_t span = 0;
-  for (int i = 0; i < n; ++i) {
-    if (t.strides[dims[i]] <= span) return false;
-    span += (t.shape[dims[i]] - 1) * t.strides[dims[i]];
-  }
-  return true;
-}
-
-}  // namespace
-
 Status validate_rope_kv_append(const char* name, bool cuda, const RopeKvAppendTensors& t, RopeKvAppendParams* p,
                                DType* dtype, DType* cs_dtype) {
   KvAppendTensors kt;
@@ -332,12 +304,8 @@ Status validate_rope_kv_append(const char* name, bool cuda, const RopeKvAppendTe
   for (int d = 0; d < 4; ++d)
     if (q.shape[d] > 1 && q.strides[d] != qo.strides[d]) same_strides = false;
   const bool inplace = q.numel() > 0 && qo.data == q.data && same_strides;
-  if (!inplace && q.numel() > 0) {
-    const char* a = static_cast<const char*>(q.data);
-    const char* b = static_cast<const char*>(qo.data);
-    if (a < b + extent_bytes(qo) && b < a + extent_bytes(q))
-      return ck.fail("q_out overlaps q without being q itself (in place needs the same data pointer and strides)");
-  }
+  if (!inplace && ranges_overlap(q, qo))
+    return ck.fail("q_out overlaps q without being q itself (in place needs the same data pointer and strides)");
 
   if (!(s = ck.basic(t.cos, "cos", 2, "[max_pos, rotary_dim]")).ok()) return s;
   if (!(s = ck.basic(t.sin, "sin", 2, "[max_pos, rotary_dim] (cos's shape)")).ok()) return s;

@@ -12,6 +12,8 @@ namespace kernelforge {
 namespace {
 
 using validate_util::device_str;
+using validate_util::non_overlapping;
+using validate_util::ranges_overlap;
 using validate_util::shape_str;
 using validate_util::strided_view_error;
 using validate_util::strides_str;
@@ -71,33 +73,6 @@ void bsh_strides(const TensorView& t, RopeLayout layout, int64_t* sb, int64_t* s
   } else {
     *sh = st(1), *ss = st(2);
   }
-}
-
-// Bytes spanned by a view: [data, data + extent).
-int64_t extent_bytes(const TensorView& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  return (last + 1) * int64_t(dtype_size(t.dtype));
-}
-
-// True when no two elements of the view share an address (sufficient test: with the dimensions of
-// size > 1 sorted by stride, each stride exceeds the span of the dimensions inside it).
-bool non_overlapping(const TensorView& t) {
-  if (t.numel() <= 1) return true;
-  int dims[kMaxDims];
-  int n = 0;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.shape[d] > 1) dims[n++] = d;
-  for (int i = 1; i < n; ++i)  // insertion sort by stride (std::sort on int[8] trips GCC 12's -Warray-bounds)
-    for (int j = i; j > 0 && t.strides[dims[j]] < t.strides[dims[j - 1]]; --j) std::swap(dims[j], dims[j - 1]);
-  int64_t span = 0;  // largest offset reachable with the inner dimensions
-  for (int i = 0; i < n; ++i) {
-    const int d = dims[i];
-    if (t.strides[d] <= span) return false;
-    span += (t.shape[d] - 1) * t.strides[d];
-  }
-  return true;
 }
 
 }  // namespace
@@ -240,13 +215,9 @@ Status validate_rope(const RopeCall& c, RopeParams* p, DType* dtype, DType* cs_d
     for (int d = 0; d < 4; ++d)
       if (in.shape[d] > 1 && in.strides[d] != o->strides[d]) same_strides = false;
     const bool inplace = in.numel() > 0 && o->data == in.data && same_strides;
-    if (!inplace && in.numel() > 0) {
-      const char* a = static_cast<const char*>(in.data);
-      const char* b = static_cast<const char*>(o->data);
-      if (a < b + extent_bytes(*o) && b < a + extent_bytes(in))
-        return ck.fail(std::string(name) + " overlaps " + in_name + " without being " + in_name +
-                       " itself (in place needs the same data pointer and strides)");
-    }
+    if (!inplace && ranges_overlap(in, *o))
+      return ck.fail(std::string(name) + " overlaps " + in_name + " without being " + in_name +
+                     " itself (in place needs the same data pointer and strides)");
     h->in = in.data;
     h->out = o->data;
     bsh_strides(in, layout, &h->in_sb, &h->in_ss, &h->in_sh);
