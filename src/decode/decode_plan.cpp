@@ -9,8 +9,8 @@
 // at least 256 keys (shorter ones are all overhead). split_keys is the model, shared with MLA decode.
 // Kernel: the TMA kernel (kernels/decode_attention_tma.cuh) wherever it can run the call (an sm_90
 // device, a 90a build, page size >= 16 or the contiguous cache, TMA-legal strides), else the cp.async
-// kernel (kernels/decode_attention.cuh); the calls ask for it only when kDecodeTmaByDefault is set (decode_plan.h). The
-// TMA kernel is built, not yet measured.
+// kernel (kernels/decode_attention.cuh); the calls ask for it while kDecodeTmaByDefault is set
+// (decode_plan.h).
 #include "decode/decode_plan.h"
 
 #include <cstdint>

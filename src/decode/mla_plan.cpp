@@ -4,8 +4,8 @@
 //
 // Kernel: the wgmma kernel needs an sm_90 device, the library's sm_90a image of it (mla_wgmma_image),
 // and a cache TMA can read by boxes: pages of at least 16 rows (one box per page of a 64-key tile) or
-// a contiguous cache; strides are 16-byte multiples by validation. The calls ask for it only when kMlaWgmmaByDefault is
-// set (mla_plan.h).
+// a contiguous cache; strides are 16-byte multiples by validation. The calls ask for it while
+// kMlaWgmmaByDefault is set (mla_plan.h).
 //
 // Splits: one CTA per (sequence, row tile) reads only its own keys, so a batch-1 call at H = 128 has
 // 2 CTAs on a 132-SM GPU unless the keys are split. For each split count s the model counts the CTA
