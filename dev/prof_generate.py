@@ -1,0 +1,78 @@
+"""Where a decode step's time goes in kernelforge.generate's fused step (Llama-1B shape, bf16).
+
+Runs generate twice without a CUDA graph under torch.profiler, with N1 and N2 new tokens; the
+difference of the two runs' kernel times is (N2 - N1) decode steps with the prefill cancelled out.
+Prints per kernel its time per step and launches per step, the sum (the GPU busy time of a step),
+and the CUDA-graph time per step of the same loop: graph time minus busy time is what launch gaps
+and kernel ramps between kernels cost. Not the benchmark.
+
+    PYTHONPATH=python python3 dev/prof_generate.py [batch ...]      (default: 1 16)
+"""
+import collections
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.environ.get("KF_PYDIR", "python"))
+import kernelforge as kf  # noqa: E402
+from kernelforge.models import MODELS  # noqa: E402
+
+N1, N2 = 8, 40
+
+
+def kernel_times(model, ids, new: int) -> collections.Counter:
+    """Kernel name -> (total microseconds, launches) of one uncaptured generate call."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        kf.generate(model, ids, new, ignore_eos=True, cuda_graph=False)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            out[e.key] = (t, e.count)
+    return out
+
+
+def graph_ms_per_token(model, ids, new: int = 128) -> float:
+    kf.generate(model, ids, new, ignore_eos=True)  # capture
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    kf.generate(model, ids, new, ignore_eos=True)
+    kf.generate(model, ids, N1, ignore_eos=True)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    kf.generate(model, ids, N1, ignore_eos=True)
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return ((t1 - t0) - 2 * (t2 - t1)) / (new - N1) * 1e3
+
+
+def main(batch: int) -> None:
+    m = MODELS["llama_generate"]("full", "cuda", torch.bfloat16, batch)
+    model, ids = m.module.eval(), m.inputs[0]
+    kf.patch(model)
+    with torch.no_grad():
+        kernel_times(model, ids, N1)  # warm-up: plans, allocator
+        a, b = kernel_times(model, ids, N1), kernel_times(model, ids, N2)
+        steps = N2 - N1
+        rows = []
+        for k, (t, n) in b.items():
+            t0, n0 = a.get(k, (0.0, 0))
+            if n - n0 > 0:
+                rows.append(((t - t0) / steps, (n - n0) / steps, k[:100]))
+        busy = sum(r[0] for r in rows)
+        print(f"==== batch {batch}: {steps} decode steps, kernel time per step {busy:.1f} us")
+        for t, n, k in sorted(rows, reverse=True)[:24]:
+            print(f"{t:9.1f} us {t / busy * 100:5.1f} %  x{n:<5.1f} {k}")
+        print(f"launches per step: {sum(r[1] for r in rows):.0f}")
+        g = graph_ms_per_token(model, ids)
+        print(f"graph replay: {g * 1e3:.1f} us per step; busy {busy:.1f} us ({busy / (g * 1e3) * 100:.0f} %)")
+
+
+if __name__ == "__main__":
+    for b in [int(x) for x in sys.argv[1:]] or [1, 16]:
+        main(b)
