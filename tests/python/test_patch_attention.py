@@ -177,10 +177,11 @@ def test_transformers_generate_decode_kernel(kf, monkeypatch, arch, device, dtyp
 @pytest.mark.parametrize("arch", ["llama", "mistral", "gpt_oss"])
 @pytest.mark.parametrize("device,dtype", CASES)
 def test_continuous_batching_paged_kernelforge(kf, monkeypatch, arch, device, dtype):
-    """transformers' continuous batching (generate_batch) with "paged|kernelforge": the packed requests run
+    """transformers' continuous batching (generate_batch) with "paged|kernelforge": prefill batches run
     kernelforge.attention (varlen) over the paged cache's context rows, with the layer's window and
-    sinks; the greedy tokens equal "paged|eager"'s (CPU float32: exactly; CUDA bf16: the kernel ran and
-    every request produced its tokens)."""
+    sinks; decode-only batches of full-attention layers run decode_attention on the pages through a
+    block table built from the read index; the greedy tokens equal "paged|eager"'s (CPU float32:
+    exactly; CUDA bf16: the kernels ran and every request produced its tokens)."""
     from transformers import GenerationConfig  # noqa: PLC0415
     from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: PLC0415
     from transformers.generation.continuous_batching import cache as cb_cache  # noqa: PLC0415
@@ -197,6 +198,14 @@ def test_continuous_batching_paged_kernelforge(kf, monkeypatch, arch, device, dt
         return real(q, *args, **kw)
 
     monkeypatch.setattr(pa._attn, "attention", spy)
+    decodes = []
+    real_decode = pa._dec.decode_attention
+
+    def decode_spy(q, k_cache, v_cache, seq_lens, block_table=None, **kw):
+        decodes.append((q.shape[0], block_table.shape))
+        return real_decode(q, k_cache, v_cache, seq_lens, block_table, **kw)
+
+    monkeypatch.setattr(pa._dec, "decode_attention", decode_spy)
     model = hf_model(arch, device, dtype)
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9] * 12]
     gc = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
@@ -212,6 +221,8 @@ def test_continuous_batching_paged_kernelforge(kf, monkeypatch, arch, device, dt
             raise
         got[impl] = {k: list(r.generated_tokens) for k, r in out.items()}
     assert calls, "paged|kernelforge did not reach kernelforge.attention"
+    if arch != "mistral":  # decode-only batches of full-attention layers: decode_attention on the pages
+        assert decodes and all(n == rows for n, (rows, _) in decodes)
     if arch == "mistral":
         assert (4, 0) in calls  # sliding window 5: the last 5 keys including the token's own
     assert all(len(t) == 5 for t in got[pa.PAGED_NAME].values())

@@ -367,8 +367,10 @@ def hf_paged_attention(module, query, key, value, attention_mask, dropout: float
     requests are then varlen sequences (``cu_seq_lens_q`` / ``cu_seq_lens_k``, per layer type when the
     model mixes sliding and full layers) and run kernelforge.attention(layout="varlen"), causal and
     bottom-right aligned (each request's new tokens are the last of its keys), with the layer's sliding
-    window, softcap, sinks (``s_aux``) and scale. Returns [1, T, Hq, Dv]. What the kernel does not take
-    (dropout in training, CUDA float32, other head dims) runs transformers' "paged|sdpa", announced."""
+    window, softcap, sinks (``s_aux``) and scale. A decode-only batch of a full-attention layer runs
+    kernelforge.decode_attention on the pages instead (``_paged_decode``). Returns [1, T, Hq, Dv]. What
+    the kernels do not take (dropout in training, CUDA float32, other head dims) runs transformers'
+    "paged|sdpa", announced."""
     cache = kwargs.pop("cache", None)
     if cache is None:
         raise ValueError(f"'{PAGED_NAME}' was called without continuous batching's paged cache: it expects the "
@@ -389,6 +391,12 @@ def hf_paged_attention(module, query, key, value, attention_mask, dropout: float
         _fallback(f"{type(module).__name__} paged attention", why, "transformers' paged|sdpa")
         return sdpa_attention_paged_forward(module, query, key, value, attention_mask, dropout=dropout,
                                             scaling=scaling, cache=cache, **kwargs)
+    sinks = s_aux
+    if sinks is not None and sinks.dtype not in (torch.float32, query.dtype):
+        sinks = sinks.float()
+    out = _paged_decode(module, query, key, value, cache, kwargs, float(softcap or 0.0), scaling, sinks)
+    if out is not None:
+        return out, None
     k, v = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
                         read_index=kwargs["read_index"], write_index=kwargs["write_index"])  # [Tk, Hkv, D]
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
@@ -398,14 +406,52 @@ def hf_paged_attention(module, query, key, value, attention_mask, dropout: float
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     if dtype != q.dtype:  # CPU float32: the float64 reference
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    sinks = s_aux
-    if sinks is not None and sinks.dtype not in (torch.float32, q.dtype):
-        sinks = sinks.float()
     out = _attn.attention(q, k, v, causal=True, window=_window(window_size, True), softcap=float(softcap or 0.0),
                           scale=scaling, sinks=sinks, cu_seqlens_q=cu_q.to(torch.int32),
                           cu_seqlens_k=cu_k.to(torch.int32), max_seqlen_q=_max_length(max_q, q.shape[0]),
                           max_seqlen_k=_max_length(max_k, k.shape[0]), layout="varlen")
     return out.to(query.dtype).unsqueeze(0), None
+
+
+def _paged_decode(module, query, key, value, cache, kwargs, softcap: float, scale, sinks):
+    """A decode-only batch (one new token per request: ``max_seqlen_q`` == 1) of a full-attention layer on
+    the paged cache: the new rows go into their pages (``index_copy_`` at the write index, as the cache's
+    update writes them) and ``decode_attention`` reads each request's context through a block table
+    built on the device from the layer's read index, whose rows are whole blocks in logical order
+    (row p of a request is block_table[p // block_size] * block_size + p % block_size): no gathered copy
+    of the context (the varlen path reads it, writes a copy and reads the copy). Returns [1, T, Hq, Dv],
+    or None when the batch or the layer does not qualify (prefill or mixed batches, sliding-window
+    layers, whose reads go through sentinel rows, a transformers without these cache fields)."""
+    windows = getattr(cache, "sliding_windows", None)
+    groups = getattr(cache, "layer_index_to_group_indices", None)
+    block = getattr(cache, "block_size", None)
+    T = query.shape[2]
+    if kwargs.get("max_seqlen_q") != 1 or windows is None or groups is None or not isinstance(block, int):
+        return None
+    if windows[module.layer_idx] != 1 or kwargs["cu_seq_lens_q"].numel() != T + 1:
+        return None
+    group, in_group = groups[module.layer_idx]
+    read, write = kwargs["read_index"][group], kwargs["write_index"][group]
+    cu_k, max_k = kwargs["cu_seq_lens_k"], kwargs.get("max_seqlen_k")
+    if isinstance(cu_k, dict):
+        cu_k, max_k = cu_k.get("full_attention"), max_k.get("full_attention") if isinstance(max_k, dict) else max_k
+    if cu_k is None or not isinstance(max_k, int) or read.numel() == 0 or cu_k.numel() != T + 1:
+        return None
+    k_cache, v_cache = cache.key_cache[in_group], cache.value_cache[in_group]  # [blocks * block, Hkv, D]
+    if k_cache.dtype != query.dtype:
+        return None
+    k_cache.index_copy_(0, write, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, write, value[0].transpose(0, 1))
+    lens = (cu_k[1:] - cu_k[:-1]).to(torch.int32)  # keys per request, its new one included
+    first = torch.arange(-(-max_k // block), device=read.device) * block  # each page's first key
+    at = cu_k[:-1].long().unsqueeze(1) + first
+    used = first < lens.unsqueeze(1)
+    table = torch.where(used, read[at.clamp_max(read.numel() - 1)] // block, 0).to(torch.int32)
+    Hkv, D = k_cache.shape[1], k_cache.shape[2]
+    out = _dec.decode_attention(query[0].transpose(0, 1).unsqueeze(1), k_cache.view(-1, block, Hkv, D),
+                                v_cache.view(-1, block, Hkv, v_cache.shape[2]), lens, table, scale=scale,
+                                softcap=softcap, sinks=sinks, max_seq_len=max_k)
+    return out.view(1, T, out.shape[2], out.shape[3])
 
 
 _REGISTERED = [False]
