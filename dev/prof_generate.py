@@ -4,11 +4,14 @@ Runs generate twice without a CUDA graph under torch.profiler, with N1 and N2 ne
 difference of the two runs' kernel times is (N2 - N1) decode steps with the prefill cancelled out.
 Prints per kernel its time per step and launches per step, the sum (the GPU busy time of a step),
 and the CUDA-graph time per step of the same loop: graph time minus busy time is what launch gaps
-and kernel ramps between kernels cost. Not the benchmark.
+and kernel ramps between kernels cost. Then the graph time per step of three step variants: the
+projections on cuBLAS (F.linear, the default) or on kernelforge.linear, and RoPE + the cache append as
+one rope_kv_append launch. KF_PDL=0/1 in the environment sets programmatic dependent launch for the
+process. Not the benchmark.
 
     PYTHONPATH=python python3 dev/prof_generate.py [batch ...]      (default: 1 16)
 """
-import collections
+import importlib
 import os
 import sys
 import time
@@ -23,7 +26,7 @@ from kernelforge.models import MODELS  # noqa: E402
 N1, N2 = 8, 40
 
 
-def kernel_times(model, ids, new: int) -> collections.Counter:
+def kernel_times(model, ids, new: int) -> dict:
     """Kernel name -> (total microseconds, launches) of one uncaptured generate call."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -37,15 +40,18 @@ def kernel_times(model, ids, new: int) -> collections.Counter:
     return out
 
 
-def graph_ms_per_token(model, ids, new: int = 128) -> float:
-    kf.generate(model, ids, new, ignore_eos=True)  # capture
+def graph_ms_per_token(model, ids, step=None, new: int = 128) -> float:
+    def run(n):
+        return kf.generate(model, ids, n, ignore_eos=True, fused_step=step if step is not None else None)
+
+    run(new)  # capture
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    kf.generate(model, ids, new, ignore_eos=True)
-    kf.generate(model, ids, N1, ignore_eos=True)
+    run(new)
+    run(N1)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
-    kf.generate(model, ids, N1, ignore_eos=True)
+    run(N1)
     torch.cuda.synchronize()
     t2 = time.perf_counter()
     return ((t1 - t0) - 2 * (t2 - t1)) / (new - N1) * 1e3
@@ -71,6 +77,15 @@ def main(batch: int) -> None:
         print(f"launches per step: {sum(r[1] for r in rows):.0f}")
         g = graph_ms_per_token(model, ids)
         print(f"graph replay: {g * 1e3:.1f} us per step; busy {busy:.1f} us ({busy / (g * 1e3) * 100:.0f} %)")
+        ds = importlib.import_module("kernelforge.decode_step")
+        for name, proj, rope_append in (("cuBLAS projections", torch.nn.functional.linear, False),
+                                        ("kernelforge.linear projections", kf.linear, False),
+                                        ("kernelforge.linear + rope_kv_append", kf.linear, True)):
+            ds.FUSED_ROPE_APPEND = rope_append
+            step = ds.decode_step(model, proj_linear=proj)
+            g = graph_ms_per_token(model, ids, step)
+            print(f"  {name:40s} {g * 1e3:8.1f} us per step  PDL={os.environ.get('KF_PDL', 'default')}")
+        ds.FUSED_ROPE_APPEND = False
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@
                                   # causal-LM loss (fused_linear_cross_entropy when labels are passed)
     print(report)
     out = kf.generate(model, input_ids, max_new_tokens=128)  # HF causal LM: decode step in one CUDA graph
-                                  # (fused_step=True, Llama / Mistral / Qwen2: decode_step.py, 10 kernels a layer)
+                                  # (Llama / Mistral / Qwen2: the fused step of decode_step.py, 10 kernels a layer)
     kf.last_plan()                # the plan (kernel and launch parameters) of the last launch
 
 Importing needs the compiled extension (libkernelforge_torch.so next to this file) but no GPU:
