@@ -23,16 +23,20 @@ namespace kernelforge {
 
 namespace attn_bwd {
 
-template <typename T, int kD>
+// One instantiation: head dim kD, softcap or not (f.softcap > 0), and the query rows per step that go
+// with them (kBwdWgmmaBlockM: the planner's block_m).
+template <typename T, int kD, bool kSoftcap>
 Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                          void* workspace, cudaStream_t stream) {
-  using L = BwdWgmmaSmem<kD>;
+  constexpr int kBM = kBwdWgmmaBlockM<kD, kSoftcap>;
+  using L = BwdWgmmaSmem<kD, kBM>;
   const AttentionParams& f = p.f;
   if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
-      plan.block_m != kBwdWgmmaBlockM<kD> || plan.block_n != kBwdWgmmaBlockN || plan.warps != kBwdWgmmaThreads / 32 ||
-      plan.stages != kBwdWgmmaStages || plan.splits != 1)
-    return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan));
-  auto kernel = f.softcap > 0.0f ? attention_bwd_wgmma<T, kD, true> : attention_bwd_wgmma<T, kD, false>;
+      (f.softcap > 0.0f) != kSoftcap || plan.block_m != kBM || plan.block_n != kBwdWgmmaBlockN ||
+      plan.warps != kBwdWgmmaThreads / 32 || plan.stages != kBwdWgmmaStages || plan.splits != 1)
+    return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan) +
+                           (kSoftcap ? " with a softcap" : " without a softcap"));
+  auto kernel = attention_bwd_wgmma<T, kD, kBM, kSoftcap>;
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported(std::string(kName) +
                                 ": the wgmma backward kernel needs an sm_90 device and a build with 90a-real");
@@ -86,8 +90,13 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
 template <typename T>
 Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                                   void* workspace, cudaStream_t stream) {
-  if (plan.head_dim_qk == 64) return attn_bwd::launch_wgmma_dims<T, 64>(plan, p, dev, workspace, stream);
-  if (plan.head_dim_qk == 128) return attn_bwd::launch_wgmma_dims<T, 128>(plan, p, dev, workspace, stream);
+  const bool cap = p.f.softcap > 0.0f;
+  if (plan.head_dim_qk == 64)
+    return cap ? attn_bwd::launch_wgmma_dims<T, 64, true>(plan, p, dev, workspace, stream)
+               : attn_bwd::launch_wgmma_dims<T, 64, false>(plan, p, dev, workspace, stream);
+  if (plan.head_dim_qk == 128)
+    return cap ? attn_bwd::launch_wgmma_dims<T, 128, true>(plan, p, dev, workspace, stream)
+               : attn_bwd::launch_wgmma_dims<T, 128, false>(plan, p, dev, workspace, stream);
   return Status::Invalid(std::string(attn_bwd::kName) + ": the wgmma backward kernel has no head dims " +
                          std::to_string(plan.head_dim_qk) + "/" + std::to_string(plan.head_dim_v));
 }
