@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "attention/attention_bwd_passes.cuh"
@@ -23,16 +24,29 @@ namespace kernelforge {
 
 namespace attn_bwd {
 
-template <typename T, int kD>
+// The deterministic mode's dQ writer signals each query tile one step later (the kernel's dQ writer
+// has the argument) when KF_ATTN_BWD_LAGGED_SIGNAL=1; read per call, so that a benchmark or a test
+// can time and check both variants in one process. The order of additions is the same: the
+// gradients are bit-identical either way.
+inline bool lagged_signal() {
+  const char* env = std::getenv("KF_ATTN_BWD_LAGGED_SIGNAL");
+  return env != nullptr && env[0] == '1';
+}
+
+// One instantiation: head dim kD, softcap or not (f.softcap > 0), and the query rows per step that go
+// with them (kBwdWgmmaBlockM: the planner's block_m).
+template <typename T, int kD, bool kSoftcap>
 Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                          void* workspace, cudaStream_t stream) {
-  using L = BwdWgmmaSmem<kD>;
+  constexpr int kBM = kBwdWgmmaBlockM<kD, kSoftcap>;
+  using L = BwdWgmmaSmem<kD, kBM>;
   const AttentionParams& f = p.f;
   if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
-      plan.block_m != kBwdWgmmaBlockM<kD> || plan.block_n != kBwdWgmmaBlockN || plan.warps != kBwdWgmmaThreads / 32 ||
-      plan.stages != kBwdWgmmaStages || plan.splits != 1)
-    return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan));
-  auto kernel = f.softcap > 0.0f ? attention_bwd_wgmma<T, kD, true> : attention_bwd_wgmma<T, kD, false>;
+      (f.softcap > 0.0f) != kSoftcap || plan.block_m != kBM || plan.block_n != kBwdWgmmaBlockN ||
+      plan.warps != kBwdWgmmaThreads / 32 || plan.stages != kBwdWgmmaStages || plan.splits != 1)
+    return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan) +
+                           (kSoftcap ? " with a softcap" : " without a softcap"));
+  auto kernel = attention_bwd_wgmma<T, kD, kBM, kSoftcap>;
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported(std::string(kName) +
                                 ": the wgmma backward kernel needs an sm_90 device and a build with 90a-real");
@@ -75,7 +89,7 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
     if (!st.ok()) return st;
     Launch l(dim3(unsigned(k_tiles), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads),
              size_t(L::kBytes), stream, use_pdl(dev));
-    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws), kName);
+    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws, p.deterministic && lagged_signal()), kName);
     if (!st.ok()) return st;
   }
   return launch_dq_convert<T>(p, ws, dev, stream);
@@ -86,8 +100,13 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
 template <typename T>
 Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                                   void* workspace, cudaStream_t stream) {
-  if (plan.head_dim_qk == 64) return attn_bwd::launch_wgmma_dims<T, 64>(plan, p, dev, workspace, stream);
-  if (plan.head_dim_qk == 128) return attn_bwd::launch_wgmma_dims<T, 128>(plan, p, dev, workspace, stream);
+  const bool cap = p.f.softcap > 0.0f;
+  if (plan.head_dim_qk == 64)
+    return cap ? attn_bwd::launch_wgmma_dims<T, 64, true>(plan, p, dev, workspace, stream)
+               : attn_bwd::launch_wgmma_dims<T, 64, false>(plan, p, dev, workspace, stream);
+  if (plan.head_dim_qk == 128)
+    return cap ? attn_bwd::launch_wgmma_dims<T, 128, true>(plan, p, dev, workspace, stream)
+               : attn_bwd::launch_wgmma_dims<T, 128, false>(plan, p, dev, workspace, stream);
   return Status::Invalid(std::string(attn_bwd::kName) + ": the wgmma backward kernel has no head dims " +
                          std::to_string(plan.head_dim_qk) + "/" + std::to_string(plan.head_dim_v));
 }

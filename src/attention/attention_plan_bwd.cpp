@@ -68,8 +68,9 @@ AttentionPlan bwd_plan(const AttnBwdTile& t) {
 // The wgmma kernel (kernels/attention_bwd_wgmma.cuh): 64 (d128) or 128 (d64) query rows x 128 keys,
 // 3 warpgroups, 2 Q / dO stages; head dims 64/64 and 128/128. At d64 the 128-row step halves the dQ
 // reduce-add bytes per FLOP and doubles the N of the S and dP products (registers allow it there:
-// dK and dV take half of what they take at d128).
-constexpr int wgmma_block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }
+// dK and dV take half of what they take at d128). d64 with a softcap takes 64 rows (the d128 step's
+// shape): at 128 its consumers spill. Must equal the kernel's kBwdWgmmaBlockM<D, softcap>.
+constexpr int wgmma_block_m(int head_dim, bool softcap) { return head_dim == 64 && !softcap ? 128 : 64; }
 constexpr int kWgmmaBlockN = 128;
 constexpr int kWgmmaWarps = 12;
 constexpr int kWgmmaStages = 2;
@@ -87,12 +88,12 @@ std::string wgmma_unsupported(const AttentionProblem& pr, const DeviceInfo& dev)
   return "";
 }
 
-AttentionPlan bwd_wgmma_plan(int head_dim) {
+AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr) {
   AttentionPlan p;
   p.kind = AttentionKernel::kBwdWgmma;
-  p.head_dim_qk = head_dim;
-  p.head_dim_v = head_dim;
-  p.block_m = wgmma_block_m(head_dim);
+  p.head_dim_qk = pr.head_dim_qk;
+  p.head_dim_v = pr.head_dim_qk;
+  p.block_m = wgmma_block_m(pr.head_dim_qk, pr.softcap);
   p.block_n = kWgmmaBlockN;
   p.warps = kWgmmaWarps;
   p.stages = kWgmmaStages;
@@ -110,7 +111,7 @@ bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
 }  // namespace
 
 AttentionPlan plan_attention_bwd(const AttentionProblem& pr, const DeviceInfo& dev) {
-  if (wgmma_unsupported(pr, dev).empty()) return bwd_wgmma_plan(pr.head_dim_qk);
+  if (wgmma_unsupported(pr, dev).empty()) return bwd_wgmma_plan(pr);
   const AttnBwdTile* preferred = nullptr;
   const AttnBwdTile* smallest = nullptr;
   for (const AttnBwdTile& t : kAttnBwdTiles) {
@@ -143,7 +144,7 @@ std::vector<AttentionPlan> candidate_bwd_plans(const AttentionProblem& pr, const
     plans.push_back(p);
   };
   add(plan_attention_bwd(pr, dev));
-  add(bwd_wgmma_plan(pr.head_dim_qk));
+  add(bwd_wgmma_plan(pr));
   for (const AttnBwdTile& t : kAttnBwdTiles) add(bwd_plan(t));
   return plans;
 }
@@ -153,9 +154,8 @@ Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& pr, con
   if (plan.kind == AttentionKernel::kBwdWgmma) {
     const std::string why = wgmma_unsupported(pr, dev);
     if (!why.empty()) return Status::NotSupported(what + "the wgmma backward kernel " + why);
-    if (!same_plan(plan, bwd_wgmma_plan(pr.head_dim_qk)))
-      return Status::Invalid(what + "not the wgmma backward configuration (" +
-                             to_string(bwd_wgmma_plan(pr.head_dim_qk)) + ")");
+    if (!same_plan(plan, bwd_wgmma_plan(pr)))
+      return Status::Invalid(what + "not the wgmma backward configuration (" + to_string(bwd_wgmma_plan(pr)) + ")");
     if (pr.heads_q > kMaxGridYZ || pr.batch > kMaxGridYZ)
       return Status::NotSupported(what + "at most 65535 query heads and 65535 sequences per call");
     return Status::Ok();

@@ -7,13 +7,13 @@
 // sides start from the same numbers), and runs the one-call entry (with CUB's size query), the
 // plan-then-run entries and then every candidate plan through launch_bwd_with_plan, each on
 // gradients poisoned with NaN, comparing every element of dq, dk, dv and dsinks and checking that
-// bytes outside the gradient views stay untouched. Deterministic mode runs twice and must give the
-// same bits. Cases: seqlens 1, 7, 127, 200 (not multiples of any tile), Sq != Sk causal both ways
-// (rows that see no key), GQA 1, 2, 4, head dims 64, 96, 128, 192/128, 256, windows, softcap, sinks,
-// bshd, bhsd, ragged varlen (a sequence without queries, one without keys), slices of fused qkv /
-// dqkv buffers, odd row strides (rows at every 2-byte alignment), Sk = 0, Sq = 0 (dk = dv = 0,
-// dsinks = 0) and an empty batch. Tests skip without a GPU (and below sm_80), and fail instead when
-// KF_REQUIRE_GPU=1.
+// bytes outside the gradient views stay untouched. Deterministic mode runs four times (twice with
+// KF_ATTN_BWD_LAGGED_SIGNAL=1) and must give the same bits. Cases: seqlens 1, 7, 127, 200 (not
+// multiples of any tile), Sq != Sk causal both ways (rows that see no key), GQA 1, 2, 4, head dims
+// 64, 96, 128, 192/128, 256, windows, softcap, sinks, bshd, bhsd, ragged varlen (a sequence without
+// queries, one without keys), slices of fused qkv / dqkv buffers, odd row strides (rows at every
+// 2-byte alignment), Sk = 0, Sq = 0 (dk = dv = 0, dsinks = 0) and an empty batch. Tests skip
+// without a GPU (and below sm_80), and fail instead when KF_REQUIRE_GPU=1.
 //
 // Tolerance (u: the unit roundoff of the dtype, 2^-8 bfloat16, 2^-11 float16; eps: the kernels'
 // logit error, 2^-14 for float32 q.k plus softcap * 2^-10 for tanh.approx, as in the forward's test):
@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -118,7 +119,7 @@ BwdCase varlen(const char* n, std::vector<int64_t> sq, std::vector<int64_t> sk, 
 }
 
 // The case table. Reference cost: about 3 * visible pairs * (Dqk + Dv) multiply-adds per query head;
-// the whole table is below 8e8 per dtype.
+// the whole table is below 1.6e9 per dtype.
 const std::vector<BwdCase>& cases() {
   static const std::vector<BwdCase> kCases = {
       bshd("q1_k1", 1, 1, 1, 1, 1, 64),
@@ -145,6 +146,13 @@ const std::vector<BwdCase>& cases() {
       bshd("d128_causal_q300_k200_sinks", 1, 300, 200, 4, 1, 128).with_causal().sink(),  // the top 100 rows see none
       varlen("d128_varlen_ragged", {1, 300, 0, 129}, {260, 129, 5, 129}, 8, 2, 128).with_causal(),
       bshd("d64_gqa4_causal_q300_sinks", 1, 300, 300, 8, 2, 64).with_causal().sink(),
+      // d64 with a softcap (the wgmma kernel's 64-query step, dQ split by columns between its
+      // consumers) and without (128-query step, split by rows), and d128, over several key tiles: the
+      // deterministic mode's reruns order 4 or 5 key tiles per query tile, causal and not, with GQA.
+      bshd("d64_softcap_gqa2_q300_k400", 1, 300, 400, 4, 2, 64).cap(5.0f),
+      bshd("d64_causal_softcap_gqa2_q333", 1, 333, 333, 4, 2, 64).with_causal().cap(2.0f),
+      bshd("d64_gqa2_q200_k400", 1, 200, 400, 4, 2, 64),
+      bshd("d128_gqa2_q200_k400", 1, 200, 400, 4, 2, 128),
       bshd("sk0_sinks", 2, 5, 0, 4, 2, 128).sink(),  // dq = 0, dsinks = 0
       bshd("sq0_d128", 1, 0, 130, 2, 1, 128),        // no query: dk = dv = 0
       bshd("sq0_sinks", 1, 0, 7, 2, 1, 64).sink(),   // no query: dk = dv = 0, dsinks = 0
@@ -200,6 +208,29 @@ struct Workspace {
   }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
+};
+
+// Sets (value non-null) or unsets an environment variable for its lifetime, then restores it.
+struct EnvVar {
+  std::string name, old;
+  bool had = false;
+  EnvVar(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (value != nullptr)
+      setenv(n, value, 1);
+    else
+      unsetenv(n);
+  }
+  ~EnvVar() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
 };
 
 size_t plan_workspace(const AttentionPlan& plan, const kf::AttentionGradCall& call) {
@@ -460,23 +491,30 @@ void AttentionBwdGpu::run_case(const BwdCase& c) {
     if (HasFatalFailure()) return;
   }
 
-  // Deterministic mode: correct, and two runs give the same bits.
+  // Deterministic mode: correct, and every run gives the same bits: two runs with the wgmma kernel's
+  // per-step signalling, then two with its lagged signalling (KF_ATTN_BWD_LAGGED_SIGNAL=1, the same
+  // order of additions; other kernels ignore it).
   AttentionOptions det = o;
   det.deterministic = true;
   std::vector<HostTensor> first;
-  for (int rep = 0; rep < 2; ++rep) {
+  for (int rep = 0; rep < 4; ++rep) {
+    const bool lagged = rep >= 2;
+    const std::string what = lagged ? "deterministic, lagged signal" : "deterministic";
+    SCOPED_TRACE(what);
+    EnvVar env("KF_ATTN_BWD_LAGGED_SIGNAL", lagged ? "1" : nullptr);
     poison();
     size_t bytes = 0;
     KF_ASSERT_OK(kf::attention_backward(gt, det, nullptr, &bytes, stream_));
     Workspace ws(bytes);
-    ASSERT_TRUE(finish(kf::attention_backward(gt, det, ws.p, &bytes, stream_), "deterministic"));
+    ASSERT_TRUE(finish(kf::attention_backward(gt, det, ws.p, &bytes, stream_), what));
     if (rep == 0) {
-      check("deterministic");
+      check(what);
       first = download_all();
     } else {
-      const std::vector<HostTensor> second = download_all();
+      if (rep == 2) check(what);
+      const std::vector<HostTensor> again = download_all();
       for (size_t i = 0; i < first.size(); ++i)
-        EXPECT_TRUE(bit_equal("deterministic gradients", first[i], second[i])) << "tensor " << i;
+        EXPECT_TRUE(bit_equal((what + " gradients").c_str(), first[i], again[i])) << "tensor " << i << ", run " << rep;
     }
   }
 

@@ -43,6 +43,10 @@ AttentionProblem problem(int64_t batch, int heads_q, int heads_kv, int64_t sq, i
   p.tma_ok = tma_ok;
   return p;
 }
+AttentionProblem with_softcap(AttentionProblem p) {
+  p.softcap = true;
+  return p;
+}
 
 struct Expect {
   const char* what;
@@ -51,13 +55,20 @@ struct Expect {
   const char* plan;  // to_string of the expected plan
 };
 
-// sm_90 with head dims 128/128 and TMA-compatible tensors: the wgmma kernel. Otherwise the first
+// sm_90 with head dims 64/64 or 128/128 and TMA-compatible tensors: the wgmma kernel, 128 query rows
+// per step at d64 without a softcap, 64 otherwise. Otherwise the first
 // kAttnBwdTiles row of the head dims that fits the device's shared memory (H100 227 KB, A100 163 KB,
 // sm_89 99 KB); the smallest block_n when the call has fewer key-tile blocks than SMs.
 std::vector<Expect> expectations() {
   return {
       {"h100 d64", problem(2, 16, 16, 2048, 2048, 64, 64), &kH100,
        "attn_bwd_wgmma d=64/64 tile=128x128 warps=12 stages=2 order=row"},
+      {"h100 d64 softcap", with_softcap(problem(2, 16, 16, 2048, 2048, 64, 64)), &kH100,
+       "attn_bwd_wgmma d=64/64 tile=64x128 warps=12 stages=2 order=row"},
+      {"h100 d64 gqa softcap", with_softcap(problem(2, 32, 8, 2048, 2048, 64, 64)), &kH100,
+       "attn_bwd_wgmma d=64/64 tile=64x128 warps=12 stages=2 order=row"},
+      {"h100 d128 softcap", with_softcap(problem(2, 16, 16, 2048, 2048, 128, 128)), &kH100,
+       "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=row"},
       {"h100 d64 unaligned", problem(2, 16, 16, 2048, 2048, 64, 64, false), &kH100,
        "attn_bwd_mma d=64/64 tile=64x128 warps=8 stages=2 order=row"},
       {"h100 d96", problem(2, 16, 16, 2048, 2048, 96, 96), &kH100,
@@ -224,6 +235,22 @@ TEST(AttentionBwdPlan, WgmmaPlansRejected) {
   p.stages = 3;
   rejects(p, pr, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
   rejects(w, problem(1, 70000, 70000, 128, 128, 128, 128), kH100, kf::StatusCode::kNotSupported, "65535");
+  // d64: 128 query rows per step without a softcap, 64 with one; each plan is rejected for the other.
+  const AttentionProblem d64 = problem(2, 16, 16, 1024, 1024, 64, 64), d64_cap = with_softcap(d64);
+  const AttentionPlan w64 = kf::plan_attention_bwd(d64, kH100), w64_cap = kf::plan_attention_bwd(d64_cap, kH100);
+  ASSERT_EQ(w64.kind, AttentionKernel::kBwdWgmma);
+  ASSERT_EQ(w64_cap.kind, AttentionKernel::kBwdWgmma);
+  EXPECT_EQ(w64.block_m, 128);
+  EXPECT_EQ(w64_cap.block_m, 64);
+  EXPECT_TRUE(kf::check_bwd_plan(w64, d64, kH100).ok());
+  EXPECT_TRUE(kf::check_bwd_plan(w64_cap, d64_cap, kH100).ok());
+  rejects(w64, d64_cap, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
+  rejects(w64_cap, d64, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
+  // The workspace's semaphores follow the plan's query tiles: 16 per sequence and head at 64 rows.
+  AttentionProblem det = d64_cap;
+  det.deterministic = true;
+  EXPECT_EQ(kf::bwd_workspace_bytes(w64_cap, det),
+            kf::attn_bwd_workspace(64, 2, 16, 1024, 2048, 64, true, false).bytes);
   // Elsewhere the mma kernel runs d128: no wgmma candidate on an A100.
   for (const AttentionPlan& c : kf::candidate_bwd_plans(pr, kA100)) EXPECT_EQ(c.kind, AttentionKernel::kBwdMma);
 }

@@ -4,7 +4,8 @@
 // (attention_bwd_dq_convert.cuh) rounds it into dq. Same work split as the mma kernel
 // (attention_bwd_mma.cuh): one CTA per (key tile of 128 keys, kv head, batch) keeps K, V in shared
 // memory and dK, dV in registers, and walks the query heads of its group and the query tiles of BM
-// rows (64 at d128, 128 at d64) that see its keys ([m_begin, m_end), attention_bwd_common.cuh).
+// rows (64 at d128 and at d64 with a softcap, 128 at d64 without) that see its keys ([m_begin, m_end),
+// attention_bwd_common.cuh).
 //
 // 384 threads in three warpgroups:
 //   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step the Q and
@@ -19,16 +20,19 @@
 //       dS^T = P^T (dP^T - D)                    (softcap: times 1 - tanh^2)
 //       dV += P^T dO, dK += dS^T Q               (wgmma m64nD, A = P^T / dS^T from registers, the
 //                                                 accumulator layout converted in place; B MN-major)
-//       dS^T -> shared memory (double-buffered; both warpgroups' halves), then one 64 x 64 tile of
-//       dQ = dS K over all 128 keys (wgmma m64n64, A = dS and B = K both MN-major): d128, columns
-//       64 c ..; d64, query rows 64 c ..; staged in shared memory for the dQ writer.
+//       dS^T -> shared memory (double-buffered; both warpgroups' halves), then one 64-row tile of
+//       dQ = dS K over all 128 keys (wgmma m64nC, A = dS and B = K both MN-major): BM = 64, columns
+//       C c .. (C = D / 2: 64 at d128, 32 at d64); BM = 128 (d64), query rows 64 c .., C = 64; staged
+//       in shared memory for the dQ writer.
 // FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
 // Registers per consumer thread: dV, dK D / 2 each, S^T and dP^T BM / 2 each, then P and dS as 16-bit
-// A fragments BM / 4 each and dQ 32 (d128: 64 + 64 + 32 + 32; d64: 32 + 32 + 64 + 64).
+// A fragments BM / 4 each and dQ C / 2 (d128: 64 + 64 + 32 + 32; d64, BM = 128: 32 + 32 + 64 + 64; d64
+// with a softcap, BM = 64: 32 + 32 + 32 + 32, since BM = 128 leaves too few registers for the tanh
+// temporaries and spills 160 bytes per thread).
 // Shared memory: K, V 2 x 128 D bytes, 2 stages x (Q + dO, 2 x 2 BM D bytes), 2 x dS^T 256 BM bytes,
-// 2 x dQ staging 16 KB, lse2 / D 2 stages x 8 BM bytes: 193 KB at d128, 194 KB at d64. Every tile is 64
-// columns wide (128-byte rows, the TMA 128-byte swizzle) and 1024-byte aligned; see sm90_wgmma.cuh for
-// the operand layouts and descriptors.
+// 2 x dQ staging 256 C bytes, lse2 / D 2 stages x 8 BM bytes: 193 KB at d128, 194 KB at d64 with BM =
+// 128, 113 KB at d64 with BM = 64. Every tile is 64 columns wide (128-byte rows, the TMA 128-byte
+// swizzle) and 1024-byte aligned; see sm90_wgmma.cuh for the operand layouts and descriptors.
 // dK (times scale) and dV are written once at the end, in T; key rows past Sk are skipped; a key tile
 // that no query sees writes zeros.
 #pragma once
@@ -51,9 +55,11 @@ namespace kernelforge {
 
 // Query rows per step: 64 at d128, where dK and dV take 128 of a consumer thread's 240 registers;
 // 128 at d64, where they take 64: S^T and dP^T become m64n128 products and the CTA adds one 128 x 64
-// dQ tile per step, half the reduce-add bytes per FLOP of two 64-key halves adding 64 x 64 each.
-template <int kD>
-constexpr int kBwdWgmmaBlockM = kD == 64 ? 128 : 64;
+// dQ tile per step, half the reduce-add bytes per FLOP of two 64-key halves adding 64 x 64 each. d64
+// with a softcap takes 64 rows: at 128, S^T, dP^T, dK and dV hold 192 of the 240 registers and the
+// softcap's tanh temporaries spill. The planner's block_m (attention_plan_bwd.cpp) is this value.
+template <int kD, bool kSoftcap>
+constexpr int kBwdWgmmaBlockM = kD == 64 && !kSoftcap ? 128 : 64;
 constexpr int kBwdWgmmaBlockN = 128;  // keys per CTA: two consumer warpgroups x 64
 constexpr int kBwdWgmmaBoxRows = 64;  // rows of a Q / dO TMA box and of a consumer's dQ tile
 constexpr int kBwdWgmmaStages = 2;    // Q / dO ring depth
@@ -61,10 +67,13 @@ constexpr int kBwdWgmmaThreads = 384;
 constexpr int kBwdWgmmaProducerRegs = 24;
 constexpr int kBwdWgmmaConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536 registers
 
-// Shared-memory map (byte offsets from a 1024-aligned base); Dqk = Dv = kD.
-template <int kD>
+// Shared-memory map (byte offsets from a 1024-aligned base); Dqk = Dv = kD, kBM query rows per step.
+template <int kD, int kBM_>
 struct BwdWgmmaSmem {
-  static constexpr int kBM = kBwdWgmmaBlockM<kD>, kBN = kBwdWgmmaBlockN;
+  static constexpr int kBM = kBM_, kBN = kBwdWgmmaBlockN;
+  // dQ columns of a consumer's 64-row tile: BM = 64 splits the kD columns between the two consumers,
+  // BM = 128 (d64) the query rows.
+  static constexpr int kDqCols = kBM == 64 ? kD / 2 : kD;
   static constexpr int kKBytes = kBN * kD * 2;    // K tile; V the same
   static constexpr int kQBytes = kBM * kD * 2;    // one stage of Q; dO the same
   static constexpr int kDsBytes = kBN * kBM * 2;  // dS^T: 128 key rows x kBM queries, 64-query tiles
@@ -73,13 +82,14 @@ struct BwdWgmmaSmem {
   static constexpr int kQ = kV + kKBytes;                      // stage s at kQ + s * kQBytes
   static constexpr int kDo = kQ + kBwdWgmmaStages * kQBytes;   // stage s at kDo + s * kQBytes
   static constexpr int kDs = kDo + kBwdWgmmaStages * kQBytes;  // buffer u at kDs + u * kDsBytes
-  static constexpr int kDqBytes = 64 * 64 * 4;                 // one consumer's float dQ tile
+  static constexpr int kDqBytes = 64 * kDqCols * 4;            // one consumer's float dQ tile
   static constexpr int kDq = kDs + 2 * kDsBytes;               // consumer c at kDq + c * kDqBytes
   static constexpr int kRows = kDq + 2 * kDqBytes;             // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
   static constexpr int kNumBars = 3 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s], dq_full, dq_empty
   static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
   static_assert(kD % 64 == 0, "64-column tiles");
+  static_assert(kDqCols % 32 == 0 && kDqBytes % 1024 == 0, "dQ staging: 32-column boxes, 1024-byte aligned");
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
@@ -139,25 +149,31 @@ __device__ __forceinline__ void bwd_wgmma_mask(float (&st)[kBM / 2], float (&dpt
     }
 }
 
-// Grid (ceil(Sk / 128), Hkv, B); 384 threads; BwdWgmmaSmem<kD>::kBytes of dynamic shared memory.
+// Grid (ceil(Sk / 128), Hkv, B); 384 threads; BwdWgmmaSmem<kD, kBM>::kBytes of dynamic shared memory.
 // tm_q / tm_do: 4-D maps (column, row, head, batch) with 64 x 64 boxes; tm_k / tm_v: 64 x 128 boxes;
 // 128-byte swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens).
 // tm_dq: the float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
+// lagged_signal: the deterministic mode's writer signals each step's query tile one step later (see
+// the dQ writer; the launcher sets it from KF_ATTN_BWD_LAGGED_SIGNAL=1, off by default).
 // kSoftcap = f.softcap > 0 (a template parameter: one softmax variant per kernel; two in one kernel
-// spilled at d64).
-template <typename T, int kD, bool kSoftcap>
+// spilled at d64); kBM = kBwdWgmmaBlockM<kD, kSoftcap> (instantiated: d128 64, d64 128 without and 64
+// with a softcap).
+template <typename T, int kD, int kBM, bool kSoftcap>
 __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     attention_bwd_wgmma(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws) {
+                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws,
+                        const bool lagged_signal) {
 #if KF_SM90A
-  using L = BwdWgmmaSmem<kD>;
-  constexpr int kBM = kBwdWgmmaBlockM<kD>, kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
+  using L = BwdWgmmaSmem<kD, kBM>;
+  constexpr int kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
   // dQ = dS K (kBM queries x kD columns over all 128 keys, dS^T of both warpgroups exchanged through
-  // shared memory), one 64 x 64 tile per consumer warpgroup: d128 (64 queries), columns 64 c ..; d64
-  // (128 queries), query rows 64 c ... The two tiles are disjoint.
-  constexpr bool kSplitCols = kD == 128;
-  static_assert((kD == 128 && kBM == 64) || (kD == 64 && kBM == 128), "head dims 64 and 128");
+  // shared memory), one 64-row tile of kDqCols columns per consumer warpgroup: 64 queries (d128, and
+  // d64 with a softcap), columns kDqCols c .. (kDqCols = kD / 2: 64 at d128, 32 at d64); 128 queries
+  // (d64), query rows 64 c .., kDqCols = 64. The two tiles are disjoint.
+  constexpr bool kSplitCols = kBM == 64;
+  constexpr int kDqCols = L::kDqCols;
+  static_assert((kBM == 64 && (kD == 64 || kD == 128)) || (kD == 64 && kBM == 128), "head dims 64 and 128");
   constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ uint8_t smem_raw[];
@@ -251,21 +267,46 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
       }
     } else if (threadIdx.x == 32 && n_iters > 0) {
-      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64 x 64
-      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator; the staging tiles are
-      // released as soon as the TMA unit has read them, so the consumers compute the next step while
-      // the additions (and in the deterministic mode the wait for their turn) go on.
+      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64-row
+      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator (one bulk group per
+      // step); the staging tiles are released as soon as the TMA unit has read them, so the consumers
+      // compute the next step while the additions (and in the deterministic mode the wait for their
+      // turn) go on.
       // Deterministic mode: query tile m receives its additions in decreasing key-tile order. Every
       // key tile walks the query tiles downwards, so the key tiles that visit m reach it at the same
       // step (causal too) and each waits about one addition's latency for the one above it; a CTA
       // waits only for CTAs of lower linear index (key tiles are numbered downwards), which were
-      // dispatched before it, so the chain cannot deadlock.
+      // dispatched before it, so the chain cannot deadlock. The semaphore of (b, h, m) counts the key
+      // tiles whose additions to m are complete; key tile n adds to m once the count reaches the
+      // number of key tiles above it that visit m, so every rerun adds in the same order.
+      // Signalling, two variants with the same order of additions:
+      //  - per step (the default): after a step's additions, wait for all of them to complete
+      //    (bulk_wait<0>), signal, then take the next step.
+      //  - lagged (lagged_signal): issue step it's additions, then wait for step it - 1's group only
+      //    (bulk_wait<1>: at most the newest group, step it's, still in flight), signal step it - 1's
+      //    tile; the last step's group is waited for and signalled after the loop, before the CTA
+      //    exits. Step it - 1's completion overlaps step it's additions. The order per query tile is
+      //    unchanged: a signal still follows the completion of the additions it counts, and each
+      //    addition still waits for the count of the key tiles above it, so the order does not depend
+      //    on timing. Deadlock freedom: the signal of step it - 1 now also waits for step it's turn,
+      //    which depends only on CTAs of lower linear index (the same induction over the dispatch
+      //    order as above: those CTAs never wait for this one, so they finish and signal every tile,
+      //    their last at exit), and never on this CTA's own pending signal (steps are distinct
+      //    (head, query tile) pairs, so step it's semaphore is not step it - 1's).
+      //    Cost: key tile n's signal for step it now waits for its step it + 1's turn, i.e. for key
+      //    tile n + 1's signal of its step it + 1, which waits for key tile n + 2's step it + 2, and
+      //    so on: where all key tiles walk the same query tiles (without masks, and causal at equal
+      //    steps), adjacent key tiles lag by one step instead of one addition's latency. It pays only
+      //    where the additions' completion is longer than a step of the consumers; not measured on a
+      //    GPU, hence off by default.
+      const bool det = p.deterministic, lagged = det && lagged_signal;
+      int32_t* pending = nullptr;  // lagged: the semaphore of the previous step's query tile, not yet signalled
       for (int it = 0; it < n_iters; ++it) {
         const int h = kvh * f.group + it / nm;
         const int m = step_m(it);
         mbar_wait(dq_full, it & 1);
         int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
-        if (p.deterministic) {
+        if (det) {
           // Key tiles above this one that visit m: up to the one holding key keys_hi(m) - 1.
           const int last = (vis.keys_hi(m, kBM) - 1) / kBN;
           while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
@@ -273,20 +314,31 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
 #pragma unroll
-          for (int box = 0; box < 2; ++box)
+          for (int box = 0; box < kDqCols / 32; ++box)
             tma_reduce_add_3d(&tm_dq, smem + L::kDq + c * L::kDqBytes + box * 64 * 128,
-                              (kSplitCols ? 64 * c : 0) + 32 * box, int(qbase + m * kBM + (kSplitCols ? 0 : 64 * c)),
-                              h);
+                              (kSplitCols ? kDqCols * c : 0) + 32 * box,
+                              int(qbase + m * kBM + (kSplitCols ? 0 : 64 * c)), h);
         bulk_commit();
         bulk_wait_read<0>();
         mbar_arrive(dq_empty);
-        if (p.deterministic) {
+        if (lagged) {
+          if (pending != nullptr) {
+            bulk_wait<1>();  // step it - 1's additions are done (in L2); step it's may still run
+            __threadfence();
+            atomicAdd(pending, 1);
+          }
+          pending = sem;
+        } else if (det) {
           bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
           __threadfence();
           atomicAdd(sem, 1);
         }
       }
       bulk_wait<0>();
+      if (pending != nullptr) {  // lagged: the last step's tile, before the CTA exits
+        __threadfence();
+        atomicAdd(pending, 1);
+      }
     }
     return;
   }
@@ -379,17 +431,20 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
     named_sync(1, 256);   // both halves of the 128 keys are in ds_tile
 
-    // ---- dQ = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x 64 columns), both MN-major.
-    // d128: queries 0..63, columns 64 cw ..; d64: queries 64 cw .., columns 0..63 ----
-    float dq[32];
+    // ---- dQ = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x kDqCols columns), both
+    // MN-major. BM = 64: queries 0..63, columns kDqCols cw .. (d64: consumer 1's B starts 64 bytes into
+    // the 128-byte rows of K's tile, a start address inside the swizzle atom as the K-major k-slices'
+    // 32-byte steps; the swizzle applies to the summed address); BM = 128: queries 64 cw .., columns
+    // 0..63 ----
+    float dq[kDqCols / 2];
     const uint32_t ds_addr = smem_u32(ds_tile) + (kSplitCols ? 0 : cw * (kBN * 128));
-    const uint32_t kq_addr = k_addr + (kSplitCols ? cw * (kBN * 128) : 0);
+    const uint32_t kq_addr = k_addr + (kSplitCols ? (kDqCols * cw / 64) * (kBN * 128) + (kDqCols * cw % 64) * 2 : 0);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint64_t da = gmma_desc_mn(ds_addr + kk * 16 * 128, kBN * 128);
       const uint64_t db = gmma_desc_mn(kq_addr + kk * 16 * 128, kBN * 128);
-      wgmma_ss<T, 64, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+      wgmma_ss<T, kDqCols, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();  // dV, dK, dQ done: Q, dO of stage s and ds_tile are no longer read by this warpgroup
@@ -407,13 +462,13 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     // 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores), added to the float32
     // accumulator by the writer thread with TMA reduce-adds (scalar reductions from every thread cost
     // a third of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column
-    // 8 j + 2 (lane % 4) + c of the tile (d128: column 64 cw + that; d64: query 64 cw + that). Rows
-    // past the sequence end hold zeros (P = 0 there), so a tile that reaches into the next sequence
-    // adds nothing to it.
+    // 8 j + 2 (lane % 4) + c of the tile (BM = 64: column kDqCols cw + that; BM = 128: query 64 cw +
+    // that). Rows past the sequence end hold zeros (P = 0 there), so a tile that reaches into the next
+    // sequence adds nothing to it.
     uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
     mbar_wait(dq_empty, (it & 1) ^ 1);  // the previous step's additions have read the tiles
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kDqCols / 8; ++j)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = 16 * warp + lane / 4 + 8 * i;

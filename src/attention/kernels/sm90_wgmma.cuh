@@ -14,7 +14,8 @@
 //     slice of a 64-column tile starts 32 * k bytes further (the swizzle is applied after the add).
 //   MN-major operand (V for P.V: rows are k, 64 contiguous n per row): the leading byte offset is the
 //     step between 64-column tiles (R * 128 bytes), the stride byte offset the step between groups of
-//     8 k-rows (1024 bytes); instruction flag "transpose B" = 1.
+//     8 k-rows (1024 bytes); instruction flag "transpose B" = 1. An N = 32 operand may start 64 bytes
+//     into the rows (columns 32..63 of a 64-column tile), as a K-major k-slice starts inside them.
 // Accumulator fragment of m64nN (per thread of the warpgroup, warp w, lane l): d[4j + 2i + c] is row
 // 16w + l/4 + 8i, column 8j + 2(l%4) + c. The register A fragment of m64nNk16 (4 x b32, two 16-bit
 // values each): a[r] holds row 16w + l/4 + 8(r%2), columns 2(l%4) + 8(r/2) + {0, 1} - the
@@ -78,6 +79,16 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
 }
 
 // The instructions, one macro per shape; TY is the PTX input type (bf16 or f16).
+#define KF_WGMMA_SS_N32(TY, TA, TB)                                                                                 \
+  asm volatile(                                                                                                     \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                                  \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY                                                       \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"                                    \
+      " %16, %17, p, 1, 1, " TA ", " TB ";\n}\n"                                                                    \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                    \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
 #define KF_WGMMA_SS_N64(TY, TA, TB)                                                                                    \
   asm volatile(                                                                                                        \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                     \
@@ -160,14 +171,26 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
 // D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B from shared memory, K-major (kTransA / kTransB 0) or
-// MN-major (1: A's 64 rows, B's N columns contiguous; N = 64 only).
+// MN-major (1: A's 64 rows, B's N columns contiguous; N = 32 and 64 only).
 // scale_d 0: D = A * B (the first k-slice); 1: accumulate.
 template <typename T, int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
 #if KF_SM90A
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 64 || (kTransA == 0 && kTransB == 0), "wgmma_ss: transposed operands with N = 64 only");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || (kTransA == 0 && kTransB == 0),
+                "wgmma_ss: transposed operands with N = 32 or 64 only");
+  if constexpr (N == 32) {
+    if constexpr (kBf16 && kTransA == 0 && kTransB == 0)
+      KF_WGMMA_SS_N32("bf16", "0", "0");
+    else if constexpr (kBf16 && kTransA == 1 && kTransB == 1)
+      KF_WGMMA_SS_N32("bf16", "1", "1");
+    else if constexpr (!kBf16 && kTransA == 0 && kTransB == 0)
+      KF_WGMMA_SS_N32("f16", "0", "0");
+    else if constexpr (!kBf16 && kTransA == 1 && kTransB == 1)
+      KF_WGMMA_SS_N32("f16", "1", "1");
+    else
+      static_assert(kTransA == kTransB, "wgmma_ss: both operands K-major or both MN-major");
+  } else if constexpr (N == 64) {
     if constexpr (kBf16 && kTransA == 0 && kTransB == 0)
       KF_WGMMA_SS_N64("bf16", "0", "0");
     else if constexpr (kBf16 && kTransA == 1 && kTransB == 1)
@@ -189,7 +212,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
     else
       KF_WGMMA_SS_N128("f16");
   } else {
-    static_assert(N == 64 || N == 80 || N == 128, "wgmma_ss: N must be 64, 80 or 128");
+    static_assert(N == 32 || N == 64 || N == 80 || N == 128, "wgmma_ss: N must be 32, 64, 80 or 128");
   }
 #else
   (void)d, (void)desc_a, (void)desc_b, (void)scale_d;
@@ -220,6 +243,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #endif
 }
 
+#undef KF_WGMMA_SS_N32
 #undef KF_WGMMA_SS_N64
 #undef KF_WGMMA_SS_N80
 #undef KF_WGMMA_SS_N128
