@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -102,11 +103,8 @@ struct Linear {
   Buf w;
   kf::LinearPlan plan;
   size_t ws_bytes = 0;
-  Buf* ws = nullptr;
+  std::unique_ptr<Buf> ws;
   Linear(int64_t n_, int64_t k_) : n(n_), k(k_), w(size_t(n_ * k_) * 2) {}
-  ~Linear() { delete ws; }
-  Linear(const Linear&) = delete;
-  Linear& operator=(const Linear&) = delete;
 };
 
 struct ChainCase {
@@ -194,7 +192,7 @@ TEST_P(PdlChainGpu, SameBitsWithAndWithoutPdl) {
       l.plan.splits = int(l.k / 512);  // 4 or 16: the split-K reduction kernel runs after each
       l.ws_bytes = (size_t(l.plan.splits) * size_t(M) * size_t(l.n) * 4 + 255) / 256 * 256;
     }
-    l.ws = new Buf(l.ws_bytes > 0 ? l.ws_bytes : 256);
+    l.ws = std::make_unique<Buf>(l.ws_bytes > 0 ? l.ws_bytes : 256);
     std::printf("  [%s] linear %lld -> %lld: %s\n", c.name.c_str(), (long long)l.k, (long long)l.n,
                 kf::to_string(l.plan).c_str());
   };

@@ -36,9 +36,9 @@ __device__ __forceinline__ void cp_async_bytes(uint32_t dst, const void* src, in
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-// Any alignment: rows [row0, row0 + rows) of src (row stride ld, `valid` rows in bounds: the others
-// and columns past ke zero), columns k..k+kBlockK-1, into a shared tile of row stride kStride through
-// element loads and 16-byte shared stores.
+// Any alignment: rows row0 .. row0 + rows - 1 of src (row stride ld), columns k .. k + kBlockK - 1,
+// into a shared tile of row stride kStride by element loads and 16-byte shared stores; rows at or past
+// `valid` and columns at or past ke are zeros.
 template <int kBlockK, int kStride, int kThreads>
 __device__ __forceinline__ void load_rows_any(uint16_t* dst, const uint16_t* src, int64_t ld, int64_t row0,
                                               int64_t valid, int rows, int64_t k, int64_t ke) {
