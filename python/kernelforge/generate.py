@@ -33,6 +33,8 @@ yarn scaling exact), kv_append and decode_attention on the prefill's StaticCache
 silu_and_mul, the down projection; then the final norm and the LM head (``kernelforge.linear``). The
 concatenated weights are built once and the modules' q/k/v and gate/up parameters re-pointed to views
 of them (same values, same memory: the model is unchanged). The prefill stays the model's forward.
+On sm_90 the step's kernels launch with programmatic dependent launch, each while the previous one
+drains (``KF_PDL=0`` turns it off; notes/decode.md).
 Models it does not take (other architectures, head dims other than 64/128/256, dynamic rope, CUDA
 float32, module hooks, mixed dtypes, a sliding window shorter than the cache) run their forward: with
 ``fused_step=True`` a ValueError, with the default announced once (KF_STRICT=1: an error;

@@ -1,6 +1,8 @@
 #include "common/device.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "kernelforge/kernelforge.h"
@@ -12,7 +14,29 @@ constexpr int kMaxDevices = 64;
 DeviceInfo g_info[kMaxDevices];
 std::atomic<bool> g_ready[kMaxDevices];
 std::mutex g_mutex;
+std::atomic<int> g_pdl_override{-1};
+
+bool pdl_from_env() {
+  const char* e = std::getenv("KF_PDL");
+  if (e == nullptr || *e == '\0') return kPdlByDefault;
+  return std::strcmp(e, "0") != 0;
+}
 }  // namespace
+
+bool pdl_switch() {
+  static const bool env = pdl_from_env();
+  const int o = g_pdl_override.load(std::memory_order_relaxed);
+  return o < 0 ? env : o != 0;
+}
+
+void set_pdl_override(int on) { g_pdl_override.store(on < 0 ? -1 : (on != 0 ? 1 : 0), std::memory_order_relaxed); }
+
+bool pdl_enabled() {
+  int device = 0;
+  const DeviceInfo* info = nullptr;
+  if (!current_device_info(&device, &info).ok()) return false;
+  return info->capability >= 90 && pdl_switch();
+}
 
 Status current_device_info(int* device, const DeviceInfo** info) {
   int dev = 0;

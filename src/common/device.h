@@ -25,6 +25,18 @@ Status current_device_info(int* device, const DeviceInfo** info);
 // `op` names the entry in the message; `info` receives the current device's facts.
 Status check_device(const char* op, int device_index, DType dtype, const DeviceInfo** info);
 
+// Programmatic dependent launch (common/launch.cuh) is a process-wide switch: kPdlByDefault, or the
+// environment variable KF_PDL=1 / KF_PDL=0 (read once, at the first launch), or set_pdl_override.
+// Launchers apply it only on devices of compute capability 9.0 or newer (use_pdl).
+constexpr bool kPdlByDefault = true;
+bool pdl_switch();
+// 1 forces the switch on, 0 off, -1 returns to KF_PDL / kPdlByDefault. For tests that compare a chain
+// of kernels with and without the attribute in one process; a captured CUDA graph keeps the attributes
+// it was captured with.
+void set_pdl_override(int on);
+// The switch and the current device's compute capability (>= 9.0): whether launches carry the attribute.
+bool pdl_enabled();
+
 // Converts a CUDA error into a Status naming the operation.
 inline Status cuda_status(cudaError_t err, const char* op, const char* what) {
   if (err == cudaSuccess) return Status::Ok();

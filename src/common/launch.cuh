@@ -47,14 +47,22 @@ inline Status check_launch(const char* what) {
 }
 
 // ---- programmatic dependent launch (sm_90) ------------------------------------------------------
-// Every kernel is launched with the PDL attribute on sm_90 (Launch below): it may become resident
-// while the previous kernel of the stream is still draining, which hides the launch latency (~1-2 µs
-// per kernel boundary: the backward's column reductions, consecutive calls in a CUDA graph).
-// pdl_wait() blocks until the previous kernel has completed and its writes are visible, so every
-// kernel calls it before its first global memory access; without the attribute it returns at once.
-// pdl_trigger() lets the next kernel launch before this one exits; only kernels whose whole grid is
-// resident at once call it early (otherwise the next kernel's waiting blocks would take the slots of
-// this kernel's later blocks); the others trigger implicitly as their blocks exit.
+// Every kernel is launched with the PDL attribute on sm_90 while the switch is on (Launch and use_pdl
+// below, the switch in common/device.h): it may become resident while the previous kernel of the
+// stream is still draining, which hides the launch latency (~1-2 µs per kernel boundary: the
+// backward's column reductions, consecutive calls in a CUDA graph).
+// pdl_wait() (griddepcontrol.wait) blocks until the previous kernel has completed and its writes are
+// visible; without the attribute it returns at once. The rule: a kernel calls pdl_wait() before its
+// first global read of anything an earlier kernel may have written and before its first global
+// write. Before it, only data that no kernel of the stream writes may be read: the skinny linear
+// kernels read their weight there (linear_skinny.cuh, linear_skinny_tma.cuh); everything else (x,
+// caches, block tables, sequence lengths, cos/sin tables, biases) counts as written by an earlier
+// kernel. The wait covers the full completion of the previous kernel, which could not complete before
+// its own wait returned: the ordering is transitive along the stream.
+// pdl_trigger() (griddepcontrol.launch_dependents) lets the next kernel launch before this one exits;
+// only kernels whose whole grid is resident at once call it early (otherwise the next kernel's
+// waiting blocks would take the slots of this kernel's later blocks), the pipelined ones after their
+// last main-loop load; the others trigger implicitly as their blocks exit.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -107,7 +115,7 @@ inline Status launched(cudaError_t err, const char* what) {
   return check_launch(what);
 }
 
-// Programmatic dependent launch for every kernel on sm_90 (see pdl_wait).
-inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90; }
+// Programmatic dependent launch for every kernel on sm_90 while the switch is on (common/device.h).
+inline bool use_pdl(const DeviceInfo& dev) { return dev.capability >= 90 && pdl_switch(); }
 
 }  // namespace kernelforge

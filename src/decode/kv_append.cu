@@ -23,10 +23,12 @@ Status launch_kv_append(const KvAppendParams& p, cudaStream_t stream) {
   const DeviceInfo* dev = nullptr;
   Status st = current_device_info(&device, &dev);
   if (!st.ok()) return st;
-  Launch l(dim3(unsigned(ceil_div(threads, int64_t(decode::kAppendThreads)))), dim3(decode::kAppendThreads), 0, stream,
-           use_pdl(*dev));
-  cudaError_t err = vec == 8 ? l(decode::kv_append_kernel<8>, p)
-                             : (vec == 2 ? l(decode::kv_append_kernel<2>, p) : l(decode::kv_append_kernel<1>, p));
+  const int64_t blocks = ceil_div(threads, int64_t(decode::kAppendThreads));
+  const bool pdl = use_pdl(*dev), trigger = pdl && blocks <= dev->sm_count;
+  Launch l(dim3(unsigned(blocks)), dim3(decode::kAppendThreads), 0, stream, pdl);
+  cudaError_t err =
+      vec == 8 ? l(decode::kv_append_kernel<8>, p, trigger)
+               : (vec == 2 ? l(decode::kv_append_kernel<2>, p, trigger) : l(decode::kv_append_kernel<1>, p, trigger));
   return launched(err, "kv_append");
 }
 

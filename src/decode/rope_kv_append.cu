@@ -43,11 +43,12 @@ Status launch_typed(const RopeKvAppendParams& p, cudaStream_t stream, const Devi
   const int64_t threads =
       int64_t(p.kv.batch) * p.kv.q_len * (p.heads_q + 2 * int64_t(p.kv.heads_kv)) * (p.kv.head_dim / vec);
   if (threads == 0) return Status::Ok();
-  Launch l(dim3(unsigned(ceil_div(threads, int64_t(decode::kAppendThreads)))), dim3(decode::kAppendThreads), 0, stream,
-           use_pdl(dev));
-  const cudaError_t err = vec == 8   ? l(decode::rope_kv_append_kernel<T, CS, 8>, p)
-                          : vec == 2 ? l(decode::rope_kv_append_kernel<T, CS, 2>, p)
-                                     : l(decode::rope_kv_append_kernel<T, CS, 1>, p);
+  const int64_t blocks = ceil_div(threads, int64_t(decode::kAppendThreads));
+  const bool pdl = use_pdl(dev), trigger = pdl && blocks <= dev.sm_count;
+  Launch l(dim3(unsigned(blocks)), dim3(decode::kAppendThreads), 0, stream, pdl);
+  const cudaError_t err = vec == 8   ? l(decode::rope_kv_append_kernel<T, CS, 8>, p, trigger)
+                          : vec == 2 ? l(decode::rope_kv_append_kernel<T, CS, 2>, p, trigger)
+                                     : l(decode::rope_kv_append_kernel<T, CS, 1>, p, trigger);
   return launched(err, "rope_kv_append");
 }
 

@@ -8,12 +8,15 @@ outputs or memory; replaced and in-place changed weights are seen; separate GEMM
 cannot share a buffer; unsupported models fall back announced (KF_STRICT=1: an error; fused_step=True:
 ValueError). CUDA (bf16): the fused step's greedy tokens equal the model-forward step's except where
 two logits are within bf16 noise, in a CUDA graph and without, and the graph is replayed and
-recaptured as the weights change.
+recaptured as the weights change; KF_PDL=1 and KF_PDL=0 give the same tokens.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -444,3 +447,35 @@ def test_cuda_left_padded_batch_graph(kf):
     assert torch.equal(kf.generate(model, ids, 24, ignore_eos=True, attention_mask=mask), eager)
     kf.generate(model, ids, 24, ignore_eos=True)
     assert torch.equal(kf.generate(model, ids, 24, ignore_eos=True, attention_mask=mask), eager)
+
+
+_PDL_CHILD = """
+import sys
+import torch, kernelforge as kf, kernelforge.decode_step as ds
+sys.path.insert(0, {here!r})
+from test_decode_step import tiny_model, prompt
+out = []
+for batch, layers in ((1, 4), (2, 2)):
+    model = tiny_model("llama", "cuda", torch.bfloat16, num_hidden_layers=layers)
+    ids = prompt(batch, 24, "cuda")
+    out.append(kf.generate(model, ids, 24, ignore_eos=True, fused_step=True))
+    step = ds.decode_step(model, proj_linear=kf.linear)  # the projections on the skinny linear kernels too
+    out.append(kf.generate(model, ids, 24, ignore_eos=True, fused_step=step))
+    out.append(kf.generate(model, ids, 24, ignore_eos=True, fused_step=step, cuda_graph=False))
+print(repr([t.tolist() for t in out]))
+"""
+
+
+@pytest.mark.cuda
+def test_cuda_pdl_switch_same_tokens():
+    """KF_PDL=1 and KF_PDL=0 (programmatic dependent launch of the kernels, read once per process: one
+    process each): the fused step's greedy tokens are the same, with its default projections and with
+    kernelforge.linear ones, in a CUDA graph and without."""
+    code = _PDL_CHILD.format(here=os.path.dirname(os.path.abspath(__file__)))
+    tokens = {}
+    for pdl in ("1", "0"):
+        env = {**os.environ, "KF_PDL": pdl, "PYTHONPATH": os.pathsep.join(sys.path)}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        tokens[pdl] = r.stdout.strip().splitlines()[-1]
+    assert tokens["1"] == tokens["0"]

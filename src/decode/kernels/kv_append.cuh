@@ -3,6 +3,8 @@
 // per group of D / kVec threads, kVec elements per thread (8: 16-byte copies when every pointer and
 // stride allows it). Rows whose position is outside [0, capacity) or whose page is out of range are
 // skipped: nothing is written out of bounds. Bytes: 4 * B * Lq * Hkv * D * sizeof(T) (read + write).
+// PDL (common/launch.cuh): everything it reads may be the previous kernel's output, so it waits first;
+// `trigger` (the whole grid is resident, as at a decode step) lets the next kernel launch at once.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +19,13 @@ namespace decode {
 constexpr int kAppendThreads = 256;
 
 template <int kVec>
-__global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KvAppendParams p) {
+__global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KvAppendParams p, bool trigger) {
   using W = typename RawVec<2 * kVec>::type;  // kVec 16-bit elements in one word
   const int per_row = p.head_dim / kVec;
   const int64_t idx = int64_t(blockIdx.x) * kAppendThreads + threadIdx.x;
   const int64_t rows = int64_t(p.batch) * p.q_len * p.heads_kv;
   pdl_wait();
+  if (trigger) pdl_trigger();
   if (idx >= rows * per_row) return;
   const int64_t row = idx / per_row;
   const int c = int(idx % per_row) * kVec;

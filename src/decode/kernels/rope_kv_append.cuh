@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_table(const CS* p, float (&f)[kVec]) {
 }
 
 template <typename T, typename CS, int kVec>
-__global__ void __launch_bounds__(kAppendThreads) rope_kv_append_kernel(RopeKvAppendParams p) {
+__global__ void __launch_bounds__(kAppendThreads) rope_kv_append_kernel(RopeKvAppendParams p, bool trigger) {
   if constexpr (!arch_supports<T>()) {
     __trap();
   } else {
@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kAppendThreads) rope_kv_append_kernel(RopeKvAp
     const int heads = p.heads_q + 2 * a.heads_kv;
     const int64_t idx = int64_t(blockIdx.x) * kAppendThreads + threadIdx.x;
     const int64_t rows = int64_t(a.batch) * a.q_len * heads;
-    pdl_wait();
+    pdl_wait();  // every input, the cos / sin tables too, may be an earlier kernel's output
+    if (trigger) pdl_trigger();
     if (idx >= rows * per_row) return;
     const int64_t row = idx / per_row;
     const int c = int(idx - row * per_row) * kVec;
