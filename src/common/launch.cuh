@@ -54,10 +54,10 @@ inline Status check_launch(const char* what) {
 // pdl_wait() (griddepcontrol.wait) blocks until the previous kernel has completed and its writes are
 // visible; without the attribute it returns at once. The rule: a kernel calls pdl_wait() before its
 // first global read of anything an earlier kernel may have written and before its first global
-// write. Before it, only data that no kernel of the stream writes may be read: the skinny linear
-// kernels read their weight there (linear_skinny.cuh, linear_skinny_tma.cuh); everything else (x,
-// caches, block tables, sequence lengths, cos/sin tables, biases) counts as written by an earlier
-// kernel. The wait covers the full completion of the previous kernel, which could not complete before
+// write. Before it a kernel may prefetch into L2 (the skinny linear kernels prefetch their weight's
+// first stages: linear_skinny.cuh, linear_skinny_tma.cuh): L2 is the point of coherence, so a write
+// of the previous kernel still in flight lands after the prefetch and the loads after the wait see
+// it. The wait covers the full completion of the previous kernel, which could not complete before
 // its own wait returned: the ordering is transitive along the stream.
 // pdl_trigger() (griddepcontrol.launch_dependents) lets the next kernel launch before this one exits;
 // only kernels whose whole grid is resident at once call it early (otherwise the next kernel's

@@ -39,6 +39,18 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
 #endif
 }
 
+// Prefetches the box of `map` at element coordinates (c0, c1) from global memory into L2; nothing is
+// written to shared memory and nothing completes on a barrier.
+__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int c0, int c1) {
+#if KF_SM90A
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1)
+               : "memory");
+#else
+  (void)map, (void)c0, (void)c1;
+#endif
+}
+
 // Loads the box of `map` at element coordinates (c0, c1) (c0 the contiguous one) into `dst`, as
 // tma_load_4d below.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {

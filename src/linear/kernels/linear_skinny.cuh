@@ -36,29 +36,7 @@ __device__ __forceinline__ void cp_async_bytes(uint32_t dst, const void* src, in
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
-// Any alignment: rows row0 .. row0 + rows - 1 of src (row stride ld), columns k .. k + kBlockK - 1,
-// into a shared tile of row stride kStride by element loads and 16-byte shared stores; rows at or past
-// `valid` and columns at or past ke are zeros.
-template <int kBlockK, int kStride, int kThreads>
-__device__ __forceinline__ void load_rows_any(uint16_t* dst, const uint16_t* src, int64_t ld, int64_t row0,
-                                              int64_t valid, int rows, int64_t k, int64_t ke) {
-  constexpr int kChunks = kBlockK / 8;
-  for (int c = int(threadIdx.x); c < rows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const int64_t row = row0 + r;
-    const bool row_ok = row < valid;
-    const uint16_t* s = src + row * ld;
-    uint32_t v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t k0 = k + col + 2 * e;
-      const uint32_t lo = row_ok && k0 < ke ? s[k0] : 0u;
-      const uint32_t hi = row_ok && k0 + 1 < ke ? s[k0 + 1] : 0u;
-      v[e] = lo | (hi << 16);
-    }
-    *reinterpret_cast<uint4*>(dst + r * kStride + col) = make_uint4(v[0], v[1], v[2], v[3]);
-  }
-}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 template <typename T, int kBlockN, int kBlockK, int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams p, int splits, float* ws) {
@@ -82,10 +60,24 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams
     const int n_tiles = int((ke - kb + kBlockK - 1) / kBlockK);
     const uint16_t* xg = static_cast<const uint16_t*>(p.x);
     const uint16_t* wg = static_cast<const uint16_t*>(p.w);
+    // PDL: the W rows of the first kStages - 1 stages are prefetched into L2 before the wait (one
+    // prefetch per 128 bytes of a row), so the weight streams from DRAM while the previous kernel
+    // drains; the cp.async loads after the wait hit L2. A prefetch cannot leave stale data behind (an
+    // earlier kernel's write still in flight lands in L2, the point of coherence, after it).
+    if (p.vec16) {
+      constexpr int kLines = (kBlockK * 2 + 127) / 128;  // 128-byte spans per tile row
+      for (int s = 0; s < kStages - 1 && s < n_tiles; ++s)
+        for (int c = tid; c < kBlockN * kLines; c += kThreads) {
+          const int64_t n = n0 + c / kLines, kk = kb + int64_t(s) * kBlockK + (c % kLines) * 64;
+          if (n < p.N && kk < ke) prefetch_l2(wg + n * p.ldw + kk);
+        }
+    }
+    pdl_wait();
 
     // Tile at column k of stage s: x rows 0..15 then w rows n0..n0+kBlockN-1, columns k..k+kBlockK-1.
-    auto load_x = [&](int64_t k, int s) {
+    auto load = [&](int64_t k, int s) {
       uint16_t* sx = smem + s * kStage;
+      uint16_t* sw = sx + 16 * kStride;
       if (p.vec16) {
 #pragma unroll
         for (int i = 0; i < (16 * kChunks + kThreads - 1) / kThreads; ++i) {
@@ -96,13 +88,6 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams
           const int bytes = r < p.M && kk < ke ? int(min(int64_t(8), ke - kk)) * 2 : 0;
           cp_async_bytes(smem_addr(sx + r * kStride + col), bytes ? xg + r * p.ldx + kk : xg, bytes);
         }
-      } else {  // any alignment: element loads, 16-byte shared stores
-        load_rows_any<kBlockK, kStride, kThreads>(sx, xg, p.ldx, 0, p.M, 16, k, ke);
-      }
-    };
-    auto load_w = [&](int64_t k, int s) {
-      uint16_t* sw = smem + s * kStage + 16 * kStride;
-      if (p.vec16) {
 #pragma unroll
         for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
           const int c = tid + i * kThreads;
@@ -111,22 +96,29 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams
           const int bytes = n < p.N && kk < ke ? int(min(int64_t(8), ke - kk)) * 2 : 0;
           cp_async_bytes(smem_addr(sw + r * kStride + col), bytes ? wg + n * p.ldw + kk : wg, bytes);
         }
-      } else {
-        load_rows_any<kBlockK, kStride, kThreads>(sw, wg, p.ldw, n0, p.N, kBlockN, k, ke);
+      } else {  // any alignment: element loads, 16-byte shared stores
+        for (int c = tid; c < (16 + kBlockN) * kChunks; c += kThreads) {
+          const int r = c / kChunks, col = (c % kChunks) * 8;
+          const bool is_x = r < 16;
+          const int64_t row = is_x ? r : n0 + (r - 16);
+          const bool row_ok = is_x ? row < p.M : row < p.N;
+          const uint16_t* src = is_x ? xg + row * p.ldx : wg + row * p.ldw;
+          uint32_t v[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t k0 = k + col + 2 * e;
+            const uint32_t lo = row_ok && k0 < ke ? src[k0] : 0u;
+            const uint32_t hi = row_ok && k0 + 1 < ke ? src[k0 + 1] : 0u;
+            v[e] = lo | (hi << 16);
+          }
+          *reinterpret_cast<uint4*>(sx + r * kStride + col) = make_uint4(v[0], v[1], v[2], v[3]);
+        }
       }
     };
 
-    // PDL: the weight is read-only for every kernel of the stream (common/launch.cuh), so the W tiles
-    // of the first kStages - 1 stages are requested before pdl_wait and stream while the previous
-    // kernel drains; x (its output) follows the wait. cp.async group 0 holds those W tiles and x's
-    // first tile, group s x's tile s: waiting for group s still covers stage s's W and x.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s)
-      if (s < n_tiles) load_w(kb + int64_t(s) * kBlockK, s);
-    pdl_wait();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) load_x(kb + int64_t(s) * kBlockK, s);
+      if (s < n_tiles) load(kb + int64_t(s) * kBlockK, s);
       cp_async_commit();
     }
     float acc[4][4];
@@ -137,10 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(LinearParams
 
     for (int it = 0; it < n_tiles; ++it) {
       const int nt = it + kStages - 1;
-      if (nt < n_tiles) {
-        load_x(kb + int64_t(nt) * kBlockK, nt % kStages);
-        load_w(kb + int64_t(nt) * kBlockK, nt % kStages);
-      }
+      if (nt < n_tiles) load(kb + int64_t(nt) * kBlockK, nt % kStages);
       cp_async_commit();
       cp_async_wait<kStages - 1>();
       __syncthreads();

@@ -86,6 +86,16 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), 2)
     mbar_init_fence();
   }
   __syncthreads();
+  // PDL: the W boxes of the first kStages stages are prefetched into L2 before the wait, so the weight
+  // streams from DRAM while the previous kernel drains; the ring's loads after the wait hit L2. A
+  // prefetch cannot leave stale data behind (an earlier kernel's write still in flight lands in L2,
+  // the point of coherence, after it), so this holds even if the weight is an earlier kernel's output.
+  if (warp == kWarps && lane == 0) {
+    tma_prefetch_desc(&tm_w);
+    tma_prefetch_desc(&tm_x);
+    for (int it = 0; it < n_tiles && it < kStages; ++it) tma_prefetch_l2_2d(&tm_w, int(kb) + it * kBlockK, int(n0));
+  }
+  pdl_wait();  // x (and everything after) may be the previous kernel's output
 
   float acc[4][4];
 #pragma unroll
@@ -96,24 +106,8 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), 2)
   if (warp == kWarps) {
     // ---- producer: stage s = it % kStages, its use u = it / kStages waits for the consumers' release
     // of use u - 1 (parity (u - 1) & 1; a fresh barrier passes parity 1 at once) ----
-    // PDL: the weight is read-only for every kernel of the stream (common/launch.cuh), so the W boxes
-    // of the first kStages stages (fresh ring slots) are issued before pdl_wait and stream while the
-    // previous kernel drains; x (its output) follows the wait. full[s] expects the W and x bytes of
-    // its stage together, so it completes only once x's box has landed too.
-    const int first = n_tiles < kStages ? n_tiles : kStages;
     if (lane == 0) {
-      tma_prefetch_desc(&tm_w);
-      tma_prefetch_desc(&tm_x);
-      for (int it = 0; it < first; ++it) {
-        mbar_expect(&full[it], kStageBytes);
-        tma_load_2d(smem + it * kStageBytes, &tm_w, &full[it], int(kb) + it * kBlockK, int(n0));
-      }
-    }
-    pdl_wait();
-    if (lane == 0) {
-      for (int it = 0; it < first; ++it)
-        tma_load_2d(smem + it * kStageBytes + kWBytes, &tm_x, &full[it], int(kb) + it * kBlockK, 0);
-      for (int it = first; it < n_tiles; ++it) {
+      for (int it = 0; it < n_tiles; ++it) {
         const int s = it % kStages;
         const uint32_t phase = uint32_t(it / kStages) & 1u;
         const int k = int(kb) + it * kBlockK;
@@ -126,7 +120,6 @@ __global__ void __launch_bounds__(32 * (kWarps + 1), 2)
     }
     __syncwarp();
   } else {
-    pdl_wait();  // before the epilogue's bias read and y write
     // ---- consumers: ldmatrix lane rows as in linear_skinny.cuh, chunks XOR (row % 8) = lane % 8 ----
     const uint32_t base = smem_u32(smem);
     const uint32_t r8 = uint32_t(lane % 8);
