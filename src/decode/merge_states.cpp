@@ -57,14 +57,16 @@ struct Check {
     return Status::Ok();
   }
 
-  Status lse(const TensorView* x, const char* arg, const TensorView& o, DType want) const {
+  // float32 [N, H] (the CPU reference also takes float64), any strides.
+  Status lse(const TensorView* x, const char* arg, const TensorView& o) const {
     Status s = basic(x, arg, 2, "[N, H]");
     if (!s.ok()) return s;
     if (x->shape[0] != o.shape[0] || x->shape[1] != o.shape[1])
       return fail(std::string(arg) + " must have shape [" + std::to_string(o.shape[0]) + ", " +
                   std::to_string(o.shape[1]) + "] (o_a's rows and heads), got " + shape_str(*x));
-    if (x->dtype != want)
-      return fail(std::string(arg) + " must be " + dtype_name(want) + ", got " + dtype_name(x->dtype));
+    if (!(x->dtype == DType::kFloat32 || (!cuda && x->dtype == DType::kFloat64)))
+      return fail(std::string(arg) + " must be float32" + (cuda ? "" : " (or float64 on CPU)") + ", got " +
+                  dtype_name(x->dtype));
     return Status::Ok();
   }
 };
@@ -72,7 +74,7 @@ struct Check {
 }  // namespace
 
 Status validate_merge_states(const char* name, bool cuda, const MergeStatesTensors& t, MergeStatesParams* p,
-                             DType* dtype, DType* lse_dtype) {
+                             DType* dtype) {
   if (t.o_a == nullptr) return Status::Invalid(std::string(name) + ": o_a must not be null");
   const Check ck{name, cuda, t.o_a};
   Status s = ck.rows(t.o_a, "o_a");
@@ -91,11 +93,8 @@ Status validate_merge_states(const char* name, bool cuda, const MergeStatesTenso
     return ck.fail(std::string("o_b must have o_a's dtype (") + dtype_name(oa.dtype) + "), got " +
                    dtype_name(ob.dtype));
 
-  // lse: float32 (the CPU reference also takes float64, the same for every lse tensor)
-  if (t.lse_a == nullptr) return ck.fail("lse_a must not be null");
-  const DType lt = !cuda && t.lse_a->dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
-  if (!(s = ck.lse(t.lse_a, "lse_a", oa, lt)).ok()) return s;
-  if (!(s = ck.lse(t.lse_b, "lse_b", oa, lt)).ok()) return s;
+  if (!(s = ck.lse(t.lse_a, "lse_a", oa)).ok()) return s;
+  if (!(s = ck.lse(t.lse_b, "lse_b", oa)).ok()) return s;
 
   if (!(s = ck.rows(t.out, "out")).ok()) return s;
   const TensorView& out = *t.out;
@@ -123,7 +122,7 @@ Status validate_merge_states(const char* name, bool cuda, const MergeStatesTenso
     if (ranges_overlap(out, *in.first)) return ck.fail(std::string("out must not overlap ") + in.second);
 
   if (t.out_lse != nullptr) {
-    if (!(s = ck.lse(t.out_lse, "out_lse", oa, lt)).ok()) return s;
+    if (!(s = ck.lse(t.out_lse, "out_lse", oa)).ok()) return s;
     const TensorView& ol = *t.out_lse;
     if (!non_overlapping(ol))
       return ck.fail("out_lse has overlapping elements (strides " + strides_str(ol) + "): outputs would race");
@@ -151,14 +150,13 @@ Status validate_merge_states(const char* name, bool cuda, const MergeStatesTenso
   p->heads = oa.shape[1];
   p->head_dim = int32_t(oa.shape[2]);
   *dtype = oa.dtype;
-  *lse_dtype = lt;
   return Status::Ok();
 }
 
 Status merge_attention_states(const MergeStatesTensors& t, cudaStream_t stream) {
   MergeStatesParams p;
-  DType dtype = DType::kFloat32, lse_dtype = DType::kFloat32;
-  Status s = validate_merge_states("merge_attention_states", true, t, &p, &dtype, &lse_dtype);
+  DType dtype = DType::kFloat32;
+  Status s = validate_merge_states("merge_attention_states", true, t, &p, &dtype);
   if (!s.ok()) return s;
   const DeviceInfo* dev = nullptr;
   if (!(s = check_device("merge_attention_states", t.o_a->device.index, dtype, &dev)).ok()) return s;

@@ -17,7 +17,7 @@ struct MergeStatesParams {
   const void* o_a = nullptr;
   const void* o_b = nullptr;
   void* out = nullptr;
-  const void* lse_a = nullptr;  // float32 (float64 in the CPU reference)
+  const void* lse_a = nullptr;  // float32 (the CPU reference: float32 or float64, each lse its own)
   const void* lse_b = nullptr;
   void* out_lse = nullptr;  // nullptr: not written
   int64_t oa_sn = 0, oa_sh = 0;
@@ -31,10 +31,10 @@ struct MergeStatesParams {
   int32_t head_dim = 0;
 };
 
-// Checks every argument (cuda: the kernel's rules; otherwise the reference's) and fills `p`; `dtype`
-// receives o_a's dtype, `lse_dtype` the lse tensors' (float32; float64 also on CPU).
+// Checks every argument (cuda: the kernel's rules; otherwise the reference's, which also takes float64
+// o and lse tensors) and fills `p`; `dtype` receives o_a's dtype.
 Status validate_merge_states(const char* name, bool cuda, const MergeStatesTensors& t, MergeStatesParams* p,
-                             DType* dtype, DType* lse_dtype);
+                             DType* dtype);
 
 // The kernel launch of a validated call on the current device (merge_states.cu).
 Status launch_merge_states(const MergeStatesParams& p, DType dtype, cudaStream_t stream);

@@ -14,14 +14,15 @@ namespace ref {
 
 Status merge_attention_states(const MergeStatesTensors& t) {
   MergeStatesParams p;
-  DType dt = DType::kFloat32, lt = DType::kFloat32;
-  Status s = validate_merge_states("merge_attention_states", false, t, &p, &dt, &lt);
+  DType dt = DType::kFloat32;
+  Status s = validate_merge_states("merge_attention_states", false, t, &p, &dt);
   if (!s.ok()) return s;
+  const DType la_t = t.lse_a->dtype, lb_t = t.lse_b->dtype, lo_t = t.out_lse ? t.out_lse->dtype : DType::kFloat32;
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   for (int64_t n = 0; n < p.rows; ++n)
     for (int64_t h = 0; h < p.heads; ++h) {
-      const double la = load_as_double(p.lse_a, lt, n * p.la_sn + h * p.la_sh);
-      const double lb = load_as_double(p.lse_b, lt, n * p.lb_sn + h * p.lb_sh);
+      const double la = load_as_double(p.lse_a, la_t, n * p.la_sn + h * p.la_sh);
+      const double lb = load_as_double(p.lse_b, lb_t, n * p.lb_sn + h * p.lb_sh);
       const double m = std::max(la, lb);
       double wa = 0.0, wb = 0.0, lse = kNegInf;
       if (m != kNegInf) {
@@ -35,7 +36,7 @@ Status merge_attention_states(const MergeStatesTensors& t) {
         const double xb = wb == 0.0 ? 0.0 : wb * load_as_double(p.o_b, dt, bo + d);
         store_from_double(p.out, dt, oo + d, xa + xb);
       }
-      if (p.out_lse != nullptr) store_from_double(p.out_lse, lt, n * p.lo_sn + h * p.lo_sh, lse);
+      if (p.out_lse != nullptr) store_from_double(p.out_lse, lo_t, n * p.lo_sn + h * p.lo_sh, lse);
     }
   return Status::Ok();
 }
