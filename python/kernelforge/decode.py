@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from ._ops import _ops
+from .attention import attention
 
 
 # ---- fake implementations -------------------------------------------------------------------------
@@ -399,8 +400,6 @@ def cascade_decode_attention(
     n = B * Lq
     if prefix_k.shape[0] == 0 or n == 0:  # no prefix key (or no query): the suffix pass is the answer
         return (o2, lse2) if return_lse else o2
-    from .attention import attention  # noqa: PLC0415  (the attention module imports nothing from here)
-
     o1, lse1 = attention(q.reshape(1, n, Hq, D), prefix_k.unsqueeze(0), prefix_v.unsqueeze(0), causal=False,
                          scale=scale, return_lse=True)
     # o1 [1, n, Hq, D], lse1 [1, Hq, n] (its transpose is the [n, Hq] the merge reads, strides honored)
