@@ -1,5 +1,6 @@
 """The decode family: decode_attention (the newest tokens of each sequence against a paged or
-contiguous KV cache; forward only, inference) and mla_decode (DeepSeek's latent cache; below).
+contiguous KV cache; forward only, inference), mla_decode (DeepSeek's latent cache; below) and
+cascade_decode_attention (sequences sharing one prefix; at the end).
 
 Bench shapes are DecodeShapes, written b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}]: B sequences of kv
 cached keys each (every sequence the same length), page size p (p0: a contiguous cache in
