@@ -21,6 +21,9 @@
 // rope_kv_append: kv_append with HF's rotate-half RoPE of q and k at those positions (cos / sin
 // [max_pos, rotary_dim], decode.h); k's rotation and v go into the caches, q's rotation is returned,
 // a new contiguous tensor of q's shape and dtype (q is not written).
+//
+// merge_attention_states: two attention results over disjoint key sets combined by their logsumexp
+// (decode.h); inference only like the others.
 #include <cmath>
 #include <optional>
 #include <string>
@@ -165,6 +168,54 @@ Tensor rope_kv_append_impl(bool cuda, const Tensor& q, const Tensor& k, const Te
   return q_out;
 }
 
+// merge_attention_states: o_a, o_b [..., H, D] (one dtype), lse_a, lse_b float32 [..., H] (o_a's shape
+// without the head dim, any strides: attention's lse is passed as a transpose view). The leading dims
+// are flattened into N rows (a view when the strides allow, else a copy) for the core's [N, H, D] /
+// [N, H]; out (o_a's shape and dtype) and lse (float32, o_a's shape without D) are new contiguous
+// tensors.
+std::tuple<Tensor, Tensor> merge_states_impl(bool cuda, const Tensor& o_a, const Tensor& lse_a, const Tensor& o_b,
+                                             const Tensor& lse_b) {
+  if (cuda && needs_fallback("merge_attention_states", o_a)) {
+    auto res = merge_states_impl(false, o_a.cpu(), lse_a.cpu(), o_b.cpu(), lse_b.cpu());
+    return {std::get<0>(res).to(o_a.device()), std::get<1>(res).to(o_a.device())};
+  }
+  // The shapes the flattening needs are checked here; everything else by the core.
+  if (o_a.dim() < 2)
+    TORCH_CHECK_VALUE(false, "merge_attention_states: o_a must have at least 2 dimensions [..., H, D], got " +
+                                 std::to_string(o_a.dim()));
+  const std::vector<int64_t> lead(o_a.sizes().begin(), o_a.sizes().end() - 1);  // [..., H]
+  if (!o_b.sizes().equals(o_a.sizes()))
+    TORCH_CHECK_VALUE(
+        false, "merge_attention_states: o_b must have o_a's shape " + shape_str(o_a) + ", got " + shape_str(o_b));
+  for (const auto& [x, name] : {std::pair<const Tensor*, const char*>{&lse_a, "lse_a"}, {&lse_b, "lse_b"}})
+    if (!x->sizes().equals(lead))
+      TORCH_CHECK_VALUE(false, std::string("merge_attention_states: ") + name +
+                                   " must have o_a's shape without the head dim [..., H], got " + shape_str(*x));
+  int64_t n = 1;
+  for (int64_t d = 0; d + 2 < o_a.dim(); ++d) n *= o_a.size(d);
+  const int64_t h = o_a.size(-2), dh = o_a.size(-1);
+  Tensor out = at::empty(o_a.sizes(), o_a.options());
+  Tensor lse = at::empty(lead, o_a.options().dtype(at::kFloat));
+  const Tensor oa = o_a.reshape({n, h, dh}), ob = o_b.reshape({n, h, dh});
+  const Tensor la = lse_a.reshape({n, h}), lb = lse_b.reshape({n, h});
+  const kf::TensorView oav = view(oa), lav = view(la), obv = view(ob), lbv = view(lb);
+  const kf::TensorView ov = view(out.view({n, h, dh})), lv = view(lse.view({n, h}));
+  kf::MergeStatesTensors t;
+  t.o_a = &oav;
+  t.lse_a = &lav;
+  t.o_b = &obv;
+  t.lse_b = &lbv;
+  t.out = &ov;
+  t.out_lse = &lv;
+  if (!cuda) {
+    check(kf::ref::merge_attention_states(t));
+    return {out, lse};
+  }
+  c10::cuda::CUDAGuard guard(o_a.device());
+  check(kf::merge_attention_states(t, stream_of(o_a)));
+  return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
@@ -185,4 +236,7 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
       "Tensor(b!) v_cache, Tensor seq_lens, Tensor? block_table) -> Tensor");
   // Inference only, as decode_attention: q_out does not require grad, whatever q does.
   m.impl("rope_kv_append", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
+  def_op<&merge_states_impl>(
+      m, "merge_attention_states(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
+  m.impl("merge_attention_states", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
 }

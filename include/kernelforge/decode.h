@@ -170,6 +170,34 @@ struct RopeKvAppendTensors {
 };
 Status rope_kv_append(const RopeKvAppendTensors& t, cudaStream_t stream);
 
+// merge_attention_states: two attention results of the same queries over disjoint key sets (the
+// shared-prefix and the per-sequence pass of cascade decoding, or any split of the keys) combined by
+// their logsumexp. For row n, head h (every column d):
+//   m = max(lse_a, lse_b),  w_a = e^(lse_a - m),  w_b = e^(lse_b - m)
+//   out = (w_a o_a + w_b o_b) / (w_a + w_b),  out_lse = m + log(w_a + w_b)
+// A side whose lse is -inf (it saw no key) contributes nothing: its o is not used (it may hold NaN).
+// Both -inf: out = 0, out_lse = -inf (never NaN). An lse of +inf or NaN gives NaN.
+//   o_a, o_b  [N, H, D], one dtype: float16, bfloat16 or float32 (the CPU reference: float64 too);
+//             any non-negative strides with the last one 1. Leading dims are flattened into N by the
+//             caller (q-shaped [B, Lq, Hq, D] outputs are [B * Lq, Hq, D] views).
+//   lse_a, lse_b float32 [N, H], natural log, any non-negative strides: decode_attention's lse
+//             [B, Lq, Hq] is a [B * Lq, Hq] view, attention's [Hq, Tq] (varlen) or [1, Hq, Sq] (batch
+//             1) is passed as its transpose.
+//   out      [N, H, D] in o_a's dtype, last stride 1: o_a or o_b itself (the same data pointer and
+//            strides: merged in place) or memory that overlaps none of the inputs.
+//   out_lse  optional float32 [N, H], any strides; overlaps none of the inputs.
+// Math in float32, out rounded once. Bytes: 3 N H D sizeof(T) (o_a and o_b read, out written) + 12 N H
+// (two lse read, one written).
+struct MergeStatesTensors {
+  const TensorView* o_a = nullptr;
+  const TensorView* lse_a = nullptr;
+  const TensorView* o_b = nullptr;
+  const TensorView* lse_b = nullptr;
+  const TensorView* out = nullptr;
+  const TensorView* out_lse = nullptr;  // optional
+};
+Status merge_attention_states(const MergeStatesTensors& t, cudaStream_t stream);
+
 // ---- float64 CPU reference -------------------------------------------------------------------
 // The same calls on CPU tensors (float32 and float64 also accepted): double math, each output
 // rounded once.
@@ -177,6 +205,7 @@ namespace ref {
 Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts);
 Status kv_append(const KvAppendTensors& t);
 Status rope_kv_append(const RopeKvAppendTensors& t);
+Status merge_attention_states(const MergeStatesTensors& t);
 }  // namespace ref
 
 }  // namespace kernelforge

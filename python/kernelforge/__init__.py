@@ -10,6 +10,7 @@
     kf.kv_append(k_cache, v_cache, k, v, seq_lens, block_table)   # new keys/values into a paged cache
     q = kf.rope_kv_append(q, k, v, cos, sin, k_cache, v_cache, seq_lens, block_table)  # RoPE fused in
     o = kf.decode_attention(q, k_cache, v_cache, seq_lens, block_table)  # decode against that cache
+    o = kf.cascade_decode_attention(q, prefix_k, prefix_v, k_cache, v_cache, seq_lens, block_table)  # shared prefix
     y = kf.linear(x, w, bias)     # nn.Linear's product: a skinny GEMM for <= 16 rows, else cuBLASLt
     y = kf.linear(x, w, bias, activation="gelu_tanh")  # the activation fused into the GEMM's epilogue
     s = kf.fused_linear_rowsum(x, w, bias)  # F.linear(x, w, bias).sum(-1), the product never exists
@@ -31,6 +32,7 @@ from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .decode import decode_attention, kv_append, mla_decode, rope_kv_append
+from .decode import cascade_decode_attention, merge_attention_states
 from .diagonal_matmul import diagonal_matmul
 from .dropout import dropout, dropout_add
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
@@ -88,6 +90,8 @@ __all__ = [
     "kv_append",
     "rope_kv_append",
     "mla_decode",
+    "merge_attention_states",
+    "cascade_decode_attention",
     "linear",
     "gemm",
     "bmm",

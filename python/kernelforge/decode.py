@@ -1,6 +1,7 @@
 """The decode family: the fake (meta) implementations of its ops (kernelforge::decode_attention,
-kernelforge::kv_append, kernelforge::rope_kv_append, kernelforge::mla_decode) and the functional API.
-Inference only: no autograd.
+kernelforge::kv_append, kernelforge::rope_kv_append, kernelforge::mla_decode,
+kernelforge::merge_attention_states) and the functional API, with ``cascade_decode_attention`` (a
+shared prefix read once for every sequence) composed of them. Inference only: no autograd.
 
 The ops live in C++ (`torch/kf_decode.cpp`; the contract and formula in include/kernelforge/decode.h);
 arguments are validated there. Per sequence b (n = seq_lens[b], the Lq new tokens included), new
@@ -32,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from ._ops import _ops
+from .attention import attention
 
 
 # ---- fake implementations -------------------------------------------------------------------------
@@ -57,6 +59,15 @@ def _kv_append_fake(k_cache, v_cache, k, v, seq_lens, block_table):
 def _rope_kv_append_fake(q, k, v, cos, sin, k_cache, v_cache, seq_lens, block_table):
     # The C++ impl's q_out: contiguous, q's shape and dtype. The caches are mutated in place.
     return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("kernelforge::merge_attention_states")
+def _merge_attention_states_fake(o_a, lse_a, o_b, lse_b):
+    # The C++ impl's shapes (kf_decode.cpp): out contiguous with o_a's shape and dtype; lse float32, o_a's
+    # shape without the head dim.
+    if o_a.dim() < 2:
+        raise ValueError(f"merge_attention_states: o_a must have at least 2 dimensions [..., H, D], got {o_a.dim()}")
+    return o_a.new_empty(o_a.shape), o_a.new_empty(o_a.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.register_fake("kernelforge::mla_decode")
@@ -298,4 +309,104 @@ def _check_rope_tables(op: str, new: torch.Tensor, cos: torch.Tensor, sin: torch
                              f"freqs)): columns [0, {half}) and [{half}, {2 * half}) differ")
 
 
-__all__ = ["decode_attention", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view"]
+# ---- merge_attention_states and cascade decoding --------------------------------------------------
+
+
+def merge_attention_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
+    """Two attention results of the same queries over disjoint key sets, combined into the attention
+    over their union: returns (out, lse). Per row and head, with m = max(lse_a, lse_b):
+
+        out = (e^(lse_a - m) o_a + e^(lse_b - m) o_b) / (e^(lse_a - m) + e^(lse_b - m))
+        lse = m + log(e^(lse_a - m) + e^(lse_b - m))
+
+    o_a, o_b [..., H, D] (one dtype: float16 / bfloat16 / float32 on CUDA, any float dtype on CPU);
+    lse_a, lse_b float32 [..., H] (o_a's shape without the head dim; natural log, as ``decode_attention``
+    and ``attention`` return it), any strides: ``attention``'s lse [Hq, Tq] is passed as ``lse.t()``.
+    A side whose lse is -inf (it saw no key) contributes nothing, whatever its o holds; both -inf give
+    out = 0 and lse = -inf. out: a new contiguous tensor of o_a's shape and dtype (float32 math,
+    rounded once); lse float32. Memory-bound: reads 2 N H D elements and 2 N H lse values, writes N H D
+    and N H. No autograd.
+    """
+    return _ops.merge_attention_states(o_a, lse_a, o_b, lse_b)
+
+
+def cascade_decode_attention(
+    q: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    max_seq_len: int | None = None,
+    return_lse: bool = False,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+):
+    """Decode attention of B sequences that share one prefix (a system prompt): every sequence's keys
+    are the shared prefix followed by its own suffix. Returns out [B, Lq, Hq, D] (q's dtype,
+    contiguous), or (out, lse) with ``return_lse=True`` (lse float32 [B, Lq, Hq], natural log).
+
+    prefix_k / prefix_v [P, Hkv, D] (any strides, the last one 1): the prefix's keys and values at
+    positions 0 .. P - 1, stored once. The suffix is a decode cache as ``decode_attention`` takes it
+    (k_cache / v_cache [pages, page_size, Hkv, D] with an optional ``block_table``); ``seq_lens`` int32
+    [B] counts the suffix keys only (sequence b's suffix key j sits at position P + j), the Lq new
+    tokens included (append them to the suffix cache first, ``kv_append``). New token t of sequence b
+    (position P + seq_lens[b] - Lq + t) sees every prefix key and the suffix keys j <= seq_lens[b] -
+    Lq + t: the causal structure lives in the suffix, the prefix is visible to every new token. So for
+    seq_lens[b] >= Lq the result is ``decode_attention`` over the concatenated cache [prefix; suffix]
+    with seq_lens + P; an empty suffix (seq_lens[b] = 0) sees the whole prefix only.
+
+    Computed as three calls: (1) the prefix pass, all B * Lq query rows as one non-causal sequence of
+    ``attention`` (batch 1) against the prefix, so each prefix key and value is read once per query
+    tile and head instead of once per sequence; (2) the suffix pass, ``decode_attention`` with
+    return_lse; (3) ``merge_attention_states`` of the two by their logsumexp. ``scale`` (None:
+    1 / sqrt(D)) applies to both passes; ``max_seq_len`` bounds seq_lens (the suffix pass's split).
+    Head dims 64, 128, 256; float16 / bfloat16 on CUDA (CPU tensors run the float64 references). No
+    host synchronization: CUDA-graph safe for new seq_lens. No autograd (inputs are detached).
+
+    Not supported (ValueError): ``window_left`` (a window's start would fall inside the prefix for some
+    tokens and not others), ``softcap`` and ``sinks`` (a sink belongs to exactly one of the two
+    softmax denominators; both passes would add it).
+    """
+    op = "cascade_decode_attention"
+    if window_left is not None and window_left >= 0:
+        raise ValueError(f"{op}: window_left is not supported (got {window_left}); pass -1")
+    if softcap:
+        raise ValueError(f"{op}: softcap is not supported (got {softcap}); pass 0")
+    if sinks is not None:
+        raise ValueError(f"{op}: sinks are not supported: a sink logit belongs to one softmax denominator, and "
+                         "both passes would add it")
+    if q.dim() != 4:
+        raise ValueError(f"{op}: q must have 4 dimensions [B, Lq, Hq, D], got {q.dim()}")
+    for name, t in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        if t.dim() != 3:
+            raise ValueError(f"{op}: {name} must have 3 dimensions [P, Hkv, D], got {t.dim()}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{op}: {name} must have q's dtype ({q.dtype}), got {t.dtype}")
+    if prefix_v.shape != prefix_k.shape:
+        raise ValueError(f"{op}: prefix_v must have prefix_k's shape {tuple(prefix_k.shape)}, got "
+                         f"{tuple(prefix_v.shape)}")
+    if k_cache.dim() == 4 and tuple(prefix_k.shape[1:]) != tuple(k_cache.shape[2:]):
+        raise ValueError(f"{op}: prefix_k's kv heads and head dim {tuple(prefix_k.shape[1:])} must match "
+                         f"k_cache's {tuple(k_cache.shape[2:])}")
+    q, prefix_k, prefix_v = q.detach(), prefix_k.detach(), prefix_v.detach()
+    o2, lse2 = decode_attention(q, k_cache, v_cache, seq_lens, block_table, scale=scale, max_seq_len=max_seq_len,
+                                return_lse=True)
+    B, Lq, Hq, D = q.shape
+    n = B * Lq
+    if prefix_k.shape[0] == 0 or n == 0:  # no prefix key (or no query): the suffix pass is the answer
+        return (o2, lse2) if return_lse else o2
+    o1, lse1 = attention(q.reshape(1, n, Hq, D), prefix_k.unsqueeze(0), prefix_v.unsqueeze(0), causal=False,
+                         scale=scale, return_lse=True)
+    # o1 [1, n, Hq, D], lse1 [1, Hq, n] (its transpose is the [n, Hq] the merge reads, strides honored)
+    out, lse = _ops.merge_attention_states(o1.view(n, Hq, D), lse1[0].t(), o2.view(n, Hq, D), lse2.view(n, Hq))
+    out, lse = out.view(B, Lq, Hq, D), lse.view(B, Lq, Hq)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["decode_attention", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view",
+           "merge_attention_states", "cascade_decode_attention"]

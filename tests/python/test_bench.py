@@ -19,6 +19,7 @@ from kernelforge import bench, check, cli
 from kernelforge.bench import report, runner
 from kernelforge.specs import (GROUPS, OPS, SPECS, TOL, AttnShape, BatchedRowsShape, BmmShape, DecodeShape,
                                FlceShape, GroupedShape, LinearShape, RopeShape, shape_label, shape_rows)
+from kernelforge.specs.decode import CascadeShape
 from kernelforge.specs.graph import GraphShape
 from kernelforge.specs.norm import SWEEP_HIDDEN, SWEEP_ROWS
 from kernelforge.specs.rope import hf_rope_tables
@@ -29,7 +30,8 @@ CPU = torch.device("cpu")
 SMALL = {"rows": (8, 64), "rope": RopeShape(2, 5, 4, 2, 16), "flce": FlceShape(9, 16, 101),
          "attn": AttnShape(2, 4, 2, 7, 7, 64, 64, True), "decode": DecodeShape(2, 4, 2, 40, 64, 16),
          "linear": LinearShape(3, 40, 64, True), "graph": GraphShape(50, 400, 16), "bmm": BmmShape(3, 7, 40, 24),
-         "grouped": GroupedShape(3, 20, 24, 16), "mla": DecodeShape(2, 4, 1, 40, 576, 16)}
+         "grouped": GroupedShape(3, 20, 24, 16), "mla": DecodeShape(2, 4, 1, 40, 576, 16),
+         "cascade": CascadeShape(2, 4, 2, 32, 20, 64, 16)}
 
 
 # ---- the specs ------------------------------------------------------------------------------------
@@ -96,15 +98,16 @@ def test_families_and_groups():
     assert tuple(GROUPS) == ("all", "norm", "activation", "rope", "softmax", "loss", "attention", "decode", "linear",
                              "gemm", "diagonal_matmul", "fused_linear_rowsum", "dropout", "graph")
     assert GROUPS["rope"] == ("apply_rope",) and GROUPS["softmax"] == ("softmax", "log_softmax")
-    assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention", "mla_decode")
+    assert GROUPS["attention"] == ("attention",) and GROUPS["decode"] == ("decode_attention", "mla_decode",
+                                                                              "cascade_decode_attention")
     assert GROUPS["linear"] == ("linear",) and GROUPS["gemm"] == ("gemm", "bmm", "grouped_mm")
     assert GROUPS["diagonal_matmul"] == ("diagonal_matmul",)
     assert GROUPS["fused_linear_rowsum"] == ("fused_linear_rowsum",)
     assert GROUPS["dropout"] == ("dropout", "dropout_add")
     assert GROUPS["graph"] == ("segment_sum", "segment_mean", "segment_max", "gather_scatter", "scatter_add")
     assert OPS[OPS.index("cross_entropy"):OPS.index("gemm") + 1] == (
-        "cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "mla_decode", "linear",
-        "gemm")
+        "cross_entropy", "fused_linear_cross_entropy", "attention", "decode_attention", "mla_decode",
+        "cascade_decode_attention", "linear", "gemm")
     assert bench.DEFAULT_OPS == GROUPS["norm"] + ("silu_and_mul", "geglu", "apply_rope")
 
 
@@ -449,7 +452,7 @@ def test_bench_smoke_cpu_every_family(tmp_path):
     """One small shape of every op, kernelforge against the eager / native peers: no mismatch (attention
     has neither: kernelforge alone, its compute-bound TFLOP/s table)."""
     shapes = ",".join(shape_label(SMALL[k]) for k in ("rows", "rope", "flce", "attn", "decode", "mla", "linear",
-                                                                    "graph", "bmm", "grouped"))
+                                                                    "graph", "bmm", "grouped", "cascade"))
     try:
         import transformers  # noqa: F401  (apply_rope's eager peer)
         ops = OPS
@@ -499,6 +502,7 @@ CPU_CHECK_SHAPES = {"rms_norm": ((3, 1), (7, 100)), "add_rms_norm": ((4, 33),), 
                     "attention": ((2, 41, 41, 2, 1, 64, 64), (1, 7, 4, 2, 2, 192, 128)),  # windows of 16..32
                     "decode_attention": ((3, 1, 4, 2, 64, 37), (2, 3, 6, 2, 128, 20)),
                     "mla_decode": ((3, 1, 4, 37), (2, 3, 7, 20)),
+                    "cascade_decode_attention": ((3, 1, 4, 2, 64, 37, 20), (2, 3, 6, 2, 128, 16, 9)),
                     "linear": ((1, 1, 8), (3, 40, 64), (20, 17, 9)), "gemm": ((1, 8, 8), (20, 17, 9)),
                     "bmm": ((1, 1, 1, 1), (3, 7, 17, 9)), "grouped_mm": ((1, 1, 8, 8), (3, 20, 17, 9)),
                     "diagonal_matmul": ((3, 17), BatchedRowsShape(2, 3, 9, True)),

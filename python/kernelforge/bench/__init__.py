@@ -258,7 +258,7 @@ def main(args: argparse.Namespace) -> int:
                 nbytes = spec.traffic(dims, m, report.elt_size(dt))
                 # decode_attention reads the whole KV cache, linear the whole weight: their few rows
                 # still move megabytes
-                sized = shape_rows(dims) > DECODE_MAX_ROWS or spec.shape_kind in ("decode", "linear")
+                sized = shape_rows(dims) > DECODE_MAX_ROWS or spec.shape_kind in ("decode", "cascade", "linear")
                 if m in args.modes and sized and nbytes not in info.copy_at:
                     try:
                         info.copy_at[nbytes] = measure_copy_at(nbytes, timer)

@@ -26,7 +26,7 @@ CSV_FIELDS = ("op", "mode", "shape", "dtype", "provider", "ms_median", "gbps", "
               "copy_same_bytes_gbps", "pct_of_copy_same_bytes", "peak_extra_mib")
 MODES = ("fwd", "fwdbwd", "fwd_graph", "fwd_call")
 PROVIDERS = ("kernelforge", "eager", "torch_native", "compile", "liger", "flash2", "cudnn", "mem_eff", "flex",
-             "cublas", "addmm_act", "torch_sparse_mm", "torch_grouped", "loop")
+             "cublas", "addmm_act", "torch_sparse_mm", "torch_grouped", "loop", "kf_decode")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NAN = float("nan")
 

@@ -15,6 +15,7 @@ import torch
 from ..specs import (FAMILIES, SPECS, TOL, AttnShape, BmmShape, DecodeShape, FlceShape, GroupedShape, LinearShape,
                      OpSpec, RopeShape, base_mode, shape_label, shape_rows)
 from ..specs._spec import last_plan
+from ..specs.decode import CascadeShape
 from ..specs.graph import GraphShape
 from .report import DTYPES, Result
 from .timing import Timer
@@ -26,6 +27,8 @@ FLCE_SHAPE_RE = re.compile(r"t(\d+)h(\d+)v(\d+)")
 ATTN_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?s(\d+)(?:/(\d+))?d(\d+)(?:/(\d+))?(c)?(-varlen)?")
 # decode_attention: b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] (p0: a contiguous cache)
 DECODE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?kv(\d+)d(\d+)p(\d+)(?:q(\d+))?")
+# cascade_decode_attention: b{B}h{Hq}[/{Hkv}]pre{P}kv{kv}d{D}p{page}[q{Lq}]
+CASCADE_SHAPE_RE = re.compile(r"b(\d+)h(\d+)(?:/(\d+))?pre(\d+)kv(\d+)d(\d+)p(\d+)(?:q(\d+))?")
 # linear: m{M}n{N}k{K}[-bias]
 LINEAR_SHAPE_RE = re.compile(r"m(\d+)n(\d+)k(\d+)(-bias)?(?:-(relu|gelu_tanh))?")
 BMM_SHAPE_RE = re.compile(r"b(\d+)m(\d+)n(\d+)k(\d+)")  # bmm: b{B}m{M}n{N}k{K}
@@ -39,7 +42,8 @@ GRAPH_SHAPE_RE = re.compile(r"n(\d+)e(\d+)f(\d+)")  # graph family: nodes, edges
 def parse_shapes(text: str) -> list[tuple]:
     """ROWSxHIDDEN items give (rows, hidden); b{B}s{S}h{Hq}/{Hk}d{D} a RopeShape; t{T}h{H}v{V} a
     FlceShape; b{B}h{Hq}[/{Hkv}]s{Sq}[/{Sk}]d{D}[/{Dv}][c][-varlen] an AttnShape;
-    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] a LinearShape;
+    b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}] a DecodeShape; b{B}h{Hq}[/{Hkv}]pre{P}kv{kv}d{D}p{page}[q{Lq}]
+    a CascadeShape; m{M}n{N}k{K}[-bias][-relu|-gelu_tanh] a LinearShape;
     b{B}m{M}n{N}k{K} a BmmShape; e{E}t{T}n{N}k{K}[-even] a GroupedShape; n{N}e{E}f{F} a GraphShape."""
     shapes: list[tuple] = []
     for item in text.split(","):
@@ -72,6 +76,17 @@ def parse_shapes(text: str) -> list[tuple]:
                 raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0, Hq a multiple of Hkv, "
                                                  "Lq at most kv and the page size a power of two (p0: contiguous)")
             shapes.append(ds)
+            continue
+        m = CASCADE_SHAPE_RE.fullmatch(item)
+        if m:
+            b, hq, hk, pre, kv, d, page, lq = m.groups()
+            cs = CascadeShape(int(b), int(hq), int(hk or hq), int(pre), int(kv), int(d), int(page), int(lq or 1))
+            if min(cs.b, cs.hq, cs.hk, cs.kv, cs.d, cs.page, cs.lq) == 0 or cs.hq % cs.hk or cs.lq > cs.kv or (
+                    cs.page & (cs.page - 1)) or cs.prefix % cs.page:
+                raise argparse.ArgumentTypeError(f"shape {item!r}: sizes must be > 0, Hq a multiple of Hkv, Lq at "
+                                                 "most kv, the page size a power of two and the prefix a multiple "
+                                                 "of it")
+            shapes.append(cs)
             continue
         m = LINEAR_SHAPE_RE.fullmatch(item)
         if m:
@@ -135,6 +150,8 @@ def _kind(shape) -> str:
         return "attn"
     if isinstance(shape, DecodeShape):
         return "decode"
+    if isinstance(shape, CascadeShape):
+        return "cascade"
     if isinstance(shape, LinearShape):
         return "linear"
     if isinstance(shape, BmmShape):

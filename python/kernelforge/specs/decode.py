@@ -1,5 +1,6 @@
 """The decode family: decode_attention (the newest tokens of each sequence against a paged or
-contiguous KV cache; forward only, inference) and mla_decode (DeepSeek's latent cache; below).
+contiguous KV cache; forward only, inference), mla_decode (DeepSeek's latent cache; below) and
+cascade_decode_attention (sequences sharing one prefix; at the end).
 
 Bench shapes are DecodeShapes, written b{B}h{Hq}[/{Hkv}]kv{kv}d{D}p{page}[q{Lq}]: B sequences of kv
 cached keys each (every sequence the same length), page size p (p0: a contiguous cache in
@@ -27,6 +28,8 @@ unused block-table entries point at a NaN page): a kernel that reads them fails.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -484,4 +487,212 @@ MLA_DECODE = OpSpec(
     check_label=_mla_check_label,
 )
 
-SPECS = (DECODE_ATTENTION, MLA_DECODE)
+
+# ---- cascade_decode_attention ---------------------------------------------------------------------
+# B sequences sharing one prefix of P keys (a system prompt), each with its own suffix of kv keys in a
+# paged cache (cascade_decode_attention in python/kernelforge/decode.py: a prefix pass of every
+# sequence's queries against the prefix, the decode kernel over the suffixes, merge_attention_states).
+# Memory-bound in bytes: the prefix read once, 2 * P * Hkv * D elements, every sequence's suffix once,
+# 2 * B * kv * Hkv * D, plus q read and out written, 2 * B * Lq * Hq * D (the merge's intermediates
+# are not counted: they are what a fused kernel would not write). GB/s against copy@size.
+# Peers: ``kf_decode`` is kernelforge's own non-cascade path, decode_attention over the full
+# per-sequence caches whose block tables all start with the same prefix pages (the prefix stored once,
+# read by every (sequence, kv head) CTA, from L2 when they run together); ``cudnn`` is torch's SDPA
+# pinned to cuDNN on contiguous [B, Hkv, P + kv, D] caches (the prefix copied into every sequence).
+
+
+class CascadeShape(NamedTuple):
+    """A cascade_decode_attention shape, written b{B}h{Hq}[/{Hkv}]pre{P}kv{kv}d{D}p{page}[q{Lq}]: B
+    sequences sharing a prefix of P keys, each with kv suffix keys (the Lq new tokens included), Hq /
+    Hkv heads, head dim D, the suffix cache's page size (P a multiple of it: the non-cascade peer shares
+    whole prefix pages)."""
+
+    b: int
+    hq: int
+    hk: int
+    prefix: int
+    kv: int
+    d: int
+    page: int
+    lq: int = 1
+
+    def __str__(self) -> str:
+        s = f"b{self.b}h{self.hq}" + (f"/{self.hk}" if self.hk != self.hq else "")
+        return s + f"pre{self.prefix}kv{self.kv}d{self.d}p{self.page}" + (f"q{self.lq}" if self.lq != 1 else "")
+
+
+def cascade_ref(q, prefix_k, prefix_v, k_cache, v_cache, seq_lens, block_table=None, *, scale=None):
+    """cascade_decode_attention's formula in float64 on the CPU: sequence b's keys are the prefix
+    (positions 0 .. P - 1, all visible to every new token) then its suffix (suffix key j through the
+    block table as decode_ref reads it; new token t sees j <= seq_lens[b] - Lq + t). Returns (out
+    [B, Lq, Hq, D], lse [B, Lq, Hq]); a token that sees no key gets 0 and -inf."""
+    q = q.detach().to("cpu", f64)
+    pk, pv = (x.detach().to("cpu", f64) for x in (prefix_k, prefix_v))
+    kc, vc = (x.detach().to("cpu", f64) for x in (k_cache, v_cache))
+    B, Lq, Hq, D = q.shape
+    P, page, Hkv = pk.shape[0], kc.shape[1], kc.shape[2]
+    group = Hq // Hkv
+    table = block_table.detach().to("cpu", torch.int64) if block_table is not None else None
+    cap = page if table is None else table.shape[1] * page
+    scale = D ** -0.5 if scale is None else scale
+    out = torch.zeros(B, Lq, Hq, D, dtype=f64)
+    lse = torch.full((B, Lq, Hq), float("-inf"), dtype=f64)
+    for b in range(B):
+        n = min(max(int(seq_lens[b]), 0), cap)
+        j = torch.arange(n)
+        if table is None:
+            sk, sv = kc[b, :n], vc[b, :n]
+        else:
+            pages = table[b][j // page]
+            ok = ((pages >= 0) & (pages < kc.shape[0])).view(n, 1, 1)
+            pages = pages.clamp(0, kc.shape[0] - 1)
+            sk = torch.where(ok, kc[pages, j % page], torch.zeros((), dtype=f64))
+            sv = torch.where(ok, vc[pages, j % page], torch.zeros((), dtype=f64))
+        keys = torch.cat([pk, sk]).repeat_interleave(group, dim=1)  # [P + n, Hq, D]
+        vals = torch.cat([pv, sv]).repeat_interleave(group, dim=1)
+        s = torch.einsum("thd,jhd->thj", q[b], keys) * scale  # [Lq, Hq, P + n]
+        pos = n - Lq + torch.arange(Lq).view(-1, 1)  # the new tokens' suffix positions
+        visible = torch.cat([torch.ones(Lq, P, dtype=torch.bool), j.view(1, -1) <= pos], dim=1)  # [Lq, P + n]
+        s = s.masked_fill(~visible.unsqueeze(1), float("-inf"))
+        if P + n == 0:
+            continue
+        m = s.amax(dim=-1, keepdim=True)
+        m0 = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        w = torch.exp(s - m0)
+        den = w.sum(dim=-1)
+        out[b] = torch.einsum("thj,jhd->thd", w, vals) / den.clamp_min(1e-300).unsqueeze(-1)
+        lse[b] = torch.where(den > 0, m0.squeeze(-1) + torch.log(den.clamp_min(1e-300)),
+                             torch.full_like(den, float("-inf")))
+    return out, lse
+
+
+def _cascade_bytes(shape: CascadeShape, mode: str, elt: int) -> int:
+    # the prefix once, every suffix once, q read, out written
+    return (2 * shape.prefix * shape.hk * shape.d + 2 * shape.b * shape.kv * shape.hk * shape.d
+            + 2 * shape.b * shape.lq * shape.hq * shape.d) * elt
+
+
+def _cascade_flops(shape: CascadeShape, mode: str) -> int:
+    pairs = shape.b * shape.lq * shape.prefix + shape.b * (shape.lq * shape.kv - shape.lq * (shape.lq - 1) // 2)
+    return 4 * shape.hq * shape.d * pairs
+
+
+def _cascade_inputs(shape: CascadeShape, dtype, device, gen):
+    """One page pool [P / page + B * ceil(kv / page), page, Hkv, D] in a random order after the prefix:
+    the prefix's pages first (prefix_k / prefix_v are their [P, Hkv, D] view), every sequence's suffix
+    pages after them. block_table [B, ceil(kv / page)] the suffix pages (cascade); full_table the prefix
+    pages followed by them, full_lens P + kv (kf_decode). k_static / v_static [B, Hkv, P + kv, D]: the
+    same keys per sequence, contiguous (cudnn)."""
+    B, Hq, Hkv, P, kv, D, page, Lq = shape
+    if P % page:
+        raise ValueError(f"{shape}: the prefix length must be a multiple of the page size")
+    pre, per = P // page, -(-kv // page)
+    t = {"q": randn(gen, device, dtype, B, Lq, Hq, D)}
+    table = pre + torch.randperm(B * per, generator=gen, device=device).view(B, per)
+    pool = {}
+    for name in ("k", "v"):
+        c = torch.zeros(pre + B * per, page, Hkv, D, dtype=dtype, device=device)
+        c[:pre] = randn(gen, device, dtype, pre, page, Hkv, D)
+        rows = randn(gen, device, dtype, B, per * page, Hkv, D)
+        c[table.flatten()] = rows.view(B * per, page, Hkv, D)
+        pool[name] = c
+        t[f"{name}_cache"] = c
+        t[f"prefix_{name}"] = c[:pre].view(P, Hkv, D)
+        full = torch.cat([c[:pre].view(1, P, Hkv, D).expand(B, P, Hkv, D), rows[:, :kv]], dim=1)
+        t[f"{name}_static"] = full.transpose(1, 2).contiguous()  # [B, Hkv, P + kv, D]
+    t["block_table"] = table.to(torch.int32)
+    t["seq_lens"] = torch.full((B,), kv, dtype=torch.int32, device=device)
+    prefix_pages = torch.arange(pre, device=device).view(1, pre).expand(B, pre)
+    t["full_table"] = torch.cat([prefix_pages, table], dim=1).to(torch.int32)
+    t["full_lens"] = torch.full((B,), P + kv, dtype=torch.int32, device=device)
+    t["max_seq_len"] = kv
+    if Lq > 1:  # SDPA's boolean mask of the bottom-right causal rows over P + kv keys
+        j = torch.arange(P + kv, device=device).view(1, -1)
+        t["sdpa_mask"] = j <= torch.arange(P + kv - Lq, P + kv, device=device).view(-1, 1)
+    return t
+
+
+def _cascade_run(t):
+    return (kf().cascade_decode_attention(t["q"], t["prefix_k"], t["prefix_v"], t["k_cache"], t["v_cache"],
+                                          t["seq_lens"], t["block_table"], max_seq_len=t["max_seq_len"]),)
+
+
+def _kf_decode_full():
+    """decode_attention over the per-sequence caches [prefix; suffix] whose block tables share the
+    prefix pages: kernelforge without the cascade."""
+
+    def run(t):
+        return (kf().decode_attention(t["q"], t["k_cache"], t["v_cache"], t["full_lens"], t["full_table"],
+                                      max_seq_len=t["max_seq_len"] + t["prefix_k"].shape[0]),)
+
+    return run
+
+
+# b64 x prefix 4096 x suffix 256 and b16 x prefix 8192 x suffix 512, GQA 32/8 d128 page 16; 4 new tokens
+CASCADE_SHAPES = (CascadeShape(64, 32, 8, 4096, 256, 128, 16), CascadeShape(16, 32, 8, 8192, 512, 128, 16),
+                  CascadeShape(64, 32, 8, 4096, 256, 128, 16, 4))
+# (B, Lq, Hq, Hkv, D, P, kv): ragged suffixes with an empty one (Lq = 1), GQA 4 / 1 / 8, Lq 1 .. 4
+CASCADE_CHECK_SHAPES = ((4, 1, 32, 8, 128, 1000, 300), (3, 4, 8, 8, 64, 129, 50), (2, 2, 16, 2, 256, 64, 9))
+CASCADE_VARIANTS = ({"page": 16}, {"page": 1, "lse": True})
+
+
+def _cascade_check_label(shape) -> str:
+    B, Lq, Hq, Hkv, D, P, kv = shape
+    return f"b{B}h{Hq}/{Hkv}pre{P}kv{kv}d{D}" + (f"q{Lq}" if Lq != 1 else "")
+
+
+def _cascade_check_inputs(shape, v, dtype, device):
+    B, Lq, Hq, Hkv, D, P, kv = shape
+    t = make_cache(ragged_lens(kv, B, Lq), Hkv, D, v["page"], dtype, device)
+    t["q"] = randn(None, device, dtype, B, Lq, Hq, D)
+    t["prefix_k"] = randn(None, device, dtype, P, Hkv, D)
+    t["prefix_v"] = randn(None, device, dtype, P, Hkv, D)
+    return t
+
+
+def _cascade_outputs(out, lse, v) -> dict:
+    return {"out": out, "lse": _finite_lse(lse)} if v.get("lse") else {"out": out}
+
+
+def _cascade_call(kfm, a):
+    return kfm.cascade_decode_attention(a["q"], a["prefix_k"], a["prefix_v"], a["k_cache"], a["v_cache"],
+                                        a["seq_lens"], a["block_table"], return_lse=True)
+
+
+def _cascade_check_run(kfm, t, v):
+    q = t["q"]
+    poison([q.shape], q.dtype, q.device)
+    poison([q.shape[:3]], torch.float32, q.device)
+    out, lse = _cascade_call(kfm, t)
+    check_out("out", out, q.shape, q.dtype)
+    check_out("lse", lse, q.shape[:3], torch.float32)
+    return _cascade_outputs(out, lse, v)
+
+
+def _cascade_cpp_reference(a, v):
+    return _cascade_outputs(*_cascade_call(kf(), a), v)  # CPU tensors: the C++ float64 references composed
+
+
+def _cascade_reference(a, v):
+    out, lse = cascade_ref(a["q"], a["prefix_k"], a["prefix_v"], a["k_cache"], a["v_cache"], a["seq_lens"],
+                           a["block_table"])
+    return _cascade_outputs(out, lse, v)
+
+
+def _cascade_sdpa():
+    return _sdpa_peer("CUDNN_ATTENTION")
+
+
+CASCADE_DECODE = OpSpec(
+    name="cascade_decode_attention", family="decode", shape_kind="cascade",
+    inputs=_cascade_inputs, run=_cascade_run, grad_inputs=(), grad_outputs=(), outputs=("out",),
+    row_bytes=_cascade_bytes, flops=_cascade_flops, shapes=CASCADE_SHAPES,
+    providers=("kernelforge", "kf_decode", "cudnn"),
+    extra_peers={"kf_decode": _kf_decode_full, "cudnn": _cascade_sdpa},
+    modes=("fwd",), dtypes=(torch.bfloat16, torch.float16), bound="memory",
+    check_shapes=CASCADE_CHECK_SHAPES, variants=CASCADE_VARIANTS, check_inputs=_cascade_check_inputs,
+    check_run=_cascade_check_run, cpp_reference=_cascade_cpp_reference, reference=_cascade_reference,
+    check_label=_cascade_check_label,
+)
+
+SPECS = (DECODE_ATTENTION, MLA_DECODE, CASCADE_DECODE)
