@@ -64,9 +64,10 @@ struct MlaDecodeTensors {
   const TensorView* lse = nullptr;  // optional
 };
 
-// The kernel of a plan: the mma.sync kernel (sm_80 on; any page size) or the wgmma kernel (sm_90 with
-// the library's sm_90a image; pages of at least 16 rows, or a contiguous cache).
-enum class MlaKernel { kMmaSync, kWgmma };
+// The kernel of a plan: the mma.sync kernel (sm_80 on; any page size), the wgmma kernel or the wgmma
+// kernel's seesaw schedule (both sm_90 with the library's sm_90a image; pages of at least 16 rows, or a
+// contiguous cache).
+enum class MlaKernel { kMmaSync, kWgmma, kWgmmaSeesaw };
 
 // A plan: one CTA per (row tile, split, sequence); the CTA's `rows` query rows (H * Lq rows of a
 // sequence, in tiles) share each stage of block_n cache rows; with splits > 1 the decode merge kernel

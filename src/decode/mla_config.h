@@ -89,4 +89,39 @@ struct MlaWgmmaSmem {
   static_assert(kBytes <= 232448, "shared memory of one CTA on sm_90");
 };
 
+// ---- wgmma seesaw kernel (sm_90a) -------------------------------------------------------------
+// The same tile, warps and ring as the wgmma kernel (64 query rows x 64 keys, producer + two consumer
+// warpgroups, 2 stages of 72 KB); the consumers alternate key tiles (kernels/mla_decode_wgmma_seesaw.cuh).
+// Each stage has two halves with their own full / empty mbarriers: lo = column tiles 0-3 (value
+// columns 0-255), hi = column tiles 4-8 (value columns 256-511 and the 64 rope columns).
+// Shared memory (byte offsets from a 1024-byte aligned base; tiles as MlaWgmmaSmem):
+//   Q        9 x 64 x 128 B                 73,728   loaded once
+//   K ring   2 stages x 9 x 64 x 128 B     147,456   stage s holds the tiles t with t % 2 == s
+//   P1       64 rows x 64 keys x 2 B          8,192   consumer 1's P of its odd tile (read by consumer 0)
+//            (consumer 0's rescaled P of its even tile goes to stage 0's rope column tile, dead once
+//            that tile's S is done: 8,192 bytes without a buffer of its own)
+//   m0, scale0, m1, scale1, l0, l1   6 x 64 float32   1,536   the rows' running max / rescale per tile
+//   mbarriers  2 stages x 2 halves x (full, empty) x 8 B   64
+// 230,976 bytes + 1,024 of alignment slack = 232,000 <= 232,448 (sm_90's 227 KB per block).
+constexpr int kMlaSeesawLoTiles = 4;  // column tiles 0-3: value columns 0-255 (consumer 0's output half)
+struct MlaSeesawSmem {
+  static constexpr int kTileBytes = MlaWgmmaSmem::kTileBytes;
+  static constexpr int kKBytes = MlaWgmmaSmem::kKBytes;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + MlaWgmmaSmem::kQBytes;
+  static constexpr int kP0 = kK + (kMlaHeadDimK / 64 - 1) * kTileBytes;  // stage 0's rope column tile
+  static constexpr int kP1 = kK + kMlaWgmmaStages * kKBytes;
+  static constexpr int kM0 = kP1 + kTileBytes;
+  static constexpr int kScale0 = kM0 + 64 * 4;
+  static constexpr int kM1 = kScale0 + 64 * 4;
+  static constexpr int kScale1 = kM1 + 64 * 4;
+  static constexpr int kL0 = kScale1 + 64 * 4;
+  static constexpr int kL1 = kL0 + 64 * 4;
+  static constexpr int kBars = kL1 + 64 * 4;
+  static constexpr int kBytes = kBars + 2 * 2 * kMlaWgmmaStages * 8 + 1024;
+  static_assert(kMlaWgmmaStages == 2, "one stage per consumer: tile t in stage t % 2");
+  static_assert(kP0 % 1024 == 0 && kP1 % 1024 == 0, "swizzled tiles start 1024-byte aligned");
+  static_assert(kBytes <= 232448, "shared memory of one CTA on sm_90");
+};
+
 }  // namespace kernelforge

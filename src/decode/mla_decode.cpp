@@ -31,8 +31,9 @@ struct Prepared {
   DecodeParams p;
   DType dtype = DType::kFloat16;
   const DeviceInfo* dev = nullptr;
-  bool wgmma_image = false;    // the library's sm_90a image of the wgmma kernel runs on this device
-  bool wgmma_default = false;  // ... and the calls' planner may pick it
+  bool wgmma_image = false;     // the library's sm_90a image of the wgmma kernel runs on this device
+  bool wgmma_default = false;   // ... and the calls' planner may pick it
+  bool seesaw_default = false;  // ... in its seesaw schedule
 };
 
 Status prepare(const MlaDecodeCall& c, Prepared* w) {
@@ -50,6 +51,13 @@ Status prepare(const MlaDecodeCall& c, Prepared* w) {
     return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kMlaWgmmaByDefault;
   }();
   w->wgmma_default = on && w->wgmma_image;
+  // The seesaw schedule of the wgmma kernel (mla_plan.h: kMlaSeesawByDefault; KF_MLA_SEESAW=1 or 0
+  // overrides it, read once).
+  static const bool seesaw = [] {
+    const char* env = std::getenv("KF_MLA_SEESAW");
+    return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kMlaSeesawByDefault;
+  }();
+  w->seesaw_default = seesaw;
   return Status::Ok();
 }
 
@@ -83,7 +91,7 @@ Status mla_decode_plan(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("mla_decode_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_mla_decode(w.p, *w.dev, w.wgmma_default);
+  *plan = plan_mla_decode(w.p, *w.dev, w.wgmma_default, w.seesaw_default);
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
@@ -119,7 +127,7 @@ Status mla_decode(const MlaDecodeTensors& t, const MlaDecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, w.wgmma_default);
+  const MlaDecodePlan plan = plan_mla_decode(w.p, *w.dev, w.wgmma_default, w.seesaw_default);
   if (!(s = check_mla_decode_plan(plan, w.p, *w.dev, w.wgmma_image)).ok()) return s;
   const size_t need = mla_decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query

@@ -1,6 +1,6 @@
 // The MLA decode launchers: the kernel the plan names (the mma.sync kernel at the kMlaTiles depth the
-// plan names, or the sm_90a wgmma kernel), then the split merge (decode_merge.cuh at 512 columns) when
-// the plan splits the keys. Included by mla_<dtype>.cu.
+// plan names, the sm_90a wgmma kernel or its seesaw schedule), then the split merge (decode_merge.cuh at 512 columns)
+// when the plan splits the keys. Included by mla_<dtype>.cu.
 #pragma once
 
 #include <cuda.h>
@@ -15,6 +15,7 @@
 #include "decode/kernels/decode_merge.cuh"
 #include "decode/kernels/mla_decode.cuh"
 #include "decode/kernels/mla_decode_wgmma.cuh"
+#include "decode/kernels/mla_decode_wgmma_seesaw.cuh"
 #include "decode/mla_config.h"
 #include "decode/mla_plan.h"
 
@@ -77,11 +78,14 @@ Status launch_mla_tile(const MlaDecodePlan& plan, const DecodeParams& p, void* w
   return launch_mla_merge<T>(plan, p, w, *dev, stream);
 }
 
-// The wgmma kernel: the cache's TMA map (column, row in page, page, 1) with boxes of 64 columns x
-// min(page_size, 64) rows (64 when contiguous), the same grid as the mma.sync kernel.
+// The wgmma kernels (both schedules): the cache's TMA map (column, row in page, page, 1) with boxes of
+// 64 columns x min(page_size, 64) rows (64 when contiguous), the same grid as the mma.sync kernel.
 template <typename T>
 Status launch_mla_wgmma(const MlaDecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
-  void (*kernel)(const CUtensorMap, const DecodeParams, int, int, float*, float*) = mla_decode_wgmma_kernel<T>;
+  const bool seesaw = plan.kernel == MlaKernel::kWgmmaSeesaw;
+  void (*kernel)(const CUtensorMap, const DecodeParams, int, int, float*, float*) =
+      seesaw ? mla_decode_wgmma_seesaw_kernel<T> : mla_decode_wgmma_kernel<T>;
+  const size_t smem = size_t(seesaw ? MlaSeesawSmem::kBytes : MlaWgmmaSmem::kBytes);
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported("mla_decode: plan " + to_string(plan) +
                                 ": the wgmma kernel needs an sm_90 device and a build with 90a-real");
@@ -98,13 +102,12 @@ Status launch_mla_wgmma(const MlaDecodePlan& plan, const DecodeParams& p, void* 
   st = encode_attention_map<T>(&tm, p.k_cache, kMlaHeadDimK, p.page_size, p.pages, 1, p.k_st, p.k_sp, 0, box_rows,
                                "kv_cache", "mla_decode");
   if (!st.ok()) return st;
-  st = cuda_status(ensure_smem_limit(kernel, size_t(MlaWgmmaSmem::kBytes)), "mla_decode",
-                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  st = cuda_status(ensure_smem_limit(kernel, smem), "mla_decode", "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!st.ok()) return st;
   const MlaWorkspace w = mla_workspace(plan, p, workspace);
   {
     Launch l(dim3(unsigned(mla_row_tiles(plan, p)), unsigned(plan.splits), unsigned(p.batch)),
-             dim3(32u * kMlaWgmmaWarps), size_t(MlaWgmmaSmem::kBytes), stream, use_pdl(*dev));
+             dim3(32u * kMlaWgmmaWarps), smem, stream, use_pdl(*dev));
     st = launched(l(kernel, tm, p, box_rows, plan.splits, w.o, w.lse), "mla_decode");
     if (!st.ok()) return st;
   }
@@ -117,7 +120,8 @@ template <typename T>
 Status launch_mla_decode(const MlaDecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
   static_assert(kMlaTiles[0].stages == 4 && kMlaTiles[1].stages == 2 && kMlaTileCount == 2,
                 "one case per kMlaTiles row");
-  if (plan.kernel == MlaKernel::kWgmma) return decode::launch_mla_wgmma<T>(plan, p, workspace, stream);
+  if (plan.kernel == MlaKernel::kWgmma || plan.kernel == MlaKernel::kWgmmaSeesaw)
+    return decode::launch_mla_wgmma<T>(plan, p, workspace, stream);
   switch (plan.stages) {
     case 4:
       return decode::launch_mla_tile<T, 4>(plan, p, workspace, stream);
@@ -128,10 +132,12 @@ Status launch_mla_decode(const MlaDecodePlan& plan, const DecodeParams& p, void*
   }
 }
 
-// Whether this build holds the wgmma kernel's sm_90a image for the current device (binary version 90).
+// Whether this build holds the wgmma kernels' sm_90a images (both schedules, one TU) for the current
+// device (binary version 90).
 template <typename T>
 bool mla_wgmma_image() {
-  return kernel_binary_version(decode::mla_decode_wgmma_kernel<T>) == 90;
+  return kernel_binary_version(decode::mla_decode_wgmma_kernel<T>) == 90 &&
+         kernel_binary_version(decode::mla_decode_wgmma_seesaw_kernel<T>) == 90;
 }
 
 }  // namespace kernelforge

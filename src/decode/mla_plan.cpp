@@ -5,7 +5,8 @@
 // Kernel: the wgmma kernel needs an sm_90 device, the library's sm_90a image of it (mla_wgmma_image),
 // and a cache TMA can read by boxes: pages of at least 16 rows (one box per page of a 64-key tile) or
 // a contiguous cache; strides are 16-byte multiples by validation. The calls ask for it while
-// kMlaWgmmaByDefault is set (mla_plan.h).
+// kMlaWgmmaByDefault is set (mla_plan.h), and for its seesaw schedule (the same tile, ring, limits and
+// split model) while kMlaSeesawByDefault is set.
 //
 // Splits: one CTA per (sequence, row tile) reads only its own keys, so a batch-1 call at H = 128 has
 // 2 CTAs on a 132-SM GPU unless the keys are split. For each split count s the model counts the CTA
@@ -31,7 +32,9 @@ constexpr SplitCost kSplitCost = {256, 4, 2, 128};
 // epilogue = 2 tiles per CTA; the merge 1.
 constexpr SplitCost kWgmmaSplitCost = {256, 2, 1, 128};
 
-const char* kernel_name(MlaKernel k) { return k == MlaKernel::kWgmma ? "wgmma" : "mma_sync"; }
+const char* kernel_name(MlaKernel k) {
+  return k == MlaKernel::kWgmma ? "wgmma" : k == MlaKernel::kWgmmaSeesaw ? "wgmma_seesaw" : "mma_sync";
+}
 
 int mla_splits(const DecodeParams& p, const DeviceInfo& dev, const MlaDecodePlan& plan, const SplitCost& cost) {
   const int64_t slots = int64_t(dev.sm_count > 0 ? dev.sm_count : 1);  // one CTA per SM (shared memory)
@@ -61,9 +64,9 @@ std::string mla_wgmma_unsupported(const DecodeParams& p, const DeviceInfo& dev, 
   return "";
 }
 
-MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev) {
+MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev, bool seesaw) {
   MlaDecodePlan plan;
-  plan.kernel = MlaKernel::kWgmma;
+  plan.kernel = seesaw ? MlaKernel::kWgmmaSeesaw : MlaKernel::kWgmma;
   plan.rows = kMlaRows;
   plan.block_n = kMlaWgmmaBlockN;
   plan.warps = kMlaWgmmaWarps;
@@ -72,8 +75,8 @@ MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev) {
   return plan;
 }
 
-MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image) {
-  if (mla_wgmma_unsupported(p, dev, wgmma_image).empty()) return mla_wgmma_plan(p, dev);
+MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image, bool seesaw) {
+  if (mla_wgmma_unsupported(p, dev, wgmma_image).empty()) return mla_wgmma_plan(p, dev, seesaw);
   MlaDecodePlan plan;
   plan.kernel = MlaKernel::kMmaSync;
   plan.rows = kMlaRows;
@@ -97,12 +100,13 @@ Status check_mla_decode_plan(const MlaDecodePlan& plan, const DecodeParams& p, c
   if (p.head_dim != kMlaHeadDimK)
     return Status::Invalid(where + " runs the 576-column MLA cache, the call has head dim " +
                            std::to_string(p.head_dim));
-  if (plan.kernel == MlaKernel::kWgmma) {
+  if (plan.kernel == MlaKernel::kWgmma || plan.kernel == MlaKernel::kWgmmaSeesaw) {
     if (plan.rows != kMlaRows || plan.block_n != kMlaWgmmaBlockN || plan.warps != kMlaWgmmaWarps ||
         plan.stages != kMlaWgmmaStages)
-      return Status::Invalid(where + ": no such kernel is built (wgmma: rows=" + std::to_string(kMlaRows) +
-                             " tile=" + std::to_string(kMlaWgmmaBlockN) + " warps=" + std::to_string(kMlaWgmmaWarps) +
-                             " stages=" + std::to_string(kMlaWgmmaStages) + ")");
+      return Status::Invalid(where + ": no such kernel is built (" + kernel_name(plan.kernel) +
+                             ": rows=" + std::to_string(kMlaRows) + " tile=" + std::to_string(kMlaWgmmaBlockN) +
+                             " warps=" + std::to_string(kMlaWgmmaWarps) + " stages=" + std::to_string(kMlaWgmmaStages) +
+                             ")");
     const std::string why = mla_wgmma_unsupported(p, dev, wgmma_image);
     if (!why.empty()) return Status::NotSupported(where + ": the wgmma kernel " + why);
     return Status::Ok();

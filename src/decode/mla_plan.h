@@ -15,18 +15,25 @@
 namespace kernelforge {
 
 struct DeviceInfo;
-MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
+// seesaw: where the wgmma kernel runs, take its seesaw schedule (kernel=wgmma_seesaw) instead.
+MlaDecodePlan plan_mla_decode(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image, bool seesaw = false);
 
 // mla_decode_plan / mla_decode pass wgmma_image = kMlaWgmmaByDefault && the device and the build have
 // the wgmma kernel. It is on: b64 x kv4k x 128 heads takes 204 us against 411 for mma.sync on the H200
 // (1567 vs 777 GB/s). The environment's KF_MLA_WGMMA=0 (or 1) overrides it for the process.
 inline constexpr bool kMlaWgmmaByDefault = true;
+// mla_decode_plan / mla_decode pass seesaw = kMlaSeesawByDefault: the seesaw schedule of the wgmma
+// kernel (kernels/mla_decode_wgmma_seesaw.cuh) has not run on a GPU, so it is off; explicit plans with
+// kernel = MlaKernel::kWgmmaSeesaw run it. The environment's KF_MLA_SEESAW=1 (or 0) overrides it for the
+// process.
+inline constexpr bool kMlaSeesawByDefault = false;
 Status check_mla_decode_plan(const MlaDecodePlan& plan, const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
 size_t mla_decode_workspace_bytes(const MlaDecodePlan& plan, const DecodeParams& p);
 // Why the wgmma kernel cannot run the call, or an empty string.
 std::string mla_wgmma_unsupported(const DecodeParams& p, const DeviceInfo& dev, bool wgmma_image);
-// The wgmma plan of the call (the key split from its 64-key tiles), whether or not it can run.
-MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev);
+// The wgmma plan of the call (the key split from its 64-key tiles), whether or not it can run; seesaw:
+// the same plan with the seesaw schedule.
+MlaDecodePlan mla_wgmma_plan(const DecodeParams& p, const DeviceInfo& dev, bool seesaw = false);
 // Row tiles per sequence: ceil(H * Lq / plan.rows).
 inline int32_t mla_row_tiles(const MlaDecodePlan& plan, const DecodeParams& p) {
   return (p.rows + plan.rows - 1) / plan.rows;

@@ -5,7 +5,8 @@
 // with NaN (a read of one would poison the output), shuffles the block table, and runs the public
 // entry (the default plan) and then the same call with the key split forced to 1, 3 and 16 for every
 // kernel the GPU runs (each kMlaTiles pipeline depth of the mma.sync kernel it holds; the wgmma kernel
-// on sm_90 with the sm_90a image, where the page size allows), each on outputs poisoned with NaN. Cases
+// and its seesaw schedule on sm_90 with the sm_90a image, where the page size allows), each on outputs
+// poisoned with NaN. Cases
 // cover page sizes 1, 16, 32, 64, 128 and the contiguous cache (with a padded row stride; shorter than
 // one 64-key TMA box), ragged lengths with 0, 1, 7, 4097 and multiples of 64,
 // q_len 1 to 8, H = 1, 7 (rows that do not fill a 16-row block), 16, 24 (Lq = 3: a token's rows
@@ -172,7 +173,8 @@ TEST_P(MlaDecodeGpu, MatchesReference) {
   int device = 0;
   const kf::DeviceInfo* dev = nullptr;
   KF_ASSERT_OK(kf::current_device_info(&device, &dev));
-  // every candidate kernel: the mma.sync depths the GPU holds, the wgmma kernel where it runs
+  // every candidate kernel: the mma.sync depths the GPU holds, the wgmma kernel (both schedules) where
+  // it runs
   std::vector<MlaDecodePlan> plans = {plan};
   for (const kf::MlaTile& tile : kf::kMlaTiles) {
     if (kf::mla_smem_bytes(tile.stages) > kf::mla_smem_limit(gpu_capability())) continue;
@@ -185,11 +187,12 @@ TEST_P(MlaDecodeGpu, MatchesReference) {
   }
   const bool image = kf::mla_decode_wgmma_image(c.dtype);
   if (kf::mla_wgmma_unsupported(params, *dev, image).empty()) {
-    for (int s : {1, 3, 16}) {
-      MlaDecodePlan p = kf::mla_wgmma_plan(params, *dev);
-      p.splits = s;
-      plans.push_back(p);
-    }
+    for (bool seesaw : {false, true})
+      for (int s : {1, 3, 16}) {
+        MlaDecodePlan p = kf::mla_wgmma_plan(params, *dev, seesaw);
+        p.splits = s;
+        plans.push_back(p);
+      }
   } else if (dev->capability == 90 && image && c.page >= kf::kMlaWgmmaMinPage) {
     ADD_FAILURE() << "the wgmma kernel does not run on this sm_90 GPU: "
                   << kf::mla_wgmma_unsupported(params, *dev, image);
@@ -376,6 +379,35 @@ TEST(MlaDecodePlan, WgmmaKernel) {
   EXPECT_LE(b1.splits, 66);
   EXPECT_EQ(kf::plan_mla_decode(mla_params(1, 1, 16, 200, 64), h100, true).splits, 1);
   EXPECT_EQ(kf::mla_wgmma_plan(big_p, h100).splits, big.splits);
+}
+
+// The seesaw schedule of the wgmma kernel: the same tile, limits and split model, named in the plan;
+// the planner takes it only when asked (kMlaSeesawByDefault is off until it has run on a GPU).
+TEST(MlaDecodePlan, WgmmaSeesawKernel) {
+  kf::DeviceInfo h100, a100;
+  h100.sm_count = 132, h100.capability = 90;
+  a100.sm_count = 108, a100.capability = 80;
+  static_assert(!kf::kMlaSeesawByDefault, "the seesaw schedule has not run on a GPU");
+  const kf::DecodeParams big_p = mla_params(64, 1, 128, 4096, 64);
+  const MlaDecodePlan big = kf::plan_mla_decode(big_p, h100, true, true);
+  EXPECT_EQ(kf::to_string(big), "mla_decode kernel=wgmma_seesaw rows=64 tile=64 warps=12 stages=2 splits=1");
+  EXPECT_TRUE(kf::check_mla_decode_plan(big, big_p, h100, true).ok());
+  EXPECT_EQ(kf::plan_mla_decode(big_p, h100, true).kernel, kf::MlaKernel::kWgmma);  // not asked
+  EXPECT_EQ(kf::mla_wgmma_plan(big_p, h100, true).kernel, kf::MlaKernel::kWgmmaSeesaw);
+  // where the wgmma kernel does not run, neither does the schedule
+  const kf::DecodeParams page8 = mla_params(8, 1, 128, 4096, 8);
+  EXPECT_EQ(kf::plan_mla_decode(page8, h100, true, true).kernel, kf::MlaKernel::kMmaSync);
+  EXPECT_EQ(kf::plan_mla_decode(big_p, h100, false, true).kernel, kf::MlaKernel::kMmaSync);
+  const kf::Status st = kf::check_mla_decode_plan(big, big_p, a100, true);
+  EXPECT_EQ(st.code(), kf::StatusCode::kNotSupported) << st.message();
+  EXPECT_TRUE(has_substrings(st, {"wgmma kernel", "needs an sm_90 device"})) << st.message();
+  MlaDecodePlan bad = big;
+  bad.stages = 3;
+  KF_EXPECT_INVALID(kf::check_mla_decode_plan(bad, big_p, h100, true), "no such kernel is built (wgmma_seesaw");
+  const MlaDecodePlan b1 = kf::plan_mla_decode(mla_params(1, 1, 128, 16384, 64), h100, true, true);
+  EXPECT_EQ(b1.kernel, kf::MlaKernel::kWgmmaSeesaw);
+  EXPECT_EQ(b1.splits, kf::plan_mla_decode(mla_params(1, 1, 128, 16384, 64), h100, true).splits);
+  EXPECT_LE(int64_t(kf::MlaSeesawSmem::kBytes), kf::mla_smem_limit(90));
 }
 
 // ---- validation --------------------------------------------------------------------------------
