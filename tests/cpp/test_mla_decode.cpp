@@ -6,9 +6,8 @@
 // entry (the default plan) and then the same call with the key split forced to 1, 3 and 16 for every
 // kernel the GPU runs (each kMlaTiles pipeline depth of the mma.sync kernel it holds; the wgmma kernel
 // and its seesaw schedule on sm_90 with the sm_90a image, where the page size allows), each on outputs
-// poisoned with NaN. Cases
-// cover page sizes 1, 16, 32, 64, 128 and the contiguous cache (with a padded row stride; shorter than
-// one 64-key TMA box), ragged lengths with 0, 1, 7, 4097 and multiples of 64,
+// poisoned with NaN. Cases cover page sizes 1, 16, 32, 64, 128 and the contiguous cache (with a padded
+// row stride; shorter than one 64-key TMA box), ragged lengths with 0, 1, 7, 4097 and multiples of 64,
 // q_len 1 to 8, H = 1, 7 (rows that do not fill a 16-row block), 16, 24 (Lq = 3: a token's rows
 // across two row tiles), 32, 64 and 128 (two row tiles; with Lq = 8 sixteen), lengths below Lq and
 // beyond the capacity, and block-table entries outside the cache (read as zeros, as the reference does).
@@ -173,8 +172,7 @@ TEST_P(MlaDecodeGpu, MatchesReference) {
   int device = 0;
   const kf::DeviceInfo* dev = nullptr;
   KF_ASSERT_OK(kf::current_device_info(&device, &dev));
-  // every candidate kernel: the mma.sync depths the GPU holds, the wgmma kernel (both schedules) where
-  // it runs
+  // every candidate kernel: the mma.sync depths the GPU holds, both wgmma schedules where they run
   std::vector<MlaDecodePlan> plans = {plan};
   for (const kf::MlaTile& tile : kf::kMlaTiles) {
     if (kf::mla_smem_bytes(tile.stages) > kf::mla_smem_limit(gpu_capability())) continue;
@@ -261,6 +259,10 @@ std::vector<MlaCase> mla_cases() {
   c.H = 64, c.page = 32, c.lens = {257, 31, 64}, c.name = "h64_page32";
   add(c);
   c.H = 128, c.Lq = 2, c.page = 128, c.lens = {1000, 128, 300}, c.name = "h128_qlen2_page128";
+  add(c);
+  // the seesaw schedule's pairs of 64-key tiles: an odd tile count with the partial tile even (191: 3
+  // tiles), an even count without a partial tile (128), an even count with the partial tile odd (65)
+  c.H = 128, c.Lq = 2, c.page = 64, c.lens = {191, 128, 65}, c.name = "h128_qlen2_tile_pairs";
   add(c);
   c = MlaCase{};
   c.lens = {100, 5000, -3};  // 5000 > capacity (clamped), -3 -> 0
