@@ -389,7 +389,6 @@ TEST(MlaDecodePlan, WgmmaSeesawKernel) {
   kf::DeviceInfo h100, a100;
   h100.sm_count = 132, h100.capability = 90;
   a100.sm_count = 108, a100.capability = 80;
-  static_assert(!kf::kMlaSeesawByDefault, "the seesaw schedule has not run on a GPU");
   const kf::DecodeParams big_p = mla_params(64, 1, 128, 4096, 64);
   const MlaDecodePlan big = kf::plan_mla_decode(big_p, h100, true, true);
   EXPECT_EQ(kf::to_string(big), "mla_decode kernel=wgmma_seesaw rows=64 tile=64 warps=12 stages=2 splits=1");
