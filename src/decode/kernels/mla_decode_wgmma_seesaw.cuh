@@ -36,10 +36,11 @@
 // syncs, once per pair each, so arrivals never run a generation ahead):
 //   SCALE0 (c0 -> c1: m0, a0)  SCALE1 (c1 -> c0: m1, a1)  P1 (c1 -> c0: P1 stored)
 //   P0 (c0 -> c1: P0' stored)  EPI (both: l0, l1)  + ZERO0 / ZERO1 (128 threads, after zeroing rows).
-// Per pair, consumer 0: softmax 2i, SCALE0, local P V, wait, SCALE1, P0', P0, remote P V, wait, S of
-// 2i+2. Consumer 1: SCALE0, softmax 2i+1, SCALE1, P1, local P V, P0, wait, remote P V, wait, S of 2i+3.
-// The tensor pipe sees c1's S during c0's softmax, c0's local P V during c1's softmax, c1's local P V
-// while c0 rescales and stores P0', then both remote P Vs and both next S.
+// Per pair, consumer 0: softmax 2i, SCALE0, local P V, wait, SCALE1, P0', P0, remote P V, then S of
+// 2i+2 (lo half, wait for the remote P V, hi half). Consumer 1: SCALE0, softmax 2i+1, SCALE1, P1, local
+// P V, P0, wait, remote P V, then S of 2i+3 (hi half, wait for the remote P V, lo half). The tensor pipe
+// sees c1's S during c0's softmax, c0's local P V during c1's softmax, c1's local P V while c0 rescales
+// and stores P0', then both remote P Vs and the halves of both next S whose loads started first.
 //
 // Ring halves: lo = column tiles 0-3 (value columns 0-255), hi = column tiles 4-8 (values 256-511 and
 // the rope columns), each with a full mbarrier (the producer's expect_tx) and an empty one counting the
@@ -48,11 +49,12 @@
 //   stage 0 hi: c0 (S, P0' written), c1 (remote P V reads V and P0')   8
 //   stage 1 lo: c1 (S), c0 (remote P V)      8
 //   stage 1 hi: c1 (S, local P V)            4
-// The producer loads per pair in release order: 2i lo, 2i+1 hi, 2i hi, 2i+1 lo. A consumer waits for
-// both halves of its next tile before the first wgmma of S (a wait loop inside the wgmma chain makes
-// ptxas serialize it), and each consumer releases what it holds before it waits for the next tile, so
-// no wait closes a cycle: c1 waits for 2i+3 lo, which follows 2i+2 hi in the producer's order, so it
-// releases stage 0 hi (its remote P V) first; c0 releases stage 1 lo before it waits for 2i+2.
+// The producer loads per pair in release order: 2i lo, 2i+1 hi, 2i hi, 2i+1 lo. Each consumer starts
+// the S of its next tile on the half loaded first for it (c0: lo, requested after its local P V; c1:
+// hi, requested after its local P V) while the other half still loads. No wait closes a cycle (checked
+// on a model of the protocol for 0-11 tiles): c0 waits for 2i+2 lo, the producer's first load of the
+// pair, then releases stage 1 lo before it waits for 2i+2 hi; c1 waits for 2i+3 hi, the second load,
+// then releases stage 0 hi (needed by 2i+2 hi) before it waits for 2i+3 lo, the last.
 //
 // Corner cases are the wgmma kernel's: causal mask by index on tiles that cross a row's last key or
 // the range end; TMA zeros for keys past the range and block-table entries outside [0, P); value rows
@@ -132,16 +134,28 @@ __device__ __forceinline__ void wgmma_pv_rs_n256(float (&d)[128], const uint32_t
 }
 #undef KF_WGMMA_RS_N256_TB
 
-// S = Q K^T over the 576 columns of Q and of one K stage: 9 column tiles x 4 k-slices of 16 columns
-// (32 bytes apart inside the swizzled 128-byte rows). The descriptors' address field takes the byte
-// offset >> 4 (no carry: shared addresses < 2^18).
-template <typename T>
-__device__ __forceinline__ void seesaw_gemm_s(float (&s)[32], uint64_t dq, uint64_t dk) {
+// One half of S = Q K^T: column tiles [kC0, kC1) of Q and of one K stage, 4 k-slices of 16 columns per
+// tile (32 bytes apart inside the swizzled 128-byte rows), after the half's full barrier; kFirst: the
+// first slice overwrites S. Each half is its own wgmma.fence + commit group, so the wait loop before it
+// is outside any wgmma chain (inside one, ptxas inserts its own fence and serializes the wgmmas). The
+// descriptors' address field takes the byte offset >> 4 (no carry: shared addresses < 2^18); the
+// opaque copies keep the compiler from hoisting them out of the pair loop.
+template <typename T, int kC0, int kC1, bool kFirst>
+__device__ __forceinline__ void seesaw_gemm_s(float (&s)[32], uint64_t* full, uint32_t parity, uint32_t q_addr,
+                                              uint32_t k_addr) {
+  mbar_wait(full, parity);
+  uint64_t dq = gmma_desc_k(q_addr), dk = gmma_desc_k(k_addr);
+  asm volatile("" : "+l"(dq), "+l"(dk));
+  reg_fence(s);  // the accumulator's last reads (softmax, P stores) before the fence
+  wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kMlaHeadDimK / 16; ++kk) {
-    const uint64_t off = uint64_t((kk / 4) * MlaSeesawSmem::kTileBytes + (kk % 4) * 32) >> 4;
-    wgmma_ss<T, 64>(s, dq + off, dk + off, kk > 0 ? 1 : 0);
-  }
+  for (int c = kC0; c < kC1; ++c)
+#pragma unroll
+    for (int k4 = 0; k4 < 4; ++k4) {
+      const uint64_t off = uint64_t(c * MlaSeesawSmem::kTileBytes + k4 * 32) >> 4;
+      wgmma_ss<T, 64>(s, dq + off, dk + off, (kFirst && c == kC0 && k4 == 0) ? 0 : 1);
+    }
+  wgmma_commit();
 }
 
 // Grid (row tiles, splits, B), kMlaWgmmaWarps * 32 threads, MlaSeesawSmem::kBytes of dynamic shared
@@ -369,18 +383,20 @@ __global__ void __launch_bounds__(kMlaWgmmaWarps * 32, 1)
     fence_proxy_async();
     named_sync(kBarZero + cw, 128);
   };
-  // S of the tile in `stage` (its use-th tile there) once both halves have landed. Both waits come
-  // before the first wgmma: a wait loop inside the chain makes ptxas serialize the wgmmas. The opaque
-  // copies keep the compiler from hoisting the 36 descriptors out of the pair loop.
-  auto gemm_s = [&](int stage, int use) {
-    mbar_wait(&full[2 * stage], use & 1);
-    mbar_wait(&full[2 * stage + 1], use & 1);
-    uint64_t dq = gmma_desc_k(q_addr), dk = gmma_desc_k(k_addr0 + stage * L::kKBytes);
-    asm volatile("" : "+l"(dq), "+l"(dk));
-    reg_fence(s);  // the accumulator's last reads (softmax, P stores) before the fence
-    wgmma_fence();
-    seesaw_gemm_s<T>(s, dq, dk);
-    wgmma_commit();
+  // S of this consumer's use-th tile in its stage, in two commit groups: first the half the producer
+  // loads first for it (consumer 0: lo, consumer 1: hi), then the other.
+  const uint32_t k_mine = k_addr0 + cw * L::kKBytes;
+  auto gemm_s_first = [&](int use) {
+    if (cw == 0)
+      seesaw_gemm_s<T, 0, kLo, true>(s, &full[0], use & 1, q_addr, k_mine);
+    else
+      seesaw_gemm_s<T, kLo, kColTiles, true>(s, &full[3], use & 1, q_addr, k_mine);
+  };
+  auto gemm_s_second = [&](int use) {
+    if (cw == 0)
+      seesaw_gemm_s<T, kLo, kColTiles, false>(s, &full[1], use & 1, q_addr, k_mine);
+    else
+      seesaw_gemm_s<T, 0, kLo, false>(s, &full[2], use & 1, q_addr, k_mine);
   };
   auto release = [&](int stage, int h) {
     if (lane == 0) mbar_arrive(&empty[2 * stage + h]);
@@ -389,7 +405,8 @@ __global__ void __launch_bounds__(kMlaWgmmaWarps * 32, 1)
   if (cw == 0) {
     // ---- consumer 0: even tiles (stage 0), output columns 0-255 ----
     if (n_tiles > 0) {
-      gemm_s(0, 0);
+      gemm_s_first(0);
+      gemm_s_second(0);
       wgmma_wait<0>();
       reg_fence(s);
     }
@@ -427,20 +444,26 @@ __global__ void __launch_bounds__(kMlaWgmmaWarps * 32, 1)
       if (has1) {
         if (t0 + 2 == n_tiles && tail_valid < kBN) zero_tail(1);
         gemm_pv_remote(1, L::kP1);
-        wgmma_wait<0>();
+      }
+      if (i + 1 < n_pairs) {  // S of tile t0 + 2 (has1 holds): its lo half behind the remote P V
+        gemm_s_first(i + 1);
+        wgmma_wait<1>();  // the remote P V is done
         reg_fence(o);
         release(1, 0);  // stage 1 lo: the remote P V done
-      }
-      if (i + 1 < n_pairs) {  // S of tile t0 + 2 (consumer 1's P V and S keep the tensor pipe busy)
-        gemm_s(0, i + 1);
+        gemm_s_second(i + 1);
         wgmma_wait<0>();
         reg_fence(s);
+      } else {
+        wgmma_wait<0>();
+        reg_fence(o);
+        if (has1) release(1, 0);
       }
     }
   } else {
     // ---- consumer 1: odd tiles (stage 1), output columns 256-511 ----
     if (n_tiles > 1) {
-      gemm_s(1, 0);
+      gemm_s_first(0);
+      gemm_s_second(0);
       wgmma_wait<0>();
       reg_fence(s);
       release(1, 0);  // stage 1 lo: S done
@@ -486,15 +509,21 @@ __global__ void __launch_bounds__(kMlaWgmmaWarps * 32, 1)
       }
       if (t1 == n_tiles && tail_valid < kBN) zero_tail(0);  // tile t1 - 1 is the last
       gemm_pv_remote(0, L::kP0);
-      wgmma_wait<0>();
-      reg_fence(o);
-      release(0, 1);           // stage 0 hi: the remote P V done (before waiting for tile t1 + 2: the
-                               // producer loads tile t1 + 1's hi half, which needs it, ahead of t1 + 2's lo half)
-      if (t1 + 2 < n_tiles) {  // S of tile t1 + 2 (consumer 0's P V and S keep the tensor pipe busy)
-        gemm_s(1, i + 1);
+      if (t1 + 2 < n_tiles) {  // S of tile t1 + 2: its hi half behind the remote P V
+        gemm_s_first(i + 1);
+        wgmma_wait<1>();  // the remote P V is done
+        reg_fence(o);
+        // stage 0 hi: the remote P V done; before the wait for the lo half, which the producer loads
+        // after tile t1 + 1's hi half, which needs this release
+        release(0, 1);
+        gemm_s_second(i + 1);
         wgmma_wait<0>();
         reg_fence(s);
         release(1, 0);  // stage 1 lo: S done
+      } else {
+        wgmma_wait<0>();
+        reg_fence(o);
+        release(0, 1);
       }
     }
   }
