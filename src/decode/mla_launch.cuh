@@ -1,6 +1,6 @@
 // The MLA decode launchers: the kernel the plan names (the mma.sync kernel at the kMlaTiles depth the
-// plan names, the sm_90a wgmma kernel or its seesaw schedule), then the split merge (decode_merge.cuh at 512 columns)
-// when the plan splits the keys. Included by mla_<dtype>.cu.
+// plan names, the sm_90a wgmma kernel or its seesaw schedule), then the split merge (decode_merge.cuh
+// at 512 columns) when the plan splits the keys. Included by mla_<dtype>.cu.
 #pragma once
 
 #include <cuda.h>
