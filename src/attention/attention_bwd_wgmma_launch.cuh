@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "attention/attention_bwd_passes.cuh"
@@ -23,15 +22,6 @@
 namespace kernelforge {
 
 namespace attn_bwd {
-
-// The deterministic mode's dQ writer signals each query tile one step later (the kernel's dQ writer
-// has the argument) when KF_ATTN_BWD_LAGGED_SIGNAL=1; read per call, so that a benchmark or a test
-// can time and check both variants in one process. The order of additions is the same: the
-// gradients are bit-identical either way.
-inline bool lagged_signal() {
-  const char* env = std::getenv("KF_ATTN_BWD_LAGGED_SIGNAL");
-  return env != nullptr && env[0] == '1';
-}
 
 // One instantiation: head dim kD, softcap or not (f.softcap > 0), and the query rows per step that go
 // with them (kBwdWgmmaBlockM: the planner's block_m).
@@ -89,7 +79,7 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
     if (!st.ok()) return st;
     Launch l(dim3(unsigned(k_tiles), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads),
              size_t(L::kBytes), stream, use_pdl(dev));
-    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws, p.deterministic && lagged_signal()), kName);
+    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws), kName);
     if (!st.ok()) return st;
   }
   return launch_dq_convert<T>(p, ws, dev, stream);

@@ -7,13 +7,13 @@
 // sides start from the same numbers), and runs the one-call entry (with CUB's size query), the
 // plan-then-run entries and then every candidate plan through launch_bwd_with_plan, each on
 // gradients poisoned with NaN, comparing every element of dq, dk, dv and dsinks and checking that
-// bytes outside the gradient views stay untouched. Deterministic mode runs four times (twice with
-// KF_ATTN_BWD_LAGGED_SIGNAL=1) and must give the same bits. Cases: seqlens 1, 7, 127, 200 (not
-// multiples of any tile), Sq != Sk causal both ways (rows that see no key), GQA 1, 2, 4, head dims
-// 64, 96, 128, 192/128, 256, windows, softcap, sinks, bshd, bhsd, ragged varlen (a sequence without
-// queries, one without keys), slices of fused qkv / dqkv buffers, odd row strides (rows at every
-// 2-byte alignment), Sk = 0, Sq = 0 (dk = dv = 0, dsinks = 0) and an empty batch. Tests skip
-// without a GPU (and below sm_80), and fail instead when KF_REQUIRE_GPU=1.
+// bytes outside the gradient views stay untouched. Deterministic mode runs twice and must give the
+// same bits. Cases: seqlens 1, 7, 127, 200 (not multiples of any tile), Sq != Sk causal both ways
+// (rows that see no key), GQA 1, 2, 4, head dims 64, 96, 128, 192/128, 256, windows, softcap, sinks,
+// bshd, bhsd, ragged varlen (a sequence without queries, one without keys), slices of fused qkv /
+// dqkv buffers, odd row strides (rows at every 2-byte alignment), Sk = 0, Sq = 0 (dk = dv = 0,
+// dsinks = 0) and an empty batch. Tests skip without a GPU (and below sm_80), and fail instead when
+// KF_REQUIRE_GPU=1.
 //
 // Tolerance (u: the unit roundoff of the dtype, 2^-8 bfloat16, 2^-11 float16; eps: the kernels'
 // logit error, 2^-14 for float32 q.k plus softcap * 2^-10 for tanh.approx, as in the forward's test):
@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -208,29 +207,6 @@ struct Workspace {
   }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
-};
-
-// Sets (value non-null) or unsets an environment variable for its lifetime, then restores it.
-struct EnvVar {
-  std::string name, old;
-  bool had = false;
-  EnvVar(const char* n, const char* value) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (value != nullptr)
-      setenv(n, value, 1);
-    else
-      unsetenv(n);
-  }
-  ~EnvVar() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-  EnvVar(const EnvVar&) = delete;
-  EnvVar& operator=(const EnvVar&) = delete;
 };
 
 size_t plan_workspace(const AttentionPlan& plan, const kf::AttentionGradCall& call) {
@@ -491,30 +467,23 @@ void AttentionBwdGpu::run_case(const BwdCase& c) {
     if (HasFatalFailure()) return;
   }
 
-  // Deterministic mode: correct, and every run gives the same bits: two runs with the wgmma kernel's
-  // per-step signalling, then two with its lagged signalling (KF_ATTN_BWD_LAGGED_SIGNAL=1, the same
-  // order of additions; other kernels ignore it).
+  // Deterministic mode: correct, and two runs give the same bits.
   AttentionOptions det = o;
   det.deterministic = true;
   std::vector<HostTensor> first;
-  for (int rep = 0; rep < 4; ++rep) {
-    const bool lagged = rep >= 2;
-    const std::string what = lagged ? "deterministic, lagged signal" : "deterministic";
-    SCOPED_TRACE(what);
-    EnvVar env("KF_ATTN_BWD_LAGGED_SIGNAL", lagged ? "1" : nullptr);
+  for (int rep = 0; rep < 2; ++rep) {
     poison();
     size_t bytes = 0;
     KF_ASSERT_OK(kf::attention_backward(gt, det, nullptr, &bytes, stream_));
     Workspace ws(bytes);
-    ASSERT_TRUE(finish(kf::attention_backward(gt, det, ws.p, &bytes, stream_), what));
+    ASSERT_TRUE(finish(kf::attention_backward(gt, det, ws.p, &bytes, stream_), "deterministic"));
     if (rep == 0) {
-      check(what);
+      check("deterministic");
       first = download_all();
     } else {
-      if (rep == 2) check(what);
-      const std::vector<HostTensor> again = download_all();
+      const std::vector<HostTensor> second = download_all();
       for (size_t i = 0; i < first.size(); ++i)
-        EXPECT_TRUE(bit_equal((what + " gradients").c_str(), first[i], again[i])) << "tensor " << i << ", run " << rep;
+        EXPECT_TRUE(bit_equal("deterministic gradients", first[i], second[i])) << "tensor " << i;
     }
   }
 

@@ -153,8 +153,6 @@ __device__ __forceinline__ void bwd_wgmma_mask(float (&st)[kBM / 2], float (&dpt
 // tm_q / tm_do: 4-D maps (column, row, head, batch) with 64 x 64 boxes; tm_k / tm_v: 64 x 128 boxes;
 // 128-byte swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens).
 // tm_dq: the float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
-// lagged_signal: the deterministic mode's writer signals each step's query tile one step later (see
-// the dQ writer; the launcher sets it from KF_ATTN_BWD_LAGGED_SIGNAL=1, off by default).
 // kSoftcap = f.softcap > 0 (a template parameter: one softmax variant per kernel; two in one kernel
 // spilled at d64); kBM = kBwdWgmmaBlockM<kD, kSoftcap> (instantiated: d128 64, d64 128 without and 64
 // with a softcap).
@@ -162,8 +160,7 @@ template <typename T, int kD, int kBM, bool kSoftcap>
 __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     attention_bwd_wgmma(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws,
-                        const bool lagged_signal) {
+                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws) {
 #if KF_SM90A
   using L = BwdWgmmaSmem<kD, kBM>;
   constexpr int kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
@@ -267,46 +264,21 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
       }
     } else if (threadIdx.x == 32 && n_iters > 0) {
-      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64-row
-      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator (one bulk group per
-      // step); the staging tiles are released as soon as the TMA unit has read them, so the consumers
-      // compute the next step while the additions (and in the deterministic mode the wait for their
-      // turn) go on.
+      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64 x 64
+      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator; the staging tiles are
+      // released as soon as the TMA unit has read them, so the consumers compute the next step while
+      // the additions (and in the deterministic mode the wait for their turn) go on.
       // Deterministic mode: query tile m receives its additions in decreasing key-tile order. Every
       // key tile walks the query tiles downwards, so the key tiles that visit m reach it at the same
       // step (causal too) and each waits about one addition's latency for the one above it; a CTA
       // waits only for CTAs of lower linear index (key tiles are numbered downwards), which were
-      // dispatched before it, so the chain cannot deadlock. The semaphore of (b, h, m) counts the key
-      // tiles whose additions to m are complete; key tile n adds to m once the count reaches the
-      // number of key tiles above it that visit m, so every rerun adds in the same order.
-      // Signalling, two variants with the same order of additions:
-      //  - per step (the default): after a step's additions, wait for all of them to complete
-      //    (bulk_wait<0>), signal, then take the next step.
-      //  - lagged (lagged_signal): issue step it's additions, then wait for step it - 1's group only
-      //    (bulk_wait<1>: at most the newest group, step it's, still in flight), signal step it - 1's
-      //    tile; the last step's group is waited for and signalled after the loop, before the CTA
-      //    exits. Step it - 1's completion overlaps step it's additions. The order per query tile is
-      //    unchanged: a signal still follows the completion of the additions it counts, and each
-      //    addition still waits for the count of the key tiles above it, so the order does not depend
-      //    on timing. Deadlock freedom: the signal of step it - 1 now also waits for step it's turn,
-      //    which depends only on CTAs of lower linear index (the same induction over the dispatch
-      //    order as above: those CTAs never wait for this one, so they finish and signal every tile,
-      //    their last at exit), and never on this CTA's own pending signal (steps are distinct
-      //    (head, query tile) pairs, so step it's semaphore is not step it - 1's).
-      //    Cost: key tile n's signal for step it now waits for its step it + 1's turn, i.e. for key
-      //    tile n + 1's signal of its step it + 1, which waits for key tile n + 2's step it + 2, and
-      //    so on: where all key tiles walk the same query tiles (without masks, and causal at equal
-      //    steps), adjacent key tiles lag by one step instead of one addition's latency. It pays only
-      //    where the additions' completion is longer than a step of the consumers; not measured on a
-      //    GPU, hence off by default.
-      const bool det = p.deterministic, lagged = det && lagged_signal;
-      int32_t* pending = nullptr;  // lagged: the semaphore of the previous step's query tile, not yet signalled
+      // dispatched before it, so the chain cannot deadlock.
       for (int it = 0; it < n_iters; ++it) {
         const int h = kvh * f.group + it / nm;
         const int m = step_m(it);
         mbar_wait(dq_full, it & 1);
         int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
-        if (det) {
+        if (p.deterministic) {
           // Key tiles above this one that visit m: up to the one holding key keys_hi(m) - 1.
           const int last = (vis.keys_hi(m, kBM) - 1) / kBN;
           while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
@@ -321,24 +293,13 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
         bulk_commit();
         bulk_wait_read<0>();
         mbar_arrive(dq_empty);
-        if (lagged) {
-          if (pending != nullptr) {
-            bulk_wait<1>();  // step it - 1's additions are done (in L2); step it's may still run
-            __threadfence();
-            atomicAdd(pending, 1);
-          }
-          pending = sem;
-        } else if (det) {
+        if (p.deterministic) {
           bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
           __threadfence();
           atomicAdd(sem, 1);
         }
       }
       bulk_wait<0>();
-      if (pending != nullptr) {  // lagged: the last step's tile, before the CTA exits
-        __threadfence();
-        atomicAdd(pending, 1);
-      }
     }
     return;
   }
