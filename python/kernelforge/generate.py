@@ -411,14 +411,28 @@ def _pick(logits: torch.Tensor, sampler: _Sampler, generator) -> torch.Tensor:
     exponential race argmax(p_i / E_i), E_i ~ Exp(1), which draws token i with probability p_i: no
     normalization, no host synchronization, graph-safe)."""
     if not sampler.do_sample:
-        return logits.argmax(dim=-1)
+        return _argmax(logits)
     scores = logits.float() / sampler.temperature
     if sampler.top_k:
         kth = torch.topk(scores, sampler.top_k, dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     race = torch.empty_like(scores).exponential_(generator=generator)
     race.clamp_min_(torch.finfo(race.dtype).tiny)  # a draw of exactly 0 would win whatever its logit
-    return (scores - race.log()).argmax(dim=-1)
+    return _argmax(scores - race.log())
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim of [B, V], the first index of the maximum as torch.argmax gives it, in two
+    passes over chunks of W columns (W divides V, V / W chunks in [64, 1024]): each chunk's maximum and its
+    first index, then the first chunk holding the largest. One argmax over a 128256-wide row is one long
+    reduction per row (36 µs on the H200 at batch 1); the chunked one spreads it over V / W rows."""
+    V = x.shape[-1]
+    W = next((w for w in range(256, 4097) if V % w == 0 and 64 <= V // w <= 1024), 0)
+    if W == 0 or x.dim() != 2:
+        return x.argmax(dim=-1)
+    vals, idx = x.view(x.shape[0], V // W, W).max(dim=-1)  # [B, C]: each chunk's first maximum
+    chunk = vals.argmax(dim=-1, keepdim=True)  # [B, 1]: the first chunk with the largest
+    return (chunk * W + idx.gather(-1, chunk)).squeeze(-1)
 
 
 def _record(loop: _Loop, token: torch.Tensor) -> None:
