@@ -115,7 +115,7 @@ AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr, AttentionOrder order = 
 // calls without a window (windows give every key tile about the same work) when the grid model
 // below finishes earlier with it; with KF_ATTN_BWD_PAIRED=1, or by default when kBwdPairedDefault is
 // true (KF_ATTN_BWD_PAIRED=0 turns it off). Default off until measured on a GPU: it is a candidate
-// plan either way, so tests run it and dev sweeps time it.
+// plan either way, so the GPU tests run it.
 constexpr bool kBwdPairedDefault = false;
 
 // The grid model: CTAs dispatched in linear order (blockIdx.x fastest), each onto the SM that frees

@@ -351,8 +351,8 @@ TEST(AttentionBwdPlan, PairedSchedule) {
   st = kf::check_bwd_plan(mma, unaligned_llama, kH100);
   EXPECT_EQ(st.code(), kf::StatusCode::kInvalidArgument) << st.message();
   EXPECT_NE(st.message().find("order"), std::string::npos) << st.message();
-  // Candidates: the paired plan for every non-deterministic wgmma call (tests run it, dev sweeps time
-  // it), none for deterministic ones.
+  // Candidates: the paired plan for every non-deterministic wgmma call (the GPU tests run it), none
+  // for deterministic ones.
   auto has_paired = [](const std::vector<AttentionPlan>& plans) {
     for (const AttentionPlan& c : plans)
       if (c.order == AttentionOrder::kPaired) return true;
