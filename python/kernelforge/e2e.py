@@ -8,6 +8,8 @@ Cases (kernelforge/models.py builds the models, random weights):
   llama_generate the Llama-1B-shaped model generating 128 tokens after a 512-token prompt, batch 1,
                  greedy (HF generate, or kernelforge.generate); reported per generated token, prefill
                  included; llama_generate_b16 / _b64: 16 / 64 prompts of the same length at once
+  llama_generate_batch  transformers' continuous batching (generate_batch) of 16 such prompts on its
+                 paged cache: eager runs "paged|sdpa", kernelforge "paged|kernelforge"
   moe_train      a Mixtral-8x7B-shaped MoE block (8 experts, 4096 -> 14336, top-2), one training step
                  on 4 x 2048 tokens, experts as written (transformers' per-expert loop)
   moe_grouped_train  the same block with transformers' grouped_mm experts (torch._grouped_mm)
@@ -52,6 +54,7 @@ CASES = {  # case -> (models.py builder, training step?)
     "llama_generate": ("llama_generate", False),
     "llama_generate_b16": ("llama_generate_b16", False),
     "llama_generate_b64": ("llama_generate_b64", False),
+    "llama_generate_batch": ("llama_generate_batch", False),
     "moe_train": ("moe", True),
     "moe_grouped_train": ("moe_grouped", True),
 }
@@ -62,8 +65,15 @@ GENERATE_PROVIDERS = {"generate": False, "kernelforge_generate": False, "kernelf
 GENERATION_CASES = ("llama_generate", "llama_generate_b16", "llama_generate_b64")
 
 
+# continuous batching (generate_batch): eager ("paged|sdpa") and kernelforge ("paged|kernelforge") only
+BATCHING_CASES = ("llama_generate_batch",)
+
+
 def applies(case: str, provider: str) -> bool:
-    """Whether the provider runs the case (kernelforge.generate's providers run generation cases only)."""
+    """Whether the provider runs the case (kernelforge.generate's providers run generation cases only;
+    continuous batching runs eager and kernelforge)."""
+    if case in BATCHING_CASES:
+        return provider in ("eager", "kernelforge")
     return provider not in GENERATE_PROVIDERS or case in GENERATION_CASES
 
 

@@ -101,6 +101,34 @@ def _llama_generate(size: str, device, dtype, batch: int = 1) -> Model:
                  f"{new} new tokens, batch {batch}", "llama", None, new)
 
 
+def _llama_generate_batch(size: str, device, dtype, batch: int = 16) -> Model:
+    """transformers' continuous batching (``generate_batch``) of ``batch`` prompts of the Llama-1B-shaped
+    model, 512 tokens each, 128 new tokens each, greedy, on its paged cache (block size 256; on a CPU a
+    1 GiB budget instead of the free GPU memory it sizes itself from); small: the 2-layer model, 16 + 4
+    tokens. The attention implementation is the model's: "sdpa" runs "paged|sdpa", a kf.patch-ed model
+    "paged|kernelforge" (decode-only batches through decode_attention on the pages)."""
+    from transformers import GenerationConfig  # noqa: PLC0415
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: PLC0415
+
+    base = _llama_generate(size, device, dtype, batch)
+    new = base.new_tokens
+    gc = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    small = size == "small"
+    cfg = ContinuousBatchingConfig(block_size=16 if small else 256, num_blocks=64 if small else None,
+                                   max_batch_tokens=64 if small else None)
+    if torch.device(device).type == "cpu":
+        from transformers.generation.continuous_batching import cache as cb_cache  # noqa: PLC0415
+
+        cb_cache.PagedAttentionMemoryHandler.get_available_memory = lambda self: 1 << 30
+
+    def forward(m, ids):
+        return m.generate_batch(inputs=ids.tolist(), generation_config=gc, continuous_batching_config=cfg,
+                                progress_bar=False)
+
+    return Model(base.module, base.inputs, forward, base.what.replace("generate:", "generate_batch:"), "llama",
+                 None, new)
+
+
 def _vit(size: str, device, dtype) -> Model:
     from transformers import ViTConfig, ViTModel  # noqa: PLC0415
 
@@ -250,6 +278,7 @@ MODELS = {
     "llama_generate": _llama_generate,
     "llama_generate_b16": lambda s, d, t: _llama_generate(s, d, t, 16),
     "llama_generate_b64": lambda s, d, t: _llama_generate(s, d, t, 64),
+    "llama_generate_batch": _llama_generate_batch,
     "vit": _vit,
     "gnn": _gnn,
     "ltx": _ltx,

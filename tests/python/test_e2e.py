@@ -43,6 +43,18 @@ def test_worker_generate_per_token():
         assert (r["patched_modules"] > 0) == (provider == "kernelforge")
 
 
+def test_worker_generate_batch():
+    """llama_generate_batch: transformers' continuous batching, "paged|sdpa" for eager and
+    "paged|kernelforge" for the patched model (its decode-only batches on decode_attention); the other
+    providers do not apply."""
+    pytest.importorskip("transformers")
+    for provider in ("eager", "kernelforge"):
+        r = E.run_worker("llama_generate_batch", provider, "small", "cpu", 1, 1)
+        assert r["case"] == "llama_generate_batch" and r["ms"] > 0 and "generate_batch" in r["what"]
+        assert r["tok_s"] > 0 and (r["patched_modules"] > 0) == (provider == "kernelforge")
+    assert not E.applies("llama_generate_batch", "compile") and not E.applies("llama_generate_batch", "generate")
+
+
 def test_worker_reports_one_step():
     """The worker computes in this process what the parent reads from a child's JSON line."""
     pytest.importorskip("transformers")
