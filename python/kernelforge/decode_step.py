@@ -38,8 +38,9 @@ of launch gap or tail per kernel costs 0.175 ms.
   the step replays for every length. The step does not move the StaticLayer's own length counter.
 - Linear layers: ``proj_linear`` for the projections (default ``torch.nn.functional.linear``, cuBLAS) and
   ``head_linear`` for the LM head (default ``kernelforge.linear``: its skinny kernel for M <= 16 rows).
-  On an H200, kernelforge.linear runs the 128256 x 2048 LM head at 1.02x cuBLAS and 4096-wide projections
-  at 0.89-0.95x, hence the split.
+  On an H200, kernelforge.linear runs the 128256 x 2048 LM head at 1.02x cuBLAS and the Llama-1B step's
+  projections (1 and 16 rows; 2048 -> 3072 / 2048 / 16384, 8192 -> 2048) at 0.82-0.93x (1.04x for the
+  1-row down projection), hence the split.
 
 Numerics against the transformers forward: the same ops in the same order, with kernelforge's roundings:
 RoPE and silu_and_mul compute in float32 and round once (transformers rounds the products in the model's
