@@ -10,8 +10,8 @@ The loop:
   prompt + max_new_tokens rows. The first new token comes from its last position's logits.
 - Decode: one step = the model's forward of the last token with ``position_ids`` read from a device
   buffer, the static cache (which counts its own length on the device), the choice of the next token
-  (argmax, or sampling), and in-place updates of the step's input buffers. ``fused_step=True`` runs
-  the fused step of ``decode_step.py`` (Llama / Mistral / Qwen2) in place of the forward (below).
+  (argmax, or sampling), and in-place updates of the step's input buffers. Llama / Mistral / Qwen2
+  models run the fused step of ``decode_step.py`` in place of the forward (``fused_step``, below).
   On CUDA the step is captured once into a CUDA graph per (batch size, cache length) and replayed; the
   graph, its buffers and its cache are kept with the model (a weak dictionary), so a second call of
   the same shapes replays the same graph after a prefill. A model whose weights, attention
@@ -66,6 +66,7 @@ other layers than transformers' StaticLayer, e.g. chunked attention).
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -137,9 +138,9 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     capture the decode step into a CUDA graph (CUDA models); False runs the same loop eagerly.
     ``fused_step``: the decode step written with kernelforge ops (``decode_step.DecodeStep``: one q/k/v
     GEMM, one gate/up GEMM, fused residual norms, 10 kernels per layer) instead of the model's forward;
-    None runs the model's forward (with ``FUSED_STEP_BY_DEFAULT``: the fused step when the model is
-    supported, Llama / Mistral / Qwen2, see ``decode_step``, else the forward, announced; KF_STRICT=1: an
-    error), or the fused step for a padded ``attention_mask``; True requires it (ValueError when unsupported);
+    None uses it when the model is supported (Llama / Mistral / Qwen2, see ``decode_step``; a padded
+    ``attention_mask`` requires it) and otherwise announces the model's forward (KF_STRICT=1: an error;
+    ``FUSED_STEP_BY_DEFAULT`` unset: the forward, silently); True requires it (ValueError when unsupported);
     False runs the model's forward; a ``DecodeStep`` of this model runs that one (its linear options).
     """
     B, S, device = _check_args(model, input_ids, max_new_tokens, do_sample, temperature, top_k, generator)
@@ -421,13 +422,20 @@ def _pick(logits: torch.Tensor, sampler: _Sampler, generator) -> torch.Tensor:
     return _argmax(scores - race.log())
 
 
+@functools.lru_cache(maxsize=None)
+def _argmax_chunk(V: int) -> int:
+    """The chunk width W of _argmax for a vocabulary of V: the smallest W in [256, 4096] dividing V into 64 to
+    1024 chunks (128256: 501 chunks of 256), or 0 when none does."""
+    return next((w for w in range(256, 4097) if V % w == 0 and 64 <= V // w <= 1024), 0)
+
+
 def _argmax(x: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim of [B, V], the first index of the maximum as torch.argmax gives it, in two
     passes over chunks of W columns (W divides V, V / W chunks in [64, 1024]): each chunk's maximum and its
     first index, then the first chunk holding the largest. One argmax over a 128256-wide row is one long
     reduction per row (36 µs on the H200 at batch 1); the chunked one spreads it over V / W rows."""
     V = x.shape[-1]
-    W = next((w for w in range(256, 4097) if V % w == 0 and 64 <= V // w <= 1024), 0)
+    W = _argmax_chunk(V)
     if W == 0 or x.dim() != 2:
         return x.argmax(dim=-1)
     vals, idx = x.view(x.shape[0], V // W, W).max(dim=-1)  # [B, C]: each chunk's first maximum

@@ -116,14 +116,22 @@ def _llama_generate_batch(size: str, device, dtype, batch: int = 16) -> Model:
     small = size == "small"
     cfg = ContinuousBatchingConfig(block_size=16 if small else 256, num_blocks=64 if small else None,
                                    max_batch_tokens=64 if small else None)
-    if torch.device(device).type == "cpu":
-        from transformers.generation.continuous_batching import cache as cb_cache  # noqa: PLC0415
-
-        cb_cache.PagedAttentionMemoryHandler.get_available_memory = lambda self: 1 << 30
+    cpu = torch.device(device).type == "cpu"
 
     def forward(m, ids):
-        return m.generate_batch(inputs=ids.tolist(), generation_config=gc, continuous_batching_config=cfg,
-                                progress_bar=False)
+        if not cpu:
+            return m.generate_batch(inputs=ids.tolist(), generation_config=gc, continuous_batching_config=cfg,
+                                    progress_bar=False)
+        from transformers.generation.continuous_batching import cache as cb_cache  # noqa: PLC0415
+
+        handler = cb_cache.PagedAttentionMemoryHandler
+        free = handler.get_available_memory
+        handler.get_available_memory = lambda self: 1 << 30  # a CPU budget for the cache, this call only
+        try:
+            return m.generate_batch(inputs=ids.tolist(), generation_config=gc, continuous_batching_config=cfg,
+                                    progress_bar=False)
+        finally:
+            handler.get_available_memory = free
 
     return Model(base.module, base.inputs, forward, base.what.replace("generate:", "generate_batch:"), "llama",
                  None, new)

@@ -16,15 +16,15 @@ std::atomic<bool> g_ready[kMaxDevices];
 std::mutex g_mutex;
 std::atomic<int> g_pdl_override{-1};
 
-bool pdl_from_env() {
-  const char* e = std::getenv("KF_PDL");
-  if (e == nullptr || *e == '\0') return kPdlByDefault;
-  return std::strcmp(e, "0") != 0;
-}
 }  // namespace
 
+bool env_switch(const char* name, bool fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) ? e[0] == '1' : fallback;
+}
+
 bool pdl_switch() {
-  static const bool env = pdl_from_env();
+  static const bool env = env_switch("KF_PDL", kPdlByDefault);
   const int o = g_pdl_override.load(std::memory_order_relaxed);
   return o < 0 ? env : o != 0;
 }

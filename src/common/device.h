@@ -25,6 +25,10 @@ Status current_device_info(int* device, const DeviceInfo** info);
 // `op` names the entry in the message; `info` receives the current device's facts.
 Status check_device(const char* op, int device_index, DType dtype, const DeviceInfo** info);
 
+// A kernel switch from the environment: `name`=1 turns it on, 0 off; unset or any other value leaves
+// `fallback`. Read where a caller asks; callers that keep it for the process read it once.
+bool env_switch(const char* name, bool fallback);
+
 // Programmatic dependent launch (common/launch.cuh) is a process-wide switch: kPdlByDefault, or the
 // environment variable KF_PDL=1 / KF_PDL=0 (read once, at the first launch), or set_pdl_override.
 // Launchers apply it only on devices of compute capability 9.0 or newer (use_pdl).

@@ -4,7 +4,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -44,10 +43,7 @@ bool tma_built(const DeviceInfo& dev) { return dev.capability == 90 && decode_tm
 // What the calls' planner may pick (decode_plan.h: kDecodeTmaByDefault; KF_DECODE_TMA=1 or 0 overrides it,
 // read once: the bench and the tests time and check either kernel through the public entries).
 bool tma_default(const DeviceInfo& dev) {
-  static const bool on = [] {
-    const char* env = std::getenv("KF_DECODE_TMA");
-    return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kDecodeTmaByDefault;
-  }();
+  static const bool on = env_switch("KF_DECODE_TMA", kDecodeTmaByDefault);
   return on && tma_built(dev);
 }
 

@@ -4,7 +4,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -46,17 +45,11 @@ Status prepare(const MlaDecodeCall& c, Prepared* w) {
   w->wgmma_image = w->dev->capability == 90 && mla_decode_wgmma_image(w->dtype);
   // What the calls' planner may pick (mla_plan.h: kMlaWgmmaByDefault; KF_MLA_WGMMA=1 or 0 overrides it,
   // read once).
-  static const bool on = [] {
-    const char* env = std::getenv("KF_MLA_WGMMA");
-    return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kMlaWgmmaByDefault;
-  }();
+  static const bool on = env_switch("KF_MLA_WGMMA", kMlaWgmmaByDefault);
   w->wgmma_default = on && w->wgmma_image;
   // The seesaw schedule of the wgmma kernel (mla_plan.h: kMlaSeesawByDefault; KF_MLA_SEESAW=1 or 0
   // overrides it, read once).
-  static const bool seesaw = [] {
-    const char* env = std::getenv("KF_MLA_SEESAW");
-    return env != nullptr && (env[0] == '0' || env[0] == '1') ? env[0] == '1' : kMlaSeesawByDefault;
-  }();
+  static const bool seesaw = env_switch("KF_MLA_SEESAW", kMlaSeesawByDefault);
   w->seesaw_default = seesaw;
   return Status::Ok();
 }

@@ -39,7 +39,8 @@ constexpr float kEps = 1e-5f;
 
 TEST(PdlSwitch, OverrideAndEnvironment) {
   const char* e = std::getenv("KF_PDL");
-  const bool from_env = (e == nullptr || *e == '\0') ? kf::kPdlByDefault : std::strcmp(e, "0") != 0;
+  const bool set = e != nullptr && (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0);
+  const bool from_env = set ? e[0] == '1' : kf::kPdlByDefault;
   EXPECT_EQ(kf::pdl_switch(), from_env);
   kf::set_pdl_override(1);
   EXPECT_TRUE(kf::pdl_switch());

@@ -442,16 +442,30 @@ def _paged_decode(module, query, key, value, cache, kwargs, softcap: float, scal
         return None
     k_cache.index_copy_(0, write, key[0].transpose(0, 1))
     v_cache.index_copy_(0, write, value[0].transpose(0, 1))
-    lens = (cu_k[1:] - cu_k[:-1]).to(torch.int32)  # keys per request, its new one included
-    first = torch.arange(-(-max_k // block), device=read.device) * block  # each page's first key
-    at = cu_k[:-1].long().unsqueeze(1) + first
-    used = first < lens.unsqueeze(1)
-    table = torch.where(used, read[at.clamp_max(read.numel() - 1)] // block, 0).to(torch.int32)
+    lens, table = _paged_table(cache, read, cu_k, max_k, block)
     Hkv, D = k_cache.shape[1], k_cache.shape[2]
     out = _dec.decode_attention(query[0].transpose(0, 1).unsqueeze(1), k_cache.view(-1, block, Hkv, D),
                                 v_cache.view(-1, block, Hkv, v_cache.shape[2]), lens, table, scale=scale,
                                 softcap=softcap, sinks=sinks, max_seq_len=max_k)
     return out.view(1, T, out.shape[2], out.shape[3])
+
+
+def _paged_table(cache, read, cu_k, max_k: int, block: int):
+    """(seq_lens int32 [T], block_table int32 [T, pages]) of a decode-only batch from the full-attention
+    read index, built once per forward: every full-attention layer of the step receives the same read
+    index and key offsets (the same tensor objects, unchanged), so the first layer's tables are kept on
+    the cache and the others reuse them."""
+    memo = getattr(cache, "_kf_paged_table", None)
+    if (memo is not None and memo[0] is read and memo[1] is cu_k and memo[2] == (read._version, cu_k._version)
+            and memo[3] == (max_k, block)):
+        return memo[4]
+    lens = (cu_k[1:] - cu_k[:-1]).to(torch.int32)  # keys per request, its new one included
+    first = torch.arange(-(-max_k // block), device=read.device) * block  # each page's first key
+    at = cu_k[:-1].long().unsqueeze(1) + first
+    used = first < lens.unsqueeze(1)
+    table = torch.where(used, read[at.clamp_max(read.numel() - 1)] // block, 0).to(torch.int32)
+    cache._kf_paged_table = (read, cu_k, (read._version, cu_k._version), (max_k, block), (lens, table))
+    return lens, table
 
 
 _REGISTERED = [False]
