@@ -118,6 +118,8 @@ enum class AttentionKernel : int {
 enum class AttentionOrder : int {
   kRowMajor = 0,      // blockIdx.x walks query tiles of one (batch, head)
   kLongestFirst = 1,  // causal / windowed: the query tiles with the most visible keys start first
+  kPaired = 2,        // backward (wgmma kernel): a block takes key tiles t and T - 1 - t of its sequence
+                      // (T key tiles), one after the other: causal grids of even work per block
 };
 
 // A plan: the kernel and every launch parameter chosen for a problem. A small printable value.

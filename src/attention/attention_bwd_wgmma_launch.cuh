@@ -1,6 +1,7 @@
 // The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh:
 // TMA maps of q, dout (64-row boxes; a query tile is one or two), k and v (128-row boxes) and the float32 dQ
-// accumulator (32 x 64 boxes, for reduce-adds), one CTA per key tile and kv head) and pass 3
+// accumulator (32 x 64 boxes, for reduce-adds), one CTA per key tile and kv head, or per pair of key
+// tiles with the plan's order=paired) and pass 3
 // (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
 // attention_bwd_wgmma_<dtype>.cu.
 #pragma once
@@ -33,9 +34,16 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
   const AttentionParams& f = p.f;
   if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
       (f.softcap > 0.0f) != kSoftcap || plan.block_m != kBM || plan.block_n != kBwdWgmmaBlockN ||
-      plan.warps != kBwdWgmmaThreads / 32 || plan.stages != kBwdWgmmaStages || plan.splits != 1)
+      plan.warps != kBwdWgmmaThreads / 32 || plan.stages != kBwdWgmmaStages || plan.splits != 1 ||
+      (plan.order != AttentionOrder::kRowMajor && plan.order != AttentionOrder::kPaired))
     return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan) +
                            (kSoftcap ? " with a softcap" : " without a softcap"));
+  // order=paired: a CTA per pair of key tiles t, T - 1 - t of a sequence (the kernel's `paired`); not in
+  // the deterministic mode, whose order of dQ additions needs one key tile per CTA (check_bwd_plan
+  // rejects the combination; the kernel's comment has why).
+  const bool paired = plan.order == AttentionOrder::kPaired;
+  if (paired && p.deterministic)
+    return Status::Invalid(std::string(kName) + ": plan " + to_string(plan) + " is not for the deterministic mode");
   auto kernel = attention_bwd_wgmma<T, kD, kBM, kSoftcap>;
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported(std::string(kName) +
@@ -77,9 +85,10 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
     st = cuda_status(ensure_smem_limit(kernel, size_t(L::kBytes)), kName,
                      "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!st.ok()) return st;
-    Launch l(dim3(unsigned(k_tiles), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads),
-             size_t(L::kBytes), stream, use_pdl(dev));
-    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws), kName);
+    const int64_t grid_x = paired ? ceil_div(k_tiles, int64_t(2)) : k_tiles;
+    Launch l(dim3(unsigned(grid_x), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads), size_t(L::kBytes),
+             stream, use_pdl(dev));
+    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws, paired), kName);
     if (!st.ok()) return st;
   }
   return launch_dq_convert<T>(p, ws, dev, stream);

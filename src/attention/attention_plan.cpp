@@ -123,7 +123,9 @@ std::string to_string(const AttentionPlan& plan) {
        " tile=" + std::to_string(plan.block_m) + "x" + std::to_string(plan.block_n) +
        " warps=" + std::to_string(plan.warps) + " stages=" + std::to_string(plan.stages);
   if (plan.splits != 1) s += " splits=" + std::to_string(plan.splits);
-  s += plan.order == AttentionOrder::kLongestFirst ? " order=longest" : " order=row";
+  s += plan.order == AttentionOrder::kLongestFirst ? " order=longest"
+       : plan.order == AttentionOrder::kPaired     ? " order=paired"
+                                                   : " order=row";
   return s;
 }
 

@@ -3,6 +3,9 @@
 // (kAttnBwdTiles, attention_bwd_mma_config.h) by head dims, the device's shared memory and how many
 // blocks the call has; the workspace from attention_bwd_workspace.h.
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <queue>
 #include <string>
 #include <vector>
 
@@ -88,7 +91,9 @@ std::string wgmma_unsupported(const AttentionProblem& pr, const DeviceInfo& dev)
   return "";
 }
 
-AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr) {
+// order: kRowMajor, one key tile per CTA in increasing order, as the mma kernel; kPaired, key tiles t
+// and T - 1 - t of a sequence per CTA (see below).
+AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr, AttentionOrder order = AttentionOrder::kRowMajor) {
   AttentionPlan p;
   p.kind = AttentionKernel::kBwdWgmma;
   p.head_dim_qk = pr.head_dim_qk;
@@ -98,8 +103,83 @@ AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr) {
   p.warps = kWgmmaWarps;
   p.stages = kWgmmaStages;
   p.splits = 1;
-  p.order = AttentionOrder::kRowMajor;  // key tiles in increasing order, as the mma kernel
+  p.order = order;
   return p;
+}
+
+// The paired schedule of the wgmma kernel (order=paired): a CTA takes key tiles t and T - 1 - t of
+// its sequence (T key tiles; the middle one alone when T is odd) one after the other, so with a
+// causal mask (key tile t: T - t query tiles at Sq = Sk and block_m = 128) every CTA takes about T + 1
+// query-tile steps and the grid has ceil(T / 2) CTAs per (batch, kv head). Correct for every mask;
+// not in the deterministic mode (the kernel's comment has why). The planner chooses it for causal
+// calls without a window (windows give every key tile about the same work) when the grid model
+// below finishes earlier with it; with KF_ATTN_BWD_PAIRED=1, or by default when kBwdPairedDefault is
+// true (KF_ATTN_BWD_PAIRED=0 turns it off). Default off until measured on a GPU: it is a candidate
+// plan either way, so the GPU tests run it.
+constexpr bool kBwdPairedDefault = false;
+
+// The grid model: CTAs dispatched in linear order (blockIdx.x fastest), each onto the SM that frees
+// first, one CTA per SM (shared memory and registers allow one); a CTA takes its key tiles' steps
+// (query heads x query tiles) plus kTileOverheadSteps per key tile (the K / V load before the first
+// step, the dK / dV stores after the last). Pairing halves the CTAs, so it loses where the unpaired
+// grid already fits one wave (the longest CTA then grows from T to T + 1 steps plus an overhead) and
+// where many waves pack the unpaired grid's uneven CTAs well (its short CTAs fill the last wave);
+// the model is run up to kPairedMaxWaves waves of the unpaired grid, above that the grid stays
+// unpaired.
+constexpr int64_t kTileOverheadSteps = 2;
+constexpr int64_t kPairedMaxWaves = 4;
+
+bool paired_enabled() {
+  const char* env = std::getenv("KF_ATTN_BWD_PAIRED");
+  if (env != nullptr && env[0] == '1') return true;
+  if (env != nullptr && env[0] == '0') return false;
+  return kBwdPairedDefault;
+}
+
+// Steps of key tile t of a causal sequence (no window) with sq query and sk key rows: the query
+// tiles from the one holding row key0 - (sk - sq) (the first row that sees key0) to the last.
+int64_t causal_tile_steps(int64_t t, int64_t sq, int64_t sk, int block_m, int group) {
+  const int64_t num_m = ceil_div(sq, int64_t(block_m));
+  const int64_t first_row = t * kWgmmaBlockN - (sk - sq);
+  if (first_row >= sq) return 0;
+  return (num_m - (first_row > 0 ? first_row / block_m : 0)) * group;
+}
+
+// Makespan of CTAs of the given costs (in steps), repeated `copies` times in dispatch order, on
+// `sms` SMs.
+int64_t grid_makespan(const std::vector<int64_t>& cost, int64_t copies, int sms) {
+  std::priority_queue<int64_t, std::vector<int64_t>, std::greater<int64_t>> free_at;
+  for (int i = 0; i < sms; ++i) free_at.push(0);
+  int64_t end = 0;
+  for (int64_t c = 0; c < copies; ++c)
+    for (const int64_t x : cost) {
+      const int64_t t = free_at.top() + x;
+      free_at.pop();
+      free_at.push(t);
+      end = t > end ? t : end;
+    }
+  return end;
+}
+
+// Whether the planner pairs: a causal call without a window, not deterministic, whose unpaired grid
+// has at most kPairedMaxWaves waves and finishes later in the model than the paired one. varlen: the
+// model takes every sequence at the mean lengths (the planner does not read cu_seqlens).
+bool paired_preferred(const AttentionProblem& pr, const DeviceInfo& dev) {
+  if (!pr.causal || pr.window || pr.deterministic || pr.batch <= 0 || pr.heads_kv <= 0 || dev.sm_count <= 0)
+    return false;
+  const int64_t sq = pr.varlen ? pr.total_q / pr.batch : pr.seqlen_q;
+  const int64_t sk = pr.varlen ? pr.total_k / pr.batch : pr.seqlen_k;
+  const int64_t tiles = ceil_div(sk, int64_t(kWgmmaBlockN));
+  const int64_t copies = pr.batch * pr.heads_kv;
+  if (tiles < 2 || tiles * copies > kPairedMaxWaves * dev.sm_count) return false;
+  const int block_m = wgmma_block_m(pr.head_dim_qk, pr.softcap);
+  const int group = pr.heads_q / pr.heads_kv;
+  std::vector<int64_t> unpaired, paired;
+  for (int64_t t = 0; t < tiles; ++t)
+    unpaired.push_back(causal_tile_steps(t, sq, sk, block_m, group) + kTileOverheadSteps);
+  for (int64_t t = 0; 2 * t < tiles; ++t)
+    paired.push_back(unpaired[size_t(t)] + (tiles - 1 - t != t ? unpaired[size_t(tiles - 1 - t)] : 0));
+  return grid_makespan(paired, copies, dev.sm_count) < grid_makespan(unpaired, copies, dev.sm_count);
 }
 
 bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
@@ -111,7 +191,9 @@ bool same_plan(const AttentionPlan& a, const AttentionPlan& b) {
 }  // namespace
 
 AttentionPlan plan_attention_bwd(const AttentionProblem& pr, const DeviceInfo& dev) {
-  if (wgmma_unsupported(pr, dev).empty()) return bwd_wgmma_plan(pr);
+  if (wgmma_unsupported(pr, dev).empty())
+    return bwd_wgmma_plan(
+        pr, paired_enabled() && paired_preferred(pr, dev) ? AttentionOrder::kPaired : AttentionOrder::kRowMajor);
   const AttnBwdTile* preferred = nullptr;
   const AttnBwdTile* smallest = nullptr;
   for (const AttnBwdTile& t : kAttnBwdTiles) {
@@ -145,6 +227,7 @@ std::vector<AttentionPlan> candidate_bwd_plans(const AttentionProblem& pr, const
   };
   add(plan_attention_bwd(pr, dev));
   add(bwd_wgmma_plan(pr));
+  add(bwd_wgmma_plan(pr, AttentionOrder::kPaired));  // every call but deterministic ones (check_bwd_plan)
   for (const AttnBwdTile& t : kAttnBwdTiles) add(bwd_plan(t));
   return plans;
 }
@@ -154,8 +237,14 @@ Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& pr, con
   if (plan.kind == AttentionKernel::kBwdWgmma) {
     const std::string why = wgmma_unsupported(pr, dev);
     if (!why.empty()) return Status::NotSupported(what + "the wgmma backward kernel " + why);
-    if (!same_plan(plan, bwd_wgmma_plan(pr)))
+    if (plan.order != AttentionOrder::kRowMajor && plan.order != AttentionOrder::kPaired)
+      return Status::Invalid(what + "the wgmma backward kernel takes order=row or order=paired");
+    if (!same_plan(plan, bwd_wgmma_plan(pr, plan.order)))
       return Status::Invalid(what + "not the wgmma backward configuration (" + to_string(bwd_wgmma_plan(pr)) + ")");
+    if (plan.order == AttentionOrder::kPaired && pr.deterministic)
+      return Status::Invalid(what +
+                             "order=paired is not for the deterministic mode (its additions to dQ follow one key "
+                             "tile per CTA in decreasing order)");
     if (pr.heads_q > kMaxGridYZ || pr.batch > kMaxGridYZ)
       return Status::NotSupported(what + "at most 65535 query heads and 65535 sequences per call");
     return Status::Ok();

@@ -12,8 +12,11 @@
 // (rows that see no key), GQA 1, 2, 4, head dims 64, 96, 128, 192/128, 256, windows, softcap, sinks,
 // bshd, bhsd, ragged varlen (a sequence without queries, one without keys), slices of fused qkv /
 // dqkv buffers, odd row strides (rows at every 2-byte alignment), Sk = 0, Sq = 0 (dk = dv = 0,
-// dsinks = 0) and an empty batch. Tests skip without a GPU (and below sm_80), and fail instead when
-// KF_REQUIRE_GPU=1.
+// dsinks = 0) and an empty batch; causal over 5 and 8 key tiles of 128 keys (d64 and d128, GQA,
+// varlen sequences of 5, 2, 3 and 1 key tiles) for the wgmma kernel's paired schedule (order=paired,
+// a candidate plan of every non-deterministic call on sm_90: key tiles t and T - 1 - t in one CTA,
+// the middle tile alone when T is odd). Tests skip without a GPU (and below sm_80), and fail instead
+// when KF_REQUIRE_GPU=1.
 //
 // Tolerance (u: the unit roundoff of the dtype, 2^-8 bfloat16, 2^-11 float16; eps: the kernels'
 // logit error, 2^-14 for float32 q.k plus softcap * 2^-10 for tanh.approx, as in the forward's test):
@@ -118,7 +121,7 @@ BwdCase varlen(const char* n, std::vector<int64_t> sq, std::vector<int64_t> sk, 
 }
 
 // The case table. Reference cost: about 3 * visible pairs * (Dqk + Dv) multiply-adds per query head;
-// the whole table is below 1.6e9 per dtype.
+// the whole table is below 2.5e9 per dtype.
 const std::vector<BwdCase>& cases() {
   static const std::vector<BwdCase> kCases = {
       bshd("q1_k1", 1, 1, 1, 1, 1, 64),
@@ -152,6 +155,13 @@ const std::vector<BwdCase>& cases() {
       bshd("d64_causal_softcap_gqa2_q333", 1, 333, 333, 4, 2, 64).with_causal().cap(2.0f),
       bshd("d64_gqa2_q200_k400", 1, 200, 400, 4, 2, 64),
       bshd("d128_gqa2_q200_k400", 1, 200, 400, 4, 2, 128),
+      // Causal over an even and an odd number of key tiles (8: 1000 keys, the last tile partial; 5:
+      // 600 keys), d64 (128-query steps) and d128, GQA: the paired schedule's pairs (0, 7) .. (3, 4)
+      // and (0, 4), (1, 3), (2). Varlen: pairs per sequence, 5, 2, 3 (Sq 250 < Sk 300) and 1 key
+      // tiles, the last without queries (its CTA writes dk = dv = 0).
+      bshd("d64_causal_gqa2_q1000_8ktiles", 1, 1000, 1000, 2, 1, 64).with_causal(),
+      bshd("d128_causal_gqa2_q600_5ktiles", 1, 600, 600, 2, 1, 128).with_causal(),
+      varlen("d64_varlen_causal_gqa2_ktiles_5_2_3_1", {520, 130, 250, 0}, {520, 130, 300, 7}, 2, 1, 64).with_causal(),
       bshd("sk0_sinks", 2, 5, 0, 4, 2, 128).sink(),  // dq = 0, dsinks = 0
       bshd("sq0_d128", 1, 0, 130, 2, 1, 128),        // no query: dk = dv = 0
       bshd("sq0_sinks", 1, 0, 7, 2, 1, 64).sink(),   // no query: dk = dv = 0, dsinks = 0
@@ -432,6 +442,16 @@ void AttentionBwdGpu::run_case(const BwdCase& c) {
   KF_ASSERT_OK(kf::attention_candidate_bwd_plans(call, &plans));
   const bool empty = Tq == 0 || c.Hq == 0;
   EXPECT_EQ(plans.empty(), empty) << plans.size() << " candidate plans";
+  // Wherever the wgmma kernel runs the call, its paired schedule is a candidate too (the default
+  // mode is not deterministic), so the loop below checks it.
+  {
+    bool wgmma = false, paired = false;
+    for (const AttentionPlan& pl : plans) {
+      wgmma = wgmma || pl.kind == kf::AttentionKernel::kBwdWgmma;
+      paired = paired || pl.order == kf::AttentionOrder::kPaired;
+    }
+    EXPECT_EQ(paired, wgmma) << "a wgmma plan without its paired candidate, or the reverse";
+  }
 
   // Run 0: the one-call entry (size query, then the run); run 1: plan then run; then every candidate.
   for (size_t run = 0; run < plans.size() + 2; ++run) {

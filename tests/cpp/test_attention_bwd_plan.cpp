@@ -2,7 +2,9 @@
 // (attention_bwd_workspace.h) on the device facts of an H100, an A100, an sm_89 device (99 KB of
 // shared memory per block) and a T4, without a GPU: problem -> the expected kernel and tile; every
 // candidate passes check_bwd_plan; impossible plans are rejected with the reason; the workspace
-// regions.
+// regions; the wgmma kernel's paired schedule (order=paired: which calls the planner pairs with
+// KF_ATTN_BWD_PAIRED=1, none by default, never deterministic ones).
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,33 @@ AttentionProblem with_softcap(AttentionProblem p) {
   p.softcap = true;
   return p;
 }
+AttentionProblem with_causal(AttentionProblem p) {
+  p.causal = true;
+  return p;
+}
+
+// Sets (value non-null) or unsets an environment variable for its lifetime, then restores it.
+struct EnvVar {
+  std::string name, old;
+  bool had = false;
+  EnvVar(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (value != nullptr)
+      setenv(n, value, 1);
+    else
+      unsetenv(n);
+  }
+  ~EnvVar() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+};
 
 struct Expect {
   const char* what;
@@ -107,6 +136,7 @@ std::vector<Expect> expectations() {
 }
 
 TEST(AttentionBwdPlan, ExpectedPlans) {
+  const EnvVar paired("KF_ATTN_BWD_PAIRED", nullptr);  // the default
   for (const Expect& e : expectations()) {
     SCOPED_TRACE(e.what);
     const AttentionPlan p = kf::plan_attention_bwd(e.problem, *e.dev);
@@ -117,6 +147,7 @@ TEST(AttentionBwdPlan, ExpectedPlans) {
 }
 
 TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
+  const EnvVar paired("KF_ATTN_BWD_PAIRED", nullptr);  // the default
   for (const Expect& e : expectations()) {
     SCOPED_TRACE(e.what);
     const std::vector<AttentionPlan> plans = kf::candidate_bwd_plans(e.problem, *e.dev);
@@ -133,9 +164,9 @@ TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
 }
 
 TEST(AttentionBwdPlan, CandidateTilesPerDevice) {
-  // Every built tile of the head dims that fits: H100 all (and the wgmma kernel at d64, d128); 99 KB
-  // devices only the small ones.
-  const int dims[][3] = {{64, 64, 3}, {96, 96, 1}, {128, 128, 4}, {192, 128, 1}, {256, 256, 2}};
+  // Every built tile of the head dims that fits: H100 all (and the wgmma kernel at d64, d128, with
+  // both orders: row and paired); 99 KB devices only the small ones.
+  const int dims[][3] = {{64, 64, 4}, {96, 96, 1}, {128, 128, 5}, {192, 128, 1}, {256, 256, 2}};
   for (const auto& d : dims) {
     SCOPED_TRACE(d[0]);
     const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
@@ -253,6 +284,85 @@ TEST(AttentionBwdPlan, WgmmaPlansRejected) {
             kf::attn_bwd_workspace(64, 2, 16, 1024, 2048, 64, true, false).bytes);
   // Elsewhere the mma kernel runs d128: no wgmma candidate on an A100.
   for (const AttentionPlan& c : kf::candidate_bwd_plans(pr, kA100)) EXPECT_EQ(c.kind, AttentionKernel::kBwdMma);
+}
+
+TEST(AttentionBwdPlan, PairedSchedule) {
+  // The wgmma kernel's paired schedule: a CTA per key-tile pair t, T - 1 - t. The planner takes it
+  // (with KF_ATTN_BWD_PAIRED=1; off by default) for causal calls without a window, not
+  // deterministic, whose grid model finishes earlier paired: the Llama-3.2-1B shape (b2 x 32/8 x
+  // 2048, 256 unpaired CTAs on 132 SMs) pairs; at 1024 tokens the unpaired grid is one wave (128
+  // CTAs) and stays unpaired, as do grids of more than 4 waves.
+  const char* kRow = "attn_bwd_wgmma d=64/64 tile=128x128 warps=12 stages=2 order=row";
+  const char* kPaired = "attn_bwd_wgmma d=64/64 tile=128x128 warps=12 stages=2 order=paired";
+  const AttentionProblem llama = with_causal(problem(2, 32, 8, 2048, 2048, 64, 64));
+  AttentionProblem det = llama, window = llama, varlen = llama;
+  det.deterministic = true;
+  window.window = true;  // causal with a left window: every key tile has about the same work
+  varlen.varlen = true;  // two sequences, 4096 tokens: the model takes the mean length
+  auto plan = [](const AttentionProblem& pr) { return kf::to_string(kf::plan_attention_bwd(pr, kH100)); };
+  {
+    const EnvVar env("KF_ATTN_BWD_PAIRED", nullptr);  // the default: off
+    EXPECT_EQ(plan(llama), kRow);
+  }
+  {
+    const EnvVar env("KF_ATTN_BWD_PAIRED", "0");
+    EXPECT_EQ(plan(llama), kRow);
+  }
+  {
+    const EnvVar env("KF_ATTN_BWD_PAIRED", "1");
+    EXPECT_EQ(plan(llama), kPaired);
+    EXPECT_EQ(plan(varlen), kPaired);
+    EXPECT_EQ(plan(det), kRow);
+    EXPECT_EQ(plan(window), kRow);
+    EXPECT_EQ(plan(problem(2, 32, 8, 2048, 2048, 64, 64)), kRow);               // no mask: even work
+    EXPECT_EQ(plan(with_causal(problem(2, 32, 8, 1024, 1024, 64, 64))), kRow);  // one wave unpaired
+    EXPECT_EQ(plan(with_causal(problem(8, 32, 8, 2048, 2048, 64, 64))), kRow);  // 8 waves unpaired
+    EXPECT_EQ(plan(with_causal(problem(2, 32, 8, 4096, 4096, 64, 64))), kPaired);
+    EXPECT_EQ(plan(with_causal(problem(2, 32, 8, 2048, 2048, 128, 128))),
+              "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=paired");
+    EXPECT_EQ(plan(with_softcap(llama)), "attn_bwd_wgmma d=64/64 tile=64x128 warps=12 stages=2 order=paired");
+    EXPECT_EQ(kf::to_string(kf::plan_attention_bwd(llama, kA100)),
+              "attn_bwd_mma d=64/64 tile=64x128 warps=8 stages=2 order=row");  // the mma kernel does not pair
+    const AttentionPlan p = kf::plan_attention_bwd(llama, kH100);
+    EXPECT_EQ(p.order, AttentionOrder::kPaired);
+    EXPECT_TRUE(kf::check_bwd_plan(p, llama, kH100).ok());
+    // The workspace does not depend on the order.
+    EXPECT_EQ(kf::bwd_workspace_bytes(p, llama), kf::bwd_workspace_bytes(kf::plan_attention_bwd(det, kH100), llama));
+  }
+  // check_bwd_plan: paired runs every non-deterministic call of the wgmma kernel (any mask), never a
+  // deterministic one; the mma kernel has no paired order.
+  AttentionPlan paired = kf::plan_attention_bwd(llama, kH100);
+  paired.order = AttentionOrder::kPaired;
+  EXPECT_TRUE(kf::check_bwd_plan(paired, llama, kH100).ok());
+  EXPECT_TRUE(kf::check_bwd_plan(paired, window, kH100).ok());
+  EXPECT_TRUE(kf::check_bwd_plan(paired, problem(2, 32, 8, 2048, 2048, 64, 64), kH100).ok());
+  kf::Status st = kf::check_bwd_plan(paired, det, kH100);
+  EXPECT_EQ(st.code(), kf::StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("deterministic"), std::string::npos) << st.message();
+  AttentionPlan longest = paired;
+  longest.order = AttentionOrder::kLongestFirst;
+  st = kf::check_bwd_plan(longest, llama, kH100);
+  EXPECT_EQ(st.code(), kf::StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("order=row or order=paired"), std::string::npos) << st.message();
+  const AttentionProblem unaligned_llama = with_causal(problem(2, 32, 8, 2048, 2048, 64, 64, false));
+  AttentionPlan mma = kf::plan_attention_bwd(unaligned_llama, kH100);
+  ASSERT_EQ(mma.kind, AttentionKernel::kBwdMma);
+  mma.order = AttentionOrder::kPaired;
+  st = kf::check_bwd_plan(mma, unaligned_llama, kH100);
+  EXPECT_EQ(st.code(), kf::StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("order"), std::string::npos) << st.message();
+  // Candidates: the paired plan for every non-deterministic wgmma call (the GPU tests run it), none
+  // for deterministic ones.
+  auto has_paired = [](const std::vector<AttentionPlan>& plans) {
+    for (const AttentionPlan& c : plans)
+      if (c.order == AttentionOrder::kPaired) return true;
+    return false;
+  };
+  EXPECT_TRUE(has_paired(kf::candidate_bwd_plans(llama, kH100)));
+  EXPECT_TRUE(has_paired(kf::candidate_bwd_plans(window, kH100)));
+  EXPECT_TRUE(has_paired(kf::candidate_bwd_plans(problem(1, 4, 1, 512, 512, 128, 128), kH100)));
+  EXPECT_FALSE(has_paired(kf::candidate_bwd_plans(det, kH100)));
+  EXPECT_FALSE(has_paired(kf::candidate_bwd_plans(llama, kA100)));
 }
 
 TEST(AttentionBwdPlan, WorkspaceLayout) {

@@ -5,14 +5,15 @@
 // (attention_bwd_mma.cuh): one CTA per (key tile of 128 keys, kv head, batch) keeps K, V in shared
 // memory and dK, dV in registers, and walks the query heads of its group and the query tiles of BM
 // rows (64 at d128 and at d64 with a softcap, 128 at d64 without) that see its keys ([m_begin, m_end),
-// attention_bwd_common.cuh).
+// attention_bwd_common.cuh). With the paired schedule (plan order=paired) a CTA takes two key tiles of
+// its sequence, t and T - 1 - t, one after the other (see `paired` below).
 //
 // 384 threads in three warpgroups:
-//   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step the Q and
-//     dO tiles (TMA, 64-row boxes) and the BM lse2 and D values (plain loads, +inf / 0 past the
-//     sequence end) into a 2-stage ring; lane 0 of warp 1, the dQ writer, adds the consumers' staged
-//     dQ tiles to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
-//     key-tile order, semaphores per (b, h, query tile)); the other warps leave.
+//   warpgroup 0, the producer (24 registers): warp 0 loads K and V once per key tile (TMA), then per
+//     step the Q and dO tiles (TMA, 64-row boxes) and the BM lse2 and D values (plain loads, +inf / 0
+//     past the sequence end) into a 2-stage ring; lane 0 of warp 1, the dQ writer, adds the
+//     consumers' staged dQ tiles to the float32 accumulator (TMA reduce-adds; in the deterministic
+//     mode in a fixed key-tile order, semaphores per (b, h, query tile)); the other warps leave.
 //   warpgroups 1 and 2, the consumers (240 registers): keys 64 c .. 64 c + 63 of the tile each. Per
 //     query tile:
 //       S^T = K_c Q^T, dP^T = V_c dO^T          (wgmma m64nBM, A and B K-major from shared memory)
@@ -33,8 +34,8 @@
 // 2 x dQ staging 256 C bytes, lse2 / D 2 stages x 8 BM bytes: 193 KB at d128, 194 KB at d64 with BM =
 // 128, 113 KB at d64 with BM = 64. Every tile is 64 columns wide (128-byte rows, the TMA 128-byte
 // swizzle) and 1024-byte aligned; see sm90_wgmma.cuh for the operand layouts and descriptors.
-// dK (times scale) and dV are written once at the end, in T; key rows past Sk are skipped; a key tile
-// that no query sees writes zeros.
+// dK (times scale) and dV are written once at the end of a key tile, in T; key rows past Sk are
+// skipped; a key tile that no query sees writes zeros.
 #pragma once
 
 #include <cuda.h>
@@ -86,8 +87,11 @@ struct BwdWgmmaSmem {
   static constexpr int kDq = kDs + 2 * kDsBytes;               // consumer c at kDq + c * kDqBytes
   static constexpr int kRows = kDq + 2 * kDqBytes;             // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdWgmmaStages * 2 * kBM * 4;
-  static constexpr int kNumBars = 3 + 2 * kBwdWgmmaStages;    // kv_full, q_full[s], q_empty[s], dq_full, dq_empty
-  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
+  // kv_full, q_full[s], q_empty[s], dq_full, dq_empty, kv_empty
+  static constexpr int kNumBars = 4 + 2 * kBwdWgmmaStages;
+  // int4 {sq, sk, q_row0, k_row0} of the CTA's sequence, then its key tiles {n, m_begin, m_end, 0} x 2
+  static constexpr int kInfo = kBars + kNumBars * 8;
+  static constexpr int kBytes = kInfo + 3 * 16 + 1024;  // + slack to align the base
   static_assert(kD % 64 == 0, "64-column tiles");
   static_assert(kDqCols % 32 == 0 && kDqBytes % 1024 == 0, "dQ staging: 32-column boxes, 1024-byte aligned");
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
@@ -149,10 +153,36 @@ __device__ __forceinline__ void bwd_wgmma_mask(float (&st)[kBM / 2], float (&dpt
     }
 }
 
-// Grid (ceil(Sk / 128), Hkv, B); 384 threads; BwdWgmmaSmem<kD, kBM>::kBytes of dynamic shared memory.
+// One key tile of the CTA: its index n (-1: none) and the query tiles [m_begin, m_end) that see it
+// (BwdVisibility::query_tiles).
+struct BwdWgmmaKeyTile {
+  int n, m_begin, m_end;
+  __device__ __forceinline__ explicit BwdWgmmaKeyTile(const int4& v) : n(v.x), m_begin(v.y), m_end(v.z) {}
+  __device__ __forceinline__ int key0() const { return n * kBwdWgmmaBlockN; }
+  __device__ __forceinline__ int nm() const { return m_end - m_begin; }
+  // Query tile of the step mi of a query head: downwards in the deterministic mode (rev), upwards
+  // otherwise.
+  __device__ __forceinline__ int step_m(int mi, bool rev) const { return rev ? m_end - 1 - mi : m_begin + mi; }
+};
+
+// A shared-memory read that stays where it is written (volatile). Thread 0 stores the CTA's sequence
+// bounds and key tiles in shared memory before the roles split, and the producer warpgroup re-reads
+// them where it needs them: its 24 registers then hold only its loop counters through the steps.
+__device__ __forceinline__ int4 ld_shared_v4(const int4* p) {
+  int4 v;
+  asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_u32(p)));
+  return v;
+}
+
+// Grid (ceil(Sk / 128), Hkv, B), or (ceil(ceil(Sk / 128) / 2), Hkv, B) with `paired`; 384 threads;
+// BwdWgmmaSmem<kD, kBM>::kBytes of dynamic shared memory.
 // tm_q / tm_do: 4-D maps (column, row, head, batch) with 64 x 64 boxes; tm_k / tm_v: 64 x 128 boxes;
 // 128-byte swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens).
 // tm_dq: the float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
+// paired: CTA x takes key tiles x and T_b - 1 - x of sequence b (T_b = ceil(Sk_b / 128); x alone when
+// x = T_b - 1 - x; CTAs with 2 x >= T_b leave), the plan's order=paired; never with p.deterministic.
 // kSoftcap = f.softcap > 0 (a template parameter: one softmax variant per kernel; two in one kernel
 // spilled at d64); kBM = kBwdWgmmaBlockM<kD, kSoftcap> (instantiated: d128 64, d64 128 without and 64
 // with a softcap).
@@ -160,7 +190,8 @@ template <typename T, int kD, int kBM, bool kSoftcap>
 __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     attention_bwd_wgmma(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws) {
+                        const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p, const AttnBwdWs ws,
+                        const bool paired) {
 #if KF_SM90A
   using L = BwdWgmmaSmem<kD, kBM>;
   constexpr int kBN = kBwdWgmmaBlockN, kStages = kBwdWgmmaStages;
@@ -180,6 +211,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   uint64_t* q_empty = q_full + kStages;
   uint64_t* dq_full = q_empty + kStages;                         // both consumers' dQ tiles staged
   uint64_t* dq_empty = dq_full + 1;                              // the writer's reduce-adds have read them
+  uint64_t* kv_empty = dq_empty + 1;                             // the consumers have read a key tile's K, V
+  int4* info = reinterpret_cast<int4*>(smem + L::kInfo);         // sequence bounds, then the key tiles
   float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
 
   pdl_wait();  // every global access follows the previous kernel (pass 1)
@@ -188,7 +221,7 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   // Deterministic mode: key tiles in decreasing order (the last one has the lowest linear index) and
   // each walks its query tiles downwards; see the dQ writer below.
   const bool rev = p.deterministic;
-  const int n_tile = rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), kvh = blockIdx.y, b = blockIdx.z;
+  const int kvh = blockIdx.y, b = blockIdx.z;
   int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
   if (f.varlen) {
     q_row0 = f.cu_seqlens_q[b];
@@ -197,16 +230,34 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
     sk = f.cu_seqlens_k[b + 1] - k_row0;
     batch_coord = 0;
   }
-  const int key0 = n_tile * kBN;
-  if (key0 >= sk) return;  // varlen: a key tile past this sequence's end (the whole CTA leaves)
-  const int64_t qbase = f.varlen ? int64_t(q_row0) : int64_t(b) * f.seqlen_q;  // workspace row numbering
+  // The CTA's key tiles. Unpaired: blockIdx.x's (reversed in the deterministic mode). Paired: x and
+  // T_b - 1 - x, the longer first (causal: T_b - x query tiles, then x + 1 at Sq = Sk and BM = 128).
+  // The pairing is per sequence, so varlen calls pair too: blockIdx.z is the sequence and the grid's
+  // ceil(ceil(max Sk / 128) / 2) CTAs per sequence cover the pairs of every sequence; the CTAs past a
+  // sequence's pairs leave.
+  // Paired is never deterministic: that mode adds to each query tile in decreasing key-tile order,
+  // and it cannot deadlock because a CTA waits only for CTAs of lower linear index (dispatched before
+  // it). A CTA holding t and T - 1 - t waits through t for the key tiles t + 1 .. T - 2 - t (the pairs
+  // nested inside its own) and through T - 1 - t for T - t .. T - 1 (the pairs around it), so no
+  // linear order of the CTAs has each wait only for CTAs before it: progress would need the whole
+  // grid resident, which nothing guarantees (running t first, a CTA would even wait for its own
+  // second tile). An order of additions that follows the dispatch (by CTA, then first and second
+  // tile) would be deadlock-free, but the key tiles would no longer reach a query tile at the same
+  // step and the chain of waits would serialize the additions. check_bwd_plan rejects the
+  // combination and the launcher refuses it.
+  int n0, n1 = -1;
+  if (paired) {
+    const int t_seq = (sk + kBN - 1) / kBN;
+    n0 = blockIdx.x;
+    if (2 * n0 >= t_seq) return;  // past this sequence's pairs (the whole CTA leaves)
+    if (t_seq - 1 - n0 != n0) n1 = t_seq - 1 - n0;
+  } else {
+    n0 = rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+    if (n0 * kBN >= sk) return;  // varlen: a key tile past this sequence's end (the whole CTA leaves)
+  }
+  // The workspace's first row of the sequence (below 2^30: the planner's limit on total_q).
+  auto qbase_of = [&](int q_row0_) { return f.varlen ? q_row0_ : int(blockIdx.z) * f.seqlen_q; };
   const BwdVisibility vis(f, sq, sk);
-  int m_begin = 0, m_end = 0;
-  vis.query_tiles(key0, kBN, kBM, &m_begin, &m_end);
-  const int nm = m_end - m_begin;
-  const int n_iters = nm * f.group;  // (query head, query tile) steps, head-major
-  // Step it: query head kvh * group + it / nm, query tile step_m(it).
-  auto step_m = [&](int it) { return rev ? m_end - 1 - it % nm : m_begin + it % nm; };
 
   if (threadIdx.x == 0) {
     mbar_init_count(kv_full, 1);
@@ -214,8 +265,16 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
       mbar_init_count(&q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
       mbar_init_count(&q_empty[s], 256);    // every consumer thread (each has read the lse2 / D rows)
     }
-    mbar_init_count(dq_full, 2);   // thread 0 of each consumer warpgroup
-    mbar_init_count(dq_empty, 1);  // the writer
+    mbar_init_count(dq_full, 2);     // thread 0 of each consumer warpgroup
+    mbar_init_count(dq_empty, 1);    // the writer
+    mbar_init_count(kv_empty, 256);  // every consumer thread, after a key tile's last step
+    info[0] = make_int4(sq, sk, q_row0, k_row0);
+    for (int ti = 0; ti < 2; ++ti) {
+      const int n = ti == 0 ? n0 : n1;
+      int m_begin = 0, m_end = 0;
+      if (n >= 0) vis.query_tiles(n * kBN, kBN, kBM, &m_begin, &m_end);
+      info[1 + ti] = make_int4(n, m_begin, m_end, 0);
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -224,82 +283,138 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   if (wg == 0) {
     // ---- producer ----
     setmaxnreg_dec<kBwdWgmmaProducerRegs>();
-    if (threadIdx.x < 32 && n_iters > 0) {
+    if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
       if (lane == 0) {
         tma_prefetch_desc(&tm_q);
         tma_prefetch_desc(&tm_do);
-        mbar_expect(kv_full, 2 * L::kKBytes);
-#pragma unroll
-        for (int c = 0; c < kD / 64; ++c) {
-          tma_load_4d(smem + L::kK + c * kBN * 128, &tm_k, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
-          tma_load_4d(smem + L::kV + c * kBN * 128, &tm_v, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
-        }
       }
-      for (int it = 0; it < n_iters; ++it) {
-        const int s = it % kStages;
-        const uint32_t phase = (it / kStages) & 1;
-        const int h = kvh * f.group + it / nm;
-        const int m0 = step_m(it) * kBM;
-        mbar_wait(&q_empty[s], phase ^ 1);  // a fresh barrier passes parity 1 at once
+      // g: the CTA's step over its key tiles; the Q / dO ring's stage and phase continue across them.
+      // A key tile's K and V load first; the second tile's once the consumers have finished the first
+      // tile's last step (kv_empty: they arrive after its wgmma_wait<0>, so the tensor cores' reads
+      // are done and TMA may overwrite the tiles), while they stage that step's dQ and store dK, dV.
+      int g = 0;
+#pragma unroll 1
+      for (int ti = 0; ti < 2; ++ti) {
+        const BwdWgmmaKeyTile kt(ld_shared_v4(&info[1 + ti]));
+        if (kt.n < 0) break;
+        if (kt.nm() == 0) continue;  // no query sees it: no load, dK = dV = 0
+        // The first tile's K, V are out when it has steps (re-read: no register holds it).
+        if (ti > 0 && BwdWgmmaKeyTile(ld_shared_v4(&info[1])).nm() > 0) mbar_wait(kv_empty, 0);
         if (lane == 0) {
-          mbar_expect(&q_full[s], 2 * L::kQBytes);
+          const int row = ld_shared_v4(&info[0]).w + kt.key0();  // k_row0 + key0
+          mbar_expect(kv_full, 2 * L::kKBytes);
 #pragma unroll
-          for (int c = 0; c < kD / 64; ++c)
+          for (int c = 0; c < kD / 64; ++c) {
+            tma_load_4d(smem + L::kK + c * kBN * 128, &tm_k, kv_full, c * 64, row, kvh, batch_coord);
+            tma_load_4d(smem + L::kV + c * kBN * 128, &tm_v, kv_full, c * 64, row, kvh, batch_coord);
+          }
+        }
+#pragma unroll 1
+        for (int h = kvh * f.group; h < (kvh + 1) * f.group; ++h)
+#pragma unroll 1
+          for (int mi = 0;; ++mi, ++g) {
+            const BwdWgmmaKeyTile t(ld_shared_v4(&info[1 + ti]));
+            if (mi >= t.nm()) break;
+            const int s = g % kStages;
+            const uint32_t phase = (g / kStages) & 1;
+            const int m0 = t.step_m(mi, rev) * kBM;
+            mbar_wait(&q_empty[s], phase ^ 1);        // a fresh barrier passes parity 1 at once
+            const int4 seq = ld_shared_v4(&info[0]);  // sq, sk, q_row0, k_row0
+            if (lane == 0) {
+              mbar_expect(&q_full[s], 2 * L::kQBytes);
 #pragma unroll
-            for (int r = 0; r < kBM / kBwdWgmmaBoxRows; ++r) {
-              const int off = c * kBM * 128 + r * kBwdWgmmaBoxRows * 128, row = q_row0 + m0 + r * kBwdWgmmaBoxRows;
-              tma_load_4d(smem + L::kQ + s * L::kQBytes + off, &tm_q, &q_full[s], c * 64, row, h, batch_coord);
-              tma_load_4d(smem + L::kDo + s * L::kQBytes + off, &tm_do, &q_full[s], c * 64, row, h, batch_coord);
+              for (int c = 0; c < kD / 64; ++c)
+#pragma unroll
+                for (int r = 0; r < kBM / kBwdWgmmaBoxRows; ++r) {
+                  const int off = c * kBM * 128 + r * kBwdWgmmaBoxRows * 128, row = seq.z + m0 + r * kBwdWgmmaBoxRows;
+                  tma_load_4d(smem + L::kQ + s * L::kQBytes + off, &tm_q, &q_full[s], c * 64, row, h, batch_coord);
+                  tma_load_4d(smem + L::kDo + s * L::kQBytes + off, &tm_do, &q_full[s], c * 64, row, h, batch_coord);
+                }
             }
-        }
-        float* rows = rows_lse2 + s * 2 * kBM;
-        const int64_t src = int64_t(h) * f.total_q + qbase + m0;
+            float* rows = rows_lse2 + s * 2 * kBM;
+            const int row0 = m0 + lane;  // this lane's rows: row0 + 32 i
+            const int64_t src = int64_t(h) * f.total_q + qbase_of(seq.z) + row0;
 #pragma unroll
-        for (int r = lane; r < kBM; r += 32) {
-          const bool ok = m0 + r < sq;
-          rows[r] = ok ? ws.lse2[src + r] : INFINITY;  // P = 0 on rows past the sequence end
-          rows[kBM + r] = ok ? ws.dsum[src + r] : 0.0f;
-        }
-        mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
+            for (int i = 0; i < kBM / 32; ++i) {
+              const bool ok = row0 + 32 * i < seq.x;
+              rows[lane + 32 * i] = ok ? ws.lse2[src + 32 * i] : INFINITY;  // P = 0 past the sequence end
+              rows[kBM + lane + 32 * i] = ok ? ws.dsum[src + 32 * i] : 0.0f;
+            }
+            mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
+          }
       }
-    } else if (threadIdx.x == 32 && n_iters > 0) {
-      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64 x 64
-      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator; the staging tiles are
-      // released as soon as the TMA unit has read them, so the consumers compute the next step while
-      // the additions (and in the deterministic mode the wait for their turn) go on.
+    } else if (threadIdx.x == 32) {
+      // ---- the dQ writer (one thread): per step, after both consumers have staged their 64-row
+      // tiles, one TMA reduce-add per 32-column box into the float32 accumulator (one bulk group per
+      // step); the staging tiles are released as soon as the TMA unit has read them, so the consumers
+      // compute the next step while the additions (and in the deterministic mode the wait for their
+      // turn) go on.
       // Deterministic mode: query tile m receives its additions in decreasing key-tile order. Every
       // key tile walks the query tiles downwards, so the key tiles that visit m reach it at the same
       // step (causal too) and each waits about one addition's latency for the one above it; a CTA
       // waits only for CTAs of lower linear index (key tiles are numbered downwards), which were
-      // dispatched before it, so the chain cannot deadlock.
-      for (int it = 0; it < n_iters; ++it) {
-        const int h = kvh * f.group + it / nm;
-        const int m = step_m(it);
-        mbar_wait(dq_full, it & 1);
-        int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
-        if (p.deterministic) {
-          // Key tiles above this one that visit m: up to the one holding key keys_hi(m) - 1.
-          const int last = (vis.keys_hi(m, kBM) - 1) / kBN;
-          while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
-        }
+      // dispatched before it, so the chain cannot deadlock. The semaphore of (b, h, m) counts the key
+      // tiles whose additions to m are complete; key tile n adds to m once the count reaches the
+      // number of key tiles above it that visit m, so every rerun adds in the same order.
+      // The writer signals per step: after a step's additions it waits for them to complete
+      // (bulk_wait<0>), signals, then takes the next step.
+      // The step's four (d128) or two (d64) reduce-adds, one bulk group; the staging tiles released
+      // once the TMA unit has read them.
+      auto add_dq = [&](int h, int m) {
+        const int row = qbase_of(ld_shared_v4(&info[0]).z) + m * kBM;
 #pragma unroll
         for (int c = 0; c < 2; ++c)
 #pragma unroll
           for (int box = 0; box < kDqCols / 32; ++box)
             tma_reduce_add_3d(&tm_dq, smem + L::kDq + c * L::kDqBytes + box * 64 * 128,
-                              (kSplitCols ? kDqCols * c : 0) + 32 * box,
-                              int(qbase + m * kBM + (kSplitCols ? 0 : 64 * c)), h);
+                              (kSplitCols ? kDqCols * c : 0) + 32 * box, row + (kSplitCols ? 0 : 64 * c), h);
         bulk_commit();
         bulk_wait_read<0>();
         mbar_arrive(dq_empty);
-        if (p.deterministic) {
-          bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
-          __threadfence();
-          atomicAdd(sem, 1);
+      };
+      if (p.deterministic) {
+        // One key tile (never paired), its query tiles downwards.
+        int it = 0;  // dq_full's phase
+#pragma unroll 1
+        for (int h = kvh * f.group; h < (kvh + 1) * f.group; ++h)
+#pragma unroll 1
+          for (int mi = 0;; ++mi, ++it) {
+            const BwdWgmmaKeyTile kt(ld_shared_v4(&info[1]));
+            if (mi >= kt.nm()) break;
+            const int m = kt.step_m(mi, true);
+            mbar_wait(dq_full, it & 1);
+            int32_t* sem = ws.sem + (int64_t(blockIdx.z) * f.heads_q + h) * ws.q_tiles + m;
+            // Key tiles above this one that visit m: up to the one holding key keys_hi(m) - 1.
+            const int4 seq = ld_shared_v4(&info[0]);
+            const int last = (BwdVisibility(f, seq.x, seq.y).keys_hi(m, kBM) - 1) / kBN;
+            while (ld_acquire_gpu(sem) < last - kt.n) __nanosleep(32);
+            add_dq(h, m);
+            bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
+            __threadfence();
+            atomicAdd(sem, 1);
+          }
+        bulk_wait<0>();
+      } else {
+        // The CTA's key tiles in order, their query tiles upwards; dq_full's phase continues across
+        // them.
+        uint32_t phase = 0;
+#pragma unroll 1
+        for (int ti = 0; ti < 2; ++ti) {
+          if (ld_shared_v4(&info[1 + ti]).x < 0) break;
+#pragma unroll 1
+          for (int h = kvh * f.group; h < (kvh + 1) * f.group; ++h)
+#pragma unroll 1
+            for (int mi = 0;; ++mi) {
+              const BwdWgmmaKeyTile t(ld_shared_v4(&info[1 + ti]));
+              if (mi >= t.nm()) break;
+              mbar_wait(dq_full, phase);
+              phase ^= 1;
+              add_dq(h, t.m_begin + mi);
+            }
         }
+        bulk_wait<0>();
       }
-      bulk_wait<0>();
     }
     return;
   }
@@ -313,152 +428,167 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   const float pre = kSoftcap ? f.scale / f.softcap : f.scale * kLog2e;
   const float post = kSoftcap ? f.softcap * kLog2e : 1.0f;
 
-  float dv[kD / 2], dk[kD / 2];
-#pragma unroll
-  for (int e = 0; e < kD / 2; ++e) dv[e] = dk[e] = 0.0f;
-
   const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
   // This thread's key rows (tile-local): key_r + 8 i.
   const int key_r = 64 * cw + 16 * warp + lane / 4;
 
-  if (n_iters > 0) mbar_wait(kv_full, 0);
-  for (int it = 0; it < n_iters; ++it) {
-    const int s = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
-    const int m0 = step_m(it) * kBM;
-    const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
-    const uint32_t do_addr = smem_u32(smem + L::kDo + s * L::kQBytes);
-    uint8_t* ds_tile = smem + L::kDs + (it & 1) * L::kDsBytes;
-    mbar_wait(&q_full[s], phase);
+  // g: the CTA's step over its key tiles (the Q / dO ring's stage and phase, the dS^T buffer and
+  // dq_empty's phase continue across them); kv_phase: kv_full's (the CTA loads K, V at most twice).
+  // Per key tile: dK, dV from zero, its steps, its dK, dV stores.
+  int g = 0;
+  uint32_t kv_phase = 0;
+#pragma unroll 1
+  for (int ti = 0; ti < 2; ++ti) {
+    const BwdWgmmaKeyTile kt(info[1 + ti]);
+    if (kt.n < 0) break;
+    const int nm = kt.nm(), steps = nm * f.group;  // (query head, query tile) steps, head-major
+    float dv[kD / 2], dk[kD / 2];
+#pragma unroll
+    for (int e = 0; e < kD / 2; ++e) dv[e] = dk[e] = 0.0f;
 
-    // ---- S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries each) ----
-    float st[kBM / 2], dpt[kBM / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t da = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + cw * 64 * 128 + (kk % 4) * 32);
-      const uint64_t db = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
-      wgmma_ss<T, kBM>(st, da, db, kk > 0 ? 1 : 0);
+    if (steps > 0) {
+      mbar_wait(kv_full, kv_phase);
+      kv_phase ^= 1;
     }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t da = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + cw * 64 * 128 + (kk % 4) * 32);
-      const uint64_t db = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
-      wgmma_ss<T, kBM>(dpt, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(st);
-    reg_fence(dpt);
+    for (int it = 0; it < steps; ++it, ++g) {
+      const int s = g % kStages;
+      const uint32_t phase = (g / kStages) & 1;
+      const int m0 = kt.step_m(it % nm, rev) * kBM;
+      const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
+      const uint32_t do_addr = smem_u32(smem + L::kDo + s * L::kQBytes);
+      uint8_t* ds_tile = smem + L::kDs + (g & 1) * L::kDsBytes;
+      mbar_wait(&q_full[s], phase);
 
-    // ---- P^T and dS^T in place, then the partial tile's masking ----
-    const float* rows = rows_lse2 + s * 2 * kBM;
-    bwd_wgmma_softmax<kSoftcap, kBM>(st, dpt, rows, pre, post, lane);
-    if (!vis.tile_full(m0, kBM, key0, kBN)) bwd_wgmma_mask<kBM>(st, dpt, lane, key0 + key_r, m0, vis);
-    // 16-bit A fragments: k-slice kk (queries 16 kk ..), register r = elements 8 kk + 2 r, + 1.
-    uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
+      // ---- S^T = K_c Q^T, dP^T = V_c dO^T (64 keys x 64 queries each) ----
+      float st[kBM / 2], dpt[kBM / 2];
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-        dsa[kk][r] = pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint64_t da = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + cw * 64 * 128 + (kk % 4) * 32);
+        const uint64_t db = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+        wgmma_ss<T, kBM>(st, da, db, kk > 0 ? 1 : 0);
       }
-
-    // ---- dV += P^T dO, dK += dS^T Q (B: 16 query rows x kD, MN-major, 64-column tiles kBM rows long) ----
-    wgmma_fence();
+      wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs<T, kD>(dv, pa[kk], gmma_desc_mn(do_addr + kk * 16 * 128, kBM * 128), 1);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs<T, kD>(dk, dsa[kk], gmma_desc_mn(q_addr + kk * 16 * 128, kBM * 128), 1);
-    wgmma_commit();
-
-    // ---- dS^T into shared memory, 64-query tiles of 128 key rows: key row key_r + 8 (r % 2), query
-    // 16 kk + 8 (r / 2) + 2 (lane % 4) in tile kk / 4, 16-byte chunk (2 kk + r / 2) % 8 (the swizzled
-    // layout TMA would write: chunk ch of row r at ch ^ (r % 8); r % 8 = lane / 4) ----
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = key_r + 8 * (r % 2);
-        const int chunk = (2 * kk + r / 2) % 8;
-        *reinterpret_cast<uint32_t*>(ds_tile + (kk / 4) * (kBN * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) +
-                                     (lane % 4) * 4) = dsa[kk][r];
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint64_t da = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + cw * 64 * 128 + (kk % 4) * 32);
+        const uint64_t db = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+        wgmma_ss<T, kBM>(dpt, da, db, kk > 0 ? 1 : 0);
       }
-    fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
-    named_sync(1, 256);   // both halves of the 128 keys are in ds_tile
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(st);
+      reg_fence(dpt);
 
-    // ---- dQ = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x kDqCols columns), both
-    // MN-major. BM = 64: queries 0..63, columns kDqCols cw .. (d64: consumer 1's B starts 64 bytes into
-    // the 128-byte rows of K's tile, a start address inside the swizzle atom as the K-major k-slices'
-    // 32-byte steps; the swizzle applies to the summed address); BM = 128: queries 64 cw .., columns
-    // 0..63 ----
-    float dq[kDqCols / 2];
-    const uint32_t ds_addr = smem_u32(ds_tile) + (kSplitCols ? 0 : cw * (kBN * 128));
-    const uint32_t kq_addr = k_addr + (kSplitCols ? (kDqCols * cw / 64) * (kBN * 128) + (kDqCols * cw % 64) * 2 : 0);
-    wgmma_fence();
+      // ---- P^T and dS^T in place, then the partial tile's masking ----
+      const float* rows = rows_lse2 + s * 2 * kBM;
+      bwd_wgmma_softmax<kSoftcap, kBM>(st, dpt, rows, pre, post, lane);
+      if (!vis.tile_full(m0, kBM, kt.key0(), kBN)) bwd_wgmma_mask<kBM>(st, dpt, lane, kt.key0() + key_r, m0, vis);
+      // 16-bit A fragments: k-slice kk (queries 16 kk ..), register r = elements 8 kk + 2 r, + 1.
+      uint32_t pa[kBM / 16][4], dsa[kBM / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t da = gmma_desc_mn(ds_addr + kk * 16 * 128, kBN * 128);
-      const uint64_t db = gmma_desc_mn(kq_addr + kk * 16 * 128, kBN * 128);
-      wgmma_ss<T, kDqCols, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();  // dV, dK, dQ done: Q, dO of stage s and ds_tile are no longer read by this warpgroup
-    reg_fence(dq);
-    reg_fence(dv);
-    reg_fence(dk);
+      for (int kk = 0; kk < kBM / 16; ++kk)
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      reg_fence(pa[kk]);
-      reg_fence(dsa[kk]);
-    }
-    mbar_arrive(&q_empty[s]);  // every thread: its reads of the stage's lse2 / D rows come before the release
+        for (int r = 0; r < 4; ++r) {
+          pa[kk][r] = pack2<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+          dsa[kk][r] = pack2<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+        }
 
-    // ---- dQ into this consumer's staging tile (boxes of 32 columns x 64 rows, 128-byte swizzle:
-    // 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores), added to the float32
-    // accumulator by the writer thread with TMA reduce-adds (scalar reductions from every thread cost
-    // a third of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column
-    // 8 j + 2 (lane % 4) + c of the tile (BM = 64: column kDqCols cw + that; BM = 128: query 64 cw +
-    // that). Rows past the sequence end hold zeros (P = 0 there), so a tile that reaches into the next
-    // sequence adds nothing to it.
-    uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
-    mbar_wait(dq_empty, (it & 1) ^ 1);  // the previous step's additions have read the tiles
+      // ---- dV += P^T dO, dK += dS^T Q (B: 16 query rows x kD, MN-major, 64-column tiles kBM rows long) ----
+      wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < kDqCols / 8; ++j)
+      for (int kk = 0; kk < kBM / 16; ++kk)
+        wgmma_rs<T, kD>(dv, pa[kk], gmma_desc_mn(do_addr + kk * 16 * 128, kBM * 128), 1);
+      wgmma_commit();
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = 16 * warp + lane / 4 + 8 * i;
-        const int chunk = (8 * j % 32) / 4 + (lane % 4) / 2;
-        const int byte = (8 * j / 32) * (64 * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 2) * 8;
-        *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+      for (int kk = 0; kk < kBM / 16; ++kk)
+        wgmma_rs<T, kD>(dk, dsa[kk], gmma_desc_mn(q_addr + kk * 16 * 128, kBM * 128), 1);
+      wgmma_commit();
+
+      // ---- dS^T into shared memory, 64-query tiles of 128 key rows: key row key_r + 8 (r % 2), query
+      // 16 kk + 8 (r / 2) + 2 (lane % 4) in tile kk / 4, 16-byte chunk (2 kk + r / 2) % 8 (the swizzled
+      // layout TMA would write: chunk ch of row r at ch ^ (r % 8); r % 8 = lane / 4) ----
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = key_r + 8 * (r % 2);
+          const int chunk = (2 * kk + r / 2) % 8;
+          *reinterpret_cast<uint32_t*>(ds_tile + (kk / 4) * (kBN * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) +
+                                       (lane % 4) * 4) = dsa[kk][r];
+        }
+      fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
+      named_sync(1, 256);   // both halves of the 128 keys are in ds_tile
+
+      // ---- dQ = dS K: A = dS (64 queries x 128 keys), B = K (128 keys x kDqCols columns), both
+      // MN-major. BM = 64: queries 0..63, columns kDqCols cw .. (d64: consumer 1's B starts 64 bytes into
+      // the 128-byte rows of K's tile, a start address inside the swizzle atom as the K-major k-slices'
+      // 32-byte steps; the swizzle applies to the summed address); BM = 128: queries 64 cw .., columns
+      // 0..63 ----
+      float dq[kDqCols / 2];
+      const uint32_t ds_addr = smem_u32(ds_tile) + (kSplitCols ? 0 : cw * (kBN * 128));
+      const uint32_t kq_addr = k_addr + (kSplitCols ? (kDqCols * cw / 64) * (kBN * 128) + (kDqCols * cw % 64) * 2 : 0);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t da = gmma_desc_mn(ds_addr + kk * 16 * 128, kBN * 128);
+        const uint64_t db = gmma_desc_mn(kq_addr + kk * 16 * 128, kBN * 128);
+        wgmma_ss<T, kDqCols, 1, 1>(dq, da, db, kk > 0 ? 1 : 0);
       }
-    fence_proxy_async();  // the staging stores before the TMA unit reads them
-    named_sync(3 + cw, 128);
-    if (tid == 0) mbar_arrive(dq_full);
-  }
+      wgmma_commit();
+      wgmma_wait<0>();  // dV, dK, dQ done: Q, dO of stage s and ds_tile are no longer read by this warpgroup
+      reg_fence(dq);
+      reg_fence(dv);
+      reg_fence(dk);
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        reg_fence(pa[kk]);
+        reg_fence(dsa[kk]);
+      }
+      mbar_arrive(&q_empty[s]);  // every thread: its reads of the stage's lse2 / D rows come before the release
+      if (it == steps - 1) mbar_arrive(kv_empty);  // the tile's K, V are no longer read
 
-  // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key key_r + 8 i, column 8 j + 2 (lane % 4) + c ----
-  T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + key0) * p.dk_ss + kvh * p.dk_sh;
-  T* dvp = static_cast<T*>(p.dv) + b * p.dv_sb + (int64_t(k_row0) + key0) * p.dv_ss + kvh * p.dv_sh;
+      // ---- dQ into this consumer's staging tile (boxes of 32 columns x 64 rows, 128-byte swizzle:
+      // 16-byte chunk ch of row r at ch ^ (r % 8); conflict-free float2 stores), added to the float32
+      // accumulator by the writer thread with TMA reduce-adds (scalar reductions from every thread cost
+      // a third of the kernel's time). Element 4 j + 2 i + c is query 16 warp + lane / 4 + 8 i, column
+      // 8 j + 2 (lane % 4) + c of the tile (BM = 64: column kDqCols cw + that; BM = 128: query 64 cw +
+      // that). Rows past the sequence end hold zeros (P = 0 there), so a tile that reaches into the next
+      // sequence adds nothing to it.
+      uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
+      mbar_wait(dq_empty, (g & 1) ^ 1);  // the previous step's additions have read the tiles
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = key_r + 8 * i;
-    if (key0 + row >= sk) continue;
+      for (int j = 0; j < kDqCols / 8; ++j)
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int col = 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dkp + row * p.dk_ss + col) =
-          pack2<T>(dk[4 * j + 2 * i] * f.scale, dk[4 * j + 2 * i + 1] * f.scale);
-      *reinterpret_cast<uint32_t*>(dvp + row * p.dv_ss + col) = pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+        for (int i = 0; i < 2; ++i) {
+          const int row = 16 * warp + lane / 4 + 8 * i;
+          const int chunk = (8 * j % 32) / 4 + (lane % 4) / 2;
+          const int byte = (8 * j / 32) * (64 * 128) + row * 128 + ((chunk ^ (lane / 4)) * 16) + (lane % 2) * 8;
+          *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+        }
+      fence_proxy_async();  // the staging stores before the TMA unit reads them
+      named_sync(3 + cw, 128);
+      if (tid == 0) mbar_arrive(dq_full);
+    }
+
+    // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key key_r + 8 i, column 8 j + 2 (lane % 4) + c ----
+    T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + kt.key0()) * p.dk_ss + kvh * p.dk_sh;
+    T* dvp = static_cast<T*>(p.dv) + b * p.dv_sb + (int64_t(k_row0) + kt.key0()) * p.dv_ss + kvh * p.dv_sh;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = key_r + 8 * i;
+      if (kt.key0() + row >= sk) continue;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) {
+        const int col = 8 * j + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(dkp + row * p.dk_ss + col) =
+            pack2<T>(dk[4 * j + 2 * i] * f.scale, dk[4 * j + 2 * i + 1] * f.scale);
+        *reinterpret_cast<uint32_t*>(dvp + row * p.dv_ss + col) = pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+      }
     }
   }
 #else
-  (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)tm_dq, (void)p, (void)ws;
+  (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)tm_dq, (void)p, (void)ws, (void)paired;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __trap();  // built for sm_90 without the "a" features: no wgmma; the launcher refuses this build
 #endif
