@@ -1,7 +1,9 @@
-// The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh:
-// TMA maps of q, dout (64-row boxes; a query tile is one or two), k and v (128-row boxes) and the float32 dQ
-// accumulator (32 x 64 boxes, for reduce-adds), one CTA per key tile and kv head, or per pair of key
-// tiles with the plan's order=paired) and pass 3
+// The wgmma attention backward's launcher: pass 1, the main kernel (kernels/attention_bwd_wgmma.cuh
+// for head dims 64 and 128: TMA maps of q, dout (64-row boxes; a query tile is one or two), k and v
+// (128-row boxes) and the float32 dQ accumulator (32 x 64 boxes, for reduce-adds), one CTA per key
+// tile and kv head, or per pair of key tiles with the plan's order=paired;
+// kernels/attention_bwd_wgmma_cols.cuh for head dim 256: 64-row boxes everywhere, one CTA per 64-key
+// tile and kv head) and pass 3
 // (attention_bwd_passes.cuh), all on `stream` with programmatic dependent launch. Included by
 // attention_bwd_wgmma_<dtype>.cu.
 #pragma once
@@ -16,6 +18,7 @@
 #include "attention/attention_bwd_wgmma_launch.h"
 #include "attention/attention_tma_map.h"
 #include "attention/kernels/attention_bwd_wgmma.cuh"
+#include "attention/kernels/attention_bwd_wgmma_cols.cuh"
 #include "common/launch.cuh"
 #include "common/math.h"
 #include "common/occupancy.h"
@@ -24,18 +27,35 @@ namespace kernelforge {
 
 namespace attn_bwd {
 
-// One instantiation: head dim kD, softcap or not (f.softcap > 0), and the query rows per step that go
-// with them (kBwdWgmmaBlockM: the planner's block_m).
+// The main kernel of head dim kD and its tile: attention_bwd_wgmma (d64, d128) or
+// attention_bwd_wgmma_cols (d256, dK / dV split by columns between the consumers).
+template <int kD, bool kSoftcap, bool kCols_ = kD == 256>
+struct BwdWgmmaTile {
+  static constexpr bool kCols = false;
+  static constexpr int kBM = kBwdWgmmaBlockM<kD, kSoftcap>, kBN = kBwdWgmmaBlockN;
+  static constexpr int kThreads = kBwdWgmmaThreads, kStages = kBwdWgmmaStages;
+  static constexpr int kSmemBytes = BwdWgmmaSmem<kD, kBM>::kBytes;
+};
+template <int kD, bool kSoftcap>
+struct BwdWgmmaTile<kD, kSoftcap, true> {
+  static constexpr bool kCols = true;
+  static constexpr int kBM = kBwdColsBlockM, kBN = kBwdColsBlockN;
+  static constexpr int kThreads = kBwdColsThreads, kStages = kBwdColsQStages;
+  static constexpr int kSmemBytes = BwdColsSmem<kD>::kBytes;
+};
+
+// One instantiation: head dim kD, softcap or not (f.softcap > 0), and the tile that goes with them
+// (BwdWgmmaTile: the planner's block_m x block_n).
 template <typename T, int kD, bool kSoftcap>
 Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                          void* workspace, cudaStream_t stream) {
-  constexpr int kBM = kBwdWgmmaBlockM<kD, kSoftcap>;
-  using L = BwdWgmmaSmem<kD, kBM>;
+  using Tile = BwdWgmmaTile<kD, kSoftcap>;
+  constexpr int kBM = Tile::kBM, kBN = Tile::kBN;
   const AttentionParams& f = p.f;
   if (plan.head_dim_qk != kD || plan.head_dim_v != kD || f.head_dim_qk != kD || f.head_dim_v != kD ||
-      (f.softcap > 0.0f) != kSoftcap || plan.block_m != kBM || plan.block_n != kBwdWgmmaBlockN ||
-      plan.warps != kBwdWgmmaThreads / 32 || plan.stages != kBwdWgmmaStages || plan.splits != 1 ||
-      (plan.order != AttentionOrder::kRowMajor && plan.order != AttentionOrder::kPaired))
+      (f.softcap > 0.0f) != kSoftcap || plan.block_m != kBM || plan.block_n != kBN ||
+      plan.warps != Tile::kThreads / 32 || plan.stages != Tile::kStages || plan.splits != 1 ||
+      (plan.order != AttentionOrder::kRowMajor && (plan.order != AttentionOrder::kPaired || Tile::kCols)))
     return Status::Invalid(std::string(kName) + ": the wgmma backward kernel has no configuration " + to_string(plan) +
                            (kSoftcap ? " with a softcap" : " without a softcap"));
   // order=paired: a CTA per pair of key tiles t, T - 1 - t of a sequence (the kernel's `paired`); not in
@@ -44,7 +64,11 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
   const bool paired = plan.order == AttentionOrder::kPaired;
   if (paired && p.deterministic)
     return Status::Invalid(std::string(kName) + ": plan " + to_string(plan) + " is not for the deterministic mode");
-  auto kernel = attention_bwd_wgmma<T, kD, kBM, kSoftcap>;
+  const void* kernel = nullptr;  // the other kernel of the pair is not instantiated for this head dim
+  if constexpr (Tile::kCols)
+    kernel = reinterpret_cast<const void*>(attention_bwd_wgmma_cols<T, kD, kSoftcap>);
+  else
+    kernel = reinterpret_cast<const void*>(attention_bwd_wgmma<T, kD, kBM, kSoftcap>);
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported(std::string(kName) +
                                 ": the wgmma backward kernel needs an sm_90 device and a build with 90a-real");
@@ -53,17 +77,15 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
   Status st = launch_preprocess<T>(p, ws, plan.block_m, dev, stream);
   if (!st.ok()) return st;
 
-  const int64_t k_tiles = ceil_div(f.seqlen_k, int64_t(kBwdWgmmaBlockN));
+  const int64_t k_tiles = ceil_div(f.seqlen_k, int64_t(kBN));
   if (k_tiles > 0 && f.heads_kv > 0 && f.batch > 0) {
     // varlen: one batch of all tokens; a tile's rows start at cu_seqlens[b] (rows past the end are masked).
     const int64_t batch = f.varlen ? 1 : f.batch;
     const int64_t rows_q = f.varlen ? f.total_q : f.seqlen_q, rows_k = f.varlen ? f.total_k : f.seqlen_k;
     CUtensorMap tq, tdo, tk, tv, tdq;
-    st = encode_attention_map<T>(&tk, f.k, kD, rows_k, f.heads_kv, batch, f.k_ss, f.k_sh, f.k_sb, kBwdWgmmaBlockN, "k",
-                                 kName);
+    st = encode_attention_map<T>(&tk, f.k, kD, rows_k, f.heads_kv, batch, f.k_ss, f.k_sh, f.k_sb, kBN, "k", kName);
     if (!st.ok()) return st;
-    st = encode_attention_map<T>(&tv, f.v, kD, rows_k, f.heads_kv, batch, f.v_ss, f.v_sh, f.v_sb, kBwdWgmmaBlockN, "v",
-                                 kName);
+    st = encode_attention_map<T>(&tv, f.v, kD, rows_k, f.heads_kv, batch, f.v_ss, f.v_sh, f.v_sb, kBN, "v", kName);
     if (!st.ok()) return st;
     if (rows_q == 0) {
       // No query row: no Q / dO load or dQ reduce-add is issued (every key tile writes zeros); the maps
@@ -82,13 +104,16 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
                                    kBwdWgmmaBoxRows, "dout", kName);
       if (!st.ok()) return st;
     }
-    st = cuda_status(ensure_smem_limit(kernel, size_t(L::kBytes)), kName,
+    const int64_t grid_x = paired ? ceil_div(k_tiles, int64_t(2)) : k_tiles;
+    Launch l(dim3(unsigned(grid_x), unsigned(f.heads_kv), unsigned(f.batch)), dim3(Tile::kThreads),
+             size_t(Tile::kSmemBytes), stream, use_pdl(dev));
+    st = cuda_status(ensure_smem_limit(kernel, size_t(Tile::kSmemBytes)), kName,
                      "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!st.ok()) return st;
-    const int64_t grid_x = paired ? ceil_div(k_tiles, int64_t(2)) : k_tiles;
-    Launch l(dim3(unsigned(grid_x), unsigned(f.heads_kv), unsigned(f.batch)), dim3(kBwdWgmmaThreads), size_t(L::kBytes),
-             stream, use_pdl(dev));
-    st = launched(l(kernel, tq, tk, tv, tdo, tdq, p, ws, paired), kName);
+    if constexpr (Tile::kCols)
+      st = launched(l(attention_bwd_wgmma_cols<T, kD, kSoftcap>, tq, tk, tv, tdo, tdq, p, ws), kName);
+    else
+      st = launched(l(attention_bwd_wgmma<T, kD, kBM, kSoftcap>, tq, tk, tv, tdo, tdq, p, ws, paired), kName);
     if (!st.ok()) return st;
   }
   return launch_dq_convert<T>(p, ws, dev, stream);
@@ -106,6 +131,9 @@ Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGrad
   if (plan.head_dim_qk == 128)
     return cap ? attn_bwd::launch_wgmma_dims<T, 128, true>(plan, p, dev, workspace, stream)
                : attn_bwd::launch_wgmma_dims<T, 128, false>(plan, p, dev, workspace, stream);
+  if (plan.head_dim_qk == 256)
+    return cap ? attn_bwd::launch_wgmma_dims<T, 256, true>(plan, p, dev, workspace, stream)
+               : attn_bwd::launch_wgmma_dims<T, 256, false>(plan, p, dev, workspace, stream);
   return Status::Invalid(std::string(attn_bwd::kName) + ": the wgmma backward kernel has no head dims " +
                          std::to_string(plan.head_dim_qk) + "/" + std::to_string(plan.head_dim_v));
 }

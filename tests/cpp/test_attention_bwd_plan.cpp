@@ -111,6 +111,10 @@ std::vector<Expect> expectations() {
       {"h100 d192/128", problem(2, 16, 16, 2048, 2048, 192, 128), &kH100,
        "attn_bwd_mma d=192/128 tile=32x64 warps=8 stages=2 order=row"},
       {"h100 d256", problem(2, 16, 16, 2048, 2048, 256, 256), &kH100,
+       "attn_bwd_wgmma d=256/256 tile=64x64 warps=12 stages=2 order=row"},
+      {"h100 d256 softcap", with_softcap(problem(2, 16, 16, 2048, 2048, 256, 256)), &kH100,
+       "attn_bwd_wgmma d=256/256 tile=64x64 warps=12 stages=2 order=row"},
+      {"h100 d256 unaligned", problem(2, 16, 16, 2048, 2048, 256, 256, false), &kH100,
        "attn_bwd_mma d=256/256 tile=32x64 warps=8 stages=2 order=row"},
       {"h100 d64 few blocks", problem(1, 4, 1, 512, 512, 64, 64, false), &kH100,
        "attn_bwd_mma d=64/64 tile=64x64 warps=4 stages=2 order=row"},
@@ -164,9 +168,9 @@ TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
 }
 
 TEST(AttentionBwdPlan, CandidateTilesPerDevice) {
-  // Every built tile of the head dims that fits: H100 all (and the wgmma kernel at d64, d128, with
-  // both orders: row and paired); 99 KB devices only the small ones.
-  const int dims[][3] = {{64, 64, 4}, {96, 96, 1}, {128, 128, 5}, {192, 128, 1}, {256, 256, 2}};
+  // Every built tile of the head dims that fits: H100 all (and the wgmma kernels: at d64, d128 with
+  // both orders, row and paired; at d256 order=row); 99 KB devices only the small ones.
+  const int dims[][3] = {{64, 64, 4}, {96, 96, 1}, {128, 128, 5}, {192, 128, 1}, {256, 256, 3}};
   for (const auto& d : dims) {
     SCOPED_TRACE(d[0]);
     const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
@@ -256,7 +260,15 @@ TEST(AttentionBwdPlan, WgmmaPlansRejected) {
   rejects(w, pr, kA100, kf::StatusCode::kNotSupported, "sm_90");
   rejects(w, problem(2, 16, 16, 1024, 1024, 128, 128, false), kH100, kf::StatusCode::kNotSupported, "16-byte");
   rejects(w, problem(2, 16, 16, 1024, 1024, 192, 128), kH100, kf::StatusCode::kNotSupported, "128/128");
-  rejects(w, problem(2, 16, 16, 1024, 1024, 256, 256), kH100, kf::StatusCode::kNotSupported, "128/128");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 256, 256), kH100, kf::StatusCode::kInvalidArgument,
+          "wgmma backward configuration");  // a d128 plan for a d256 call
+  // d256: the column-split kernel's 64 x 64 tile, order=row only.
+  const AttentionProblem d256 = with_causal(problem(2, 16, 16, 2048, 2048, 256, 256));
+  AttentionPlan w256 = kf::plan_attention_bwd(d256, kH100);
+  EXPECT_TRUE(kf::check_bwd_plan(w256, d256, kH100).ok());
+  rejects(w256, pr, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
+  w256.order = AttentionOrder::kPaired;
+  rejects(w256, d256, kH100, kf::StatusCode::kInvalidArgument, "head dims 64 and 128");
   rejects(w, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kInvalidArgument,
           "wgmma backward configuration");  // a d128 plan for a d64 call
   AttentionPlan p = w;
@@ -321,6 +333,8 @@ TEST(AttentionBwdPlan, PairedSchedule) {
     EXPECT_EQ(plan(with_causal(problem(2, 32, 8, 2048, 2048, 128, 128))),
               "attn_bwd_wgmma d=128/128 tile=64x128 warps=12 stages=2 order=paired");
     EXPECT_EQ(plan(with_softcap(llama)), "attn_bwd_wgmma d=64/64 tile=64x128 warps=12 stages=2 order=paired");
+    EXPECT_EQ(plan(with_causal(problem(2, 16, 16, 2048, 2048, 256, 256))),
+              "attn_bwd_wgmma d=256/256 tile=64x64 warps=12 stages=2 order=row");  // the d256 kernel does not pair
     EXPECT_EQ(kf::to_string(kf::plan_attention_bwd(llama, kA100)),
               "attn_bwd_mma d=64/64 tile=64x128 warps=8 stages=2 order=row");  // the mma kernel does not pair
     const AttentionPlan p = kf::plan_attention_bwd(llama, kH100);

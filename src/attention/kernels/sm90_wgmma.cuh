@@ -118,7 +118,7 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
         "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])                      \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
-#define KF_WGMMA_SS_N128(TY)                                                                                           \
+#define KF_WGMMA_SS_N128(TY, TA, TB)                                                                                   \
   asm volatile(                                                                                                        \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                     \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                                         \
@@ -126,7 +126,7 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
       "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
       "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"                     \
-      " %64, %65, p, 1, 1, 0, 0;\n}\n"                                                                                 \
+      " %64, %65, p, 1, 1, " TA ", " TB ";\n}\n"                                                                       \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),         \
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
@@ -170,47 +170,48 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                      \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
+// One SS instruction of shape N with the operands' majors (TA, TB: "0" K-major, "1" MN-major).
+#define KF_WGMMA_SS_MAJORS(N_MACRO, TY)            \
+  if constexpr (kTransA == 0 && kTransB == 0)      \
+    N_MACRO(TY, "0", "0");                         \
+  else if constexpr (kTransA == 1 && kTransB == 1) \
+    N_MACRO(TY, "1", "1");                         \
+  else                                             \
+    N_MACRO(TY, "0", "1");
+
 // D[64 x N] (+)= A[64 x 16] * B[16 x N], A and B from shared memory, K-major (kTransA / kTransB 0) or
-// MN-major (1: A's 64 rows, B's N columns contiguous; N = 32 and 64 only).
+// MN-major (1: A's 64 rows, B's N columns contiguous); N = 32, 64 and 128 take both majors for
+// either operand but A MN-major with B K-major, N = 80 K-major only.
 // scale_d 0: D = A * B (the first k-slice); 1: accumulate.
 template <typename T, int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
 #if KF_SM90A
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 32 || N == 64 || (kTransA == 0 && kTransB == 0),
-                "wgmma_ss: transposed operands with N = 32 or 64 only");
+  static_assert(N != 80 || (kTransA == 0 && kTransB == 0), "wgmma_ss: N = 80 with K-major operands only");
+  static_assert(!(kTransA == 1 && kTransB == 0), "wgmma_ss: A MN-major with B K-major is not instantiated");
   if constexpr (N == 32) {
-    if constexpr (kBf16 && kTransA == 0 && kTransB == 0)
-      KF_WGMMA_SS_N32("bf16", "0", "0");
-    else if constexpr (kBf16 && kTransA == 1 && kTransB == 1)
-      KF_WGMMA_SS_N32("bf16", "1", "1");
-    else if constexpr (!kBf16 && kTransA == 0 && kTransB == 0)
-      KF_WGMMA_SS_N32("f16", "0", "0");
-    else if constexpr (!kBf16 && kTransA == 1 && kTransB == 1)
-      KF_WGMMA_SS_N32("f16", "1", "1");
-    else
-      static_assert(kTransA == kTransB, "wgmma_ss: both operands K-major or both MN-major");
+    if constexpr (kBf16) {
+      KF_WGMMA_SS_MAJORS(KF_WGMMA_SS_N32, "bf16")
+    } else {
+      KF_WGMMA_SS_MAJORS(KF_WGMMA_SS_N32, "f16")
+    }
   } else if constexpr (N == 64) {
-    if constexpr (kBf16 && kTransA == 0 && kTransB == 0)
-      KF_WGMMA_SS_N64("bf16", "0", "0");
-    else if constexpr (kBf16 && kTransA == 1 && kTransB == 1)
-      KF_WGMMA_SS_N64("bf16", "1", "1");
-    else if constexpr (!kBf16 && kTransA == 0 && kTransB == 0)
-      KF_WGMMA_SS_N64("f16", "0", "0");
-    else if constexpr (!kBf16 && kTransA == 1 && kTransB == 1)
-      KF_WGMMA_SS_N64("f16", "1", "1");
-    else
-      static_assert(kTransA == kTransB, "wgmma_ss: both operands K-major or both MN-major");
+    if constexpr (kBf16) {
+      KF_WGMMA_SS_MAJORS(KF_WGMMA_SS_N64, "bf16")
+    } else {
+      KF_WGMMA_SS_MAJORS(KF_WGMMA_SS_N64, "f16")
+    }
   } else if constexpr (N == 80) {
     if constexpr (kBf16)
       KF_WGMMA_SS_N80("bf16");
     else
       KF_WGMMA_SS_N80("f16");
   } else if constexpr (N == 128) {
-    if constexpr (kBf16)
-      KF_WGMMA_SS_N128("bf16");
-    else
-      KF_WGMMA_SS_N128("f16");
+    if constexpr (kBf16) {
+      KF_WGMMA_SS_MAJORS(KF_WGMMA_SS_N128, "bf16")
+    } else {
+      KF_WGMMA_SS_MAJORS(KF_WGMMA_SS_N128, "f16")
+    }
   } else {
     static_assert(N == 32 || N == 64 || N == 80 || N == 128, "wgmma_ss: N must be 32, 64, 80 or 128");
   }
@@ -243,6 +244,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 #endif
 }
 
+#undef KF_WGMMA_SS_MAJORS
 #undef KF_WGMMA_SS_N32
 #undef KF_WGMMA_SS_N64
 #undef KF_WGMMA_SS_N80

@@ -1,0 +1,429 @@
+// Attention backward, pass 2 of 3 on Hopper (sm_90a) for head dim 256: wgmma tensor cores, TMA loads,
+// warp specialization, with dK and dV split by columns between the two consumer warpgroups.
+// Formula: include/kernelforge/attention.h. Pass 1 (attention_bwd_preprocess.cuh) has stored D =
+// rowsum(dout * out) and lse2 = lse * log2(e) and zeroed the float32 dQ accumulator; pass 3
+// (attention_bwd_dq_convert.cuh) rounds it into dq.
+//
+// Why a second kernel: attention_bwd_wgmma.cuh gives each consumer 64 keys and all kD columns of dK
+// and dV, 2 x kD / 2 registers per thread: 256 of 240 at d256. Here one CTA takes 64 keys (a key
+// tile, kv head, batch) and consumer c owns columns 128 c .. 128 c + 127 of dK and dV for all 64
+// keys (64 + 64 registers). S and dP are split by keys (consumer c: keys 32 c ..) and P and dS go
+// through shared memory, where both consumers read the whole 64 x 64 tiles as wgmma operands
+// (FlashAttention-3's sm90 d256 backward splits the same way). The CTA walks the query heads of its
+// group and the 64-row query tiles that see its keys ([m_begin, m_end), attention_bwd_common.cuh).
+//
+// 384 threads in three warpgroups:
+//   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step a Q tile
+//     into a 2-stage ring with its lse2 and D values (plain loads, +inf / 0 past the sequence end),
+//     and a dO tile into a single buffer; lane 0 of warp 1, the dQ writer, adds the consumers' staged
+//     dQ chunks to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
+//     key-tile order, semaphores per (b, h, query tile), as attention_bwd_wgmma.cuh); the other warps
+//     leave.
+//   warpgroups 1 and 2, the consumers (240 registers). Per query tile, consumer c:
+//     S = Q K_c^T, dP = dO V_c^T          (wgmma m64n32, 32 keys, A and B K-major from shared memory)
+//     P = 2^(S scale log2 e - lse2)        (softcap: s = cap tanh(u / cap), recomputed as the forward)
+//     dS = P (dP - D)                      (softcap: times 1 - tanh^2)
+//     P, dS -> shared memory (64 queries x 64 keys each, both consumers' halves)
+//     dV_c += P^T dO_c, dK_c += dS^T Q_c   (wgmma m64n128, A = P^T / dS^T MN-major, B MN-major)
+//     dQ_c = dS K_c                        (wgmma m64n128, A = dS K-major, B = K MN-major), staged in
+//                                          two 64-column chunks for the dQ writer
+//   where X_c is columns 128 c .. of X (dO, Q, K, dK, dV, dQ) and K_c, V_c in S and dP are keys 32 c ..
+// FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
+// Registers per consumer thread: dV 64, dK 64, S and dP 16 each, dQ 64 (S and dP are dead by then).
+// Shared memory: K, V 2 x 32 KB, Q 2 stages x 32 KB, dO 32 KB, P and dS 2 x 8 KB, dQ staging 2 x 16 KB
+// (one 64 x 64 float chunk per consumer), lse2 / D 2 stages x 512 B: 210 KB. A second dO stage
+// would need 32 KB more than the 227 KB a CTA may have. Every tile is 64 columns wide (128-byte rows,
+// the TMA 128-byte swizzle) and 1024-byte aligned; see sm90_wgmma.cuh for the operand layouts.
+// dK (times scale) and dV are written once at the end, in T; key rows past Sk are skipped; a key tile
+// that no query sees writes zeros.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/attention_bwd_workspace.h"
+#include "attention/attention_problem.h"
+#include "attention/kernels/attention_bwd_common.cuh"
+#include "attention/kernels/sm90_wgmma.cuh"
+#include "common/launch.cuh"
+#include "common/tma.cuh"
+
+namespace kernelforge {
+
+constexpr int kBwdColsBlockM = 64;  // query rows per step
+constexpr int kBwdColsBlockN = 64;  // keys per CTA
+constexpr int kBwdColsQStages = 2;  // Q ring depth (dO: one buffer)
+constexpr int kBwdColsThreads = 384;
+constexpr int kBwdColsProducerRegs = 24;
+constexpr int kBwdColsConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536 registers
+
+// Shared-memory map (byte offsets from a 1024-aligned base) for head dim kD (Dqk = Dv).
+template <int kD>
+struct BwdColsSmem {
+  static constexpr int kBM = kBwdColsBlockM, kBN = kBwdColsBlockN;
+  static constexpr int kCols = kD / 2;           // dK / dV / dQ columns per consumer
+  static constexpr int kKBytes = kBN * kD * 2;   // K tile; V the same
+  static constexpr int kQBytes = kBM * kD * 2;   // one Q stage; the dO buffer the same
+  static constexpr int kPBytes = kBM * kBN * 2;  // P (64 queries x 64 keys); dS the same
+  static constexpr int kDqBytes = kBM * 64 * 4;  // one consumer's 64-column float dQ chunk
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKBytes;
+  static constexpr int kQ = kV + kKBytes;  // stage s at kQ + s * kQBytes
+  static constexpr int kDo = kQ + kBwdColsQStages * kQBytes;
+  static constexpr int kP = kDo + kQBytes;
+  static constexpr int kDs = kP + kPBytes;
+  static constexpr int kDq = kDs + kPBytes;         // consumer c at kDq + c * kDqBytes
+  static constexpr int kRows = kDq + 2 * kDqBytes;  // stage s: float lse2[kBM], D[kBM]
+  static constexpr int kBars = kRows + kBwdColsQStages * 2 * kBM * 4;
+  static constexpr int kNumBars =
+      1 + 2 * kBwdColsQStages + 4;  // kv_full, q_full[s], q_empty[s], do_full, do_empty, dq_full, dq_empty
+  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
+  static_assert(kD == 256, "the column-split kernel is built for head dim 256");
+  static_assert(kCols == 128, "m64n128 products per consumer");
+  static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+};
+
+// P and dS of one step in place (st: S -> P, dpt: dP -> dS). Element 4 j + 2 i + c is query row
+// 16 warp + lane / 4 + 8 i of the tile, key 32 cw + 8 j + 2 (lane % 4) + c; rows: lse2[64], then D[64].
+// Straight-line code; the masking of a partial tile is a second pass (bwd_cols_mask), as in
+// attention_bwd_wgmma.cuh.
+template <bool kSoftcap>
+__device__ __forceinline__ void bwd_cols_softmax(float (&st)[16], float (&dpt)[16], const float* rows, float pre,
+                                                 float post, int row0) {
+  if constexpr (kSoftcap) {
+#pragma unroll
+    for (int e = 0; e < 16; ++e) st[e] = tanh_approx(st[e] * pre);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float lse2 = rows[row0 + 8 * i], d = rows[kBwdColsBlockM + row0 + 8 * i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 4 * j + 2 * i + c;
+        const float x = kSoftcap ? st[e] * post - lse2 : fmaf(st[e], pre, -lse2);  // lse2 = +inf: P = 0
+        const float g = kSoftcap ? (dpt[e] - d) * (1.0f - st[e] * st[e]) : dpt[e] - d;
+        const float pe = ex2_approx(x);
+        st[e] = pe;
+        dpt[e] = pe * g;
+      }
+  }
+}
+
+// Zeroes P and dS of the invisible pairs of a partial tile. Queries m0 + row0 + 8 i, keys key + 8 j + c
+// (key = key0 + 32 cw + 2 (lane % 4)); row q sees [lo, hi) (BwdVisibility without the clamps, 32-bit).
+__device__ __forceinline__ void bwd_cols_mask(float (&st)[16], float (&dpt)[16], int key, int row,
+                                              const BwdVisibility& vis) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int diag_row = row + 8 * i + int(vis.diag);
+    const int lo = vis.window_left < 0 ? 0 : diag_row - vis.window_left;
+    const int hi = vis.window_right < 0 ? vis.sk : min(diag_row + vis.window_right + 1, vis.sk);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (key + 8 * j + c < lo || key + 8 * j + c >= hi) st[4 * j + 2 * i + c] = dpt[4 * j + 2 * i + c] = 0.0f;
+  }
+}
+
+// Grid (ceil(Sk / 64), Hkv, B); 384 threads; BwdColsSmem<kD>::kBytes of dynamic shared memory.
+// tm_q / tm_do / tm_k / tm_v: 4-D maps (column, row, head, batch) with 64 x 64 boxes, 128-byte
+// swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens). tm_dq: the
+// float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
+template <typename T, int kD, bool kSoftcap>
+__global__ void __launch_bounds__(kBwdColsThreads, 1)
+    attention_bwd_wgmma_cols(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                             const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p,
+                             const AttnBwdWs ws) {
+#if KF_SM90A
+  using L = BwdColsSmem<kD>;
+  constexpr int kBM = L::kBM, kBN = L::kBN, kStages = kBwdColsQStages;
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* q_full = kv_full + 1;
+  uint64_t* q_empty = q_full + kStages;
+  uint64_t* do_full = q_empty + kStages;
+  uint64_t* do_empty = do_full + 1;
+  uint64_t* dq_full = do_empty + 1;                              // both consumers' dQ chunks staged
+  uint64_t* dq_empty = dq_full + 1;                              // the writer's reduce-adds have read them
+  float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
+
+  pdl_wait();  // every global access follows the previous kernel (pass 1)
+
+  const AttentionParams& f = p.f;
+  // Deterministic mode: key tiles in decreasing order (the last one has the lowest linear index) and
+  // each walks its query tiles downwards; see the dQ writer below.
+  const bool rev = p.deterministic;
+  const int n_tile = rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), kvh = blockIdx.y, b = blockIdx.z;
+  int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
+  if (f.varlen) {
+    q_row0 = f.cu_seqlens_q[b];
+    k_row0 = f.cu_seqlens_k[b];
+    sq = f.cu_seqlens_q[b + 1] - q_row0;
+    sk = f.cu_seqlens_k[b + 1] - k_row0;
+    batch_coord = 0;
+  }
+  const int key0 = n_tile * kBN;
+  if (key0 >= sk) return;  // varlen: a key tile past this sequence's end (the whole CTA leaves)
+  const int64_t qbase = f.varlen ? int64_t(q_row0) : int64_t(b) * f.seqlen_q;  // workspace row numbering
+  const BwdVisibility vis(f, sq, sk);
+  int m_begin = 0, m_end = 0;
+  vis.query_tiles(key0, kBN, kBM, &m_begin, &m_end);
+  const int nm = m_end - m_begin;
+  const int n_iters = nm * f.group;  // (query head, query tile) steps, head-major
+  auto step_m = [&](int it) { return rev ? m_end - 1 - it % nm : m_begin + it % nm; };
+
+  if (threadIdx.x == 0) {
+    mbar_init_count(kv_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init_count(&q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
+      mbar_init_count(&q_empty[s], 256);    // every consumer thread (each has read the lse2 / D rows)
+    }
+    mbar_init_count(do_full, 1);
+    mbar_init_count(do_empty, 256);
+    mbar_init_count(dq_full, 2);   // thread 0 of each consumer warpgroup
+    mbar_init_count(dq_empty, 1);  // the writer
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<kBwdColsProducerRegs>();
+    if (threadIdx.x < 32 && n_iters > 0) {
+      const int lane = threadIdx.x;
+      if (lane == 0) {
+        tma_prefetch_desc(&tm_q);
+        tma_prefetch_desc(&tm_do);
+        mbar_expect(kv_full, 2 * L::kKBytes);
+#pragma unroll
+        for (int c = 0; c < kD / 64; ++c) {
+          tma_load_4d(smem + L::kK + c * kBN * 128, &tm_k, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
+          tma_load_4d(smem + L::kV + c * kBN * 128, &tm_v, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
+        }
+      }
+      for (int it = 0; it < n_iters; ++it) {
+        const int s = it % kStages;
+        const int h = kvh * f.group + it / nm;
+        const int m0 = step_m(it) * kBM, row = q_row0 + m0;
+        mbar_wait(&q_empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+        if (lane == 0) {
+          mbar_expect(&q_full[s], L::kQBytes);
+#pragma unroll
+          for (int c = 0; c < kD / 64; ++c)
+            tma_load_4d(smem + L::kQ + s * L::kQBytes + c * kBM * 128, &tm_q, &q_full[s], c * 64, row, h, batch_coord);
+        }
+        float* rows = rows_lse2 + s * 2 * kBM;
+        const int64_t src = int64_t(h) * f.total_q + qbase + m0;
+#pragma unroll
+        for (int r = lane; r < kBM; r += 32) {
+          const bool ok = m0 + r < sq;
+          rows[r] = ok ? ws.lse2[src + r] : INFINITY;  // P = 0 on rows past the sequence end
+          rows[kBM + r] = ok ? ws.dsum[src + r] : 0.0f;
+        }
+        mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
+        // dO: one buffer, free once both consumers' dV product of the previous step is done.
+        mbar_wait(do_empty, (it & 1) ^ 1);
+        if (lane == 0) {
+          mbar_expect(do_full, L::kQBytes);
+#pragma unroll
+          for (int c = 0; c < kD / 64; ++c)
+            tma_load_4d(smem + L::kDo + c * kBM * 128, &tm_do, do_full, c * 64, row, h, batch_coord);
+        }
+      }
+    } else if (threadIdx.x == 32 && n_iters > 0) {
+      // ---- the dQ writer (one thread): per step two chunks of 64 columns per consumer; per chunk,
+      // after both consumers have staged theirs, one TMA reduce-add per 32-column box; the staging
+      // tiles are released as soon as the TMA unit has read them. Deterministic mode: as in
+      // attention_bwd_wgmma.cuh (query tile m receives its additions in decreasing key-tile order;
+      // a CTA waits only for CTAs of lower linear index).
+      for (int it = 0; it < n_iters; ++it) {
+        const int h = kvh * f.group + it / nm;
+        const int m = step_m(it);
+        int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
+#pragma unroll 1
+        for (int chunk = 0; chunk < 2; ++chunk) {
+          mbar_wait(dq_full, chunk);  // 2 arrivals per step: phase 2 it + chunk, parity chunk
+          if (p.deterministic && chunk == 0) {
+            const int last = (vis.keys_hi(m, kBM) - 1) / kBN;  // key tiles above this one that visit m
+            while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
+          }
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int box = 0; box < 2; ++box)
+              tma_reduce_add_3d(&tm_dq, smem + L::kDq + c * L::kDqBytes + box * kBM * 128,
+                                L::kCols * c + 64 * chunk + 32 * box, int(qbase + m * kBM), h);
+          bulk_commit();
+          bulk_wait_read<0>();
+          mbar_arrive(dq_empty);
+        }
+        if (p.deterministic) {
+          bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
+          __threadfence();
+          atomicAdd(sem, 1);
+        }
+      }
+      bulk_wait<0>();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kBwdColsConsumerRegs>();
+  const int cw = wg - 1;  // consumer warpgroup: keys 32 cw .. of S and dP, columns 128 cw .. of dK, dV, dQ
+  const int tid = threadIdx.x - 128 * wg;
+  const int warp = tid / 32, lane = tid % 32;
+  const int row0 = 16 * warp + lane / 4;  // this thread's query rows of S, dP, dQ (+ 8) and key rows of dK, dV
+  // s2 = u * pre (no softcap: the logit in log2 units); with softcap th = tanh(u * pre), s2 = th * post.
+  const float pre = kSoftcap ? f.scale / f.softcap : f.scale * kLog2e;
+  const float post = kSoftcap ? f.softcap * kLog2e : 1.0f;
+
+  float dv[L::kCols / 2], dk[L::kCols / 2];
+#pragma unroll
+  for (int e = 0; e < L::kCols / 2; ++e) dv[e] = dk[e] = 0.0f;
+
+  const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
+  const uint32_t do_addr = smem_u32(smem + L::kDo);
+  const uint32_t p_addr = smem_u32(smem + L::kP), ds_addr = smem_u32(smem + L::kDs);
+  // This consumer's 64-column tiles of Q, dO, K (2 cw, 2 cw + 1).
+  constexpr int kColTile = L::kCols / 64;
+
+  if (n_iters > 0) mbar_wait(kv_full, 0);
+  for (int it = 0; it < n_iters; ++it) {
+    const int s = it % kStages;
+    const int m0 = step_m(it) * kBM;
+    const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
+    mbar_wait(&q_full[s], (it / kStages) & 1);
+
+    // ---- S = Q K_c^T, dP = dO V_c^T (64 queries x 32 keys each) ----
+    float st[16], dpt[16];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t da = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+      const uint64_t db = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + cw * 32 * 128 + (kk % 4) * 32);
+      wgmma_ss<T, 32>(st, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    mbar_wait(do_full, it & 1);
+    wgmma_fence();  // dP's accumulator registers, after the wait
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t da = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+      const uint64_t db = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + cw * 32 * 128 + (kk % 4) * 32);
+      wgmma_ss<T, 32>(dpt, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dpt);
+
+    // ---- P and dS in place, then the partial tile's masking ----
+    bwd_cols_softmax<kSoftcap>(st, dpt, rows_lse2 + s * 2 * kBM, pre, post, row0);
+    if (!vis.tile_full(m0, kBM, key0, kBN)) bwd_cols_mask(st, dpt, key0 + 32 * cw + 2 * (lane % 4), m0 + row0, vis);
+
+    // ---- P, dS into shared memory: row = query, 64 keys of 128 bytes, 128-byte swizzle (16-byte
+    // chunk ch of row r at ch ^ (r % 8), r % 8 = lane / 4); key 32 cw + 8 j + 2 (lane % 4) is in chunk
+    // 4 cw + j. Both consumers' products of the previous step have read the tiles (barrier 1). ----
+    named_sync(1, 256);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int byte = (row0 + 8 * i) * 128 + (((4 * cw + j) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+        *reinterpret_cast<uint32_t*>(smem + L::kP + byte) = pack2<T>(st[4 * j + 2 * i], st[4 * j + 2 * i + 1]);
+        *reinterpret_cast<uint32_t*>(smem + L::kDs + byte) = pack2<T>(dpt[4 * j + 2 * i], dpt[4 * j + 2 * i + 1]);
+      }
+    fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
+    named_sync(2, 256);   // both halves of the 64 keys are in P and dS
+
+    // ---- dV_c += P^T dO_c, dK_c += dS^T Q_c (A: 64 keys x 16 queries, MN-major; B: 16 queries x 128
+    // columns, MN-major, 64-column tiles kBM rows long), dQ_c = dS K_c (A: 64 queries x 16 keys,
+    // K-major; B: 16 keys x 128 columns, MN-major) ----
+    float dq[L::kCols / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_ss<T, L::kCols, 1, 1>(dv, gmma_desc_mn(p_addr + kk * 16 * 128, kBM * 128),
+                                  gmma_desc_mn(do_addr + kColTile * cw * (kBM * 128) + kk * 16 * 128, kBM * 128), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_ss<T, L::kCols, 1, 1>(dk, gmma_desc_mn(ds_addr + kk * 16 * 128, kBM * 128),
+                                  gmma_desc_mn(q_addr + kColTile * cw * (kBM * 128) + kk * 16 * 128, kBM * 128), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_ss<T, L::kCols, 0, 1>(dq, gmma_desc_k(ds_addr + kk * 32),
+                                  gmma_desc_mn(k_addr + kColTile * cw * (kBN * 128) + kk * 16 * 128, kBN * 128),
+                                  kk > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<2>();  // dV done: this warpgroup no longer reads dO
+    mbar_arrive(do_empty);
+    wgmma_wait<1>();  // dK done: Q of stage s (and its lse2 / D rows) no longer read
+    mbar_arrive(&q_empty[s]);
+    wgmma_wait<0>();  // dQ done: P and dS no longer read by this warpgroup
+    reg_fence(dv);
+    reg_fence(dk);
+    reg_fence(dq);
+
+    // ---- dQ_c in two 64-column chunks through this consumer's staging tile (boxes of 32 columns x
+    // 64 rows, 128-byte swizzle; conflict-free float2 stores), added to the float32 accumulator by
+    // the writer thread with TMA reduce-adds. Element 4 j + 2 i + c is query row0 + 8 i, column 8 j +
+    // 2 (lane % 4) + c of this consumer's 128. Rows past the sequence end hold zeros (P = 0 there). ----
+    uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
+#pragma unroll
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      mbar_wait(dq_empty, chunk ^ 1);  // the previous chunk's additions have read the tiles
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int j = 8 * chunk + jj, row = row0 + 8 * i;
+          const int ch = (8 * jj % 32) / 4 + (lane % 4) / 2;
+          const int byte = (8 * jj / 32) * (kBM * 128) + row * 128 + ((ch ^ (lane / 4)) * 16) + (lane % 2) * 8;
+          *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+        }
+      fence_proxy_async();  // the staging stores before the TMA unit reads them
+      named_sync(3 + cw, 128);
+      if (tid == 0) mbar_arrive(dq_full);
+    }
+  }
+
+  // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key row0 + 8 i, column 128 cw + 8 j +
+  // 2 (lane % 4) + c ----
+  T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + key0) * p.dk_ss + kvh * p.dk_sh;
+  T* dvp = static_cast<T*>(p.dv) + b * p.dv_sb + (int64_t(k_row0) + key0) * p.dv_ss + kvh * p.dv_sh;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + 8 * i;
+    if (key0 + row >= sk) continue;
+#pragma unroll
+    for (int j = 0; j < L::kCols / 8; ++j) {
+      const int col = L::kCols * cw + 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dkp + row * p.dk_ss + col) =
+          pack2<T>(dk[4 * j + 2 * i] * f.scale, dk[4 * j + 2 * i + 1] * f.scale);
+      *reinterpret_cast<uint32_t*>(dvp + row * p.dv_ss + col) = pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+    }
+  }
+#else
+  (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)tm_dq, (void)p, (void)ws;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __trap();  // built for sm_90 without the "a" features: no wgmma; the launcher refuses this build
+#endif
+#endif
+}
+
+}  // namespace kernelforge
