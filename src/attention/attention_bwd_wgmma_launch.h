@@ -9,7 +9,7 @@
 
 namespace kernelforge {
 
-// Runs `plan` (kind kBwdWgmma, head dims 64/64 or 128/128): pass 1, the main kernel, pass 3.
+// Runs `plan` (kind kBwdWgmma, head dims 64/64, 128/128, 256/256 or 192/128): pass 1, the main kernel, pass 3.
 // `workspace`: at least bwd_workspace_bytes(plan, problem) bytes, 256-byte aligned.
 template <typename T>
 Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,

@@ -1,5 +1,5 @@
 // The backward planner (see attention_plan.h): the wgmma kernels where they run (sm_90, head dims
-// 64/64, 128/128 or 256/256, TMA-compatible tensors), otherwise the mma kernel's tile from its compiled tiles
+// 64/64, 128/128, 256/256 or 192/128, TMA-compatible tensors), otherwise the mma kernel's tile from its compiled tiles
 // (kAttnBwdTiles, attention_bwd_mma_config.h) by head dims, the device's shared memory and how many
 // blocks the call has; the workspace from attention_bwd_workspace.h.
 #include <cstdint>
@@ -70,14 +70,15 @@ AttentionPlan bwd_plan(const AttnBwdTile& t) {
 
 // The wgmma kernels: kernels/attention_bwd_wgmma.cuh, 64 (d128) or 128 (d64) query rows x 128 keys,
 // 3 warpgroups, 2 Q / dO stages, head dims 64/64 and 128/128; kernels/attention_bwd_wgmma_cols.cuh,
-// 64 query rows x 64 keys, 3 warpgroups, 2 Q stages, head dims 256/256 (dK and dV split by columns
-// between the consumers: 64 keys x 256 columns of both do not fit one warpgroup's registers). At
+// 64 query rows x 64 keys, 3 warpgroups, 2 Q stages, head dims 256/256 and 192/128 (dK, dV and dQ
+// split by columns between the consumers: 64 keys x all columns of dK and dV do not fit one
+// warpgroup's registers next to S, dP and dQ). At
 // d64 the 128-row step halves the dQ reduce-add bytes per FLOP and doubles the N of the S and dP
 // products (registers allow it there: dK and dV take half of what they take at d128). d64 with a
 // softcap takes 64 rows (the d128 step's shape): at 128 its consumers spill. Must equal the kernels'
 // kBwdWgmmaBlockM<D, softcap> and kBwdColsBlockM, kBwdWgmmaBlockN and kBwdColsBlockN.
 constexpr int wgmma_block_m(int head_dim, bool softcap) { return head_dim == 64 && !softcap ? 128 : 64; }
-constexpr int wgmma_block_n(int head_dim) { return head_dim == 256 ? 64 : 128; }
+constexpr int wgmma_block_n(int head_dim_qk) { return head_dim_qk >= 192 ? 64 : 128; }
 constexpr int kWgmmaBlockN = 128;  // the paired schedule's key tile (head dims 64 and 128)
 constexpr int kWgmmaWarps = 12;
 constexpr int kWgmmaStages = 2;
@@ -87,8 +88,10 @@ std::string wgmma_unsupported(const AttentionProblem& pr, const DeviceInfo& dev)
   if (dev.capability != 90) return "needs an sm_90 device";
   if (pr.elem_bytes != 2) return "needs float16 or bfloat16";
   if (!pr.tma_ok) return "needs 16-byte aligned tensors and strides (TMA)";
-  if (pr.head_dim_qk != pr.head_dim_v || (pr.head_dim_qk != 64 && pr.head_dim_qk != 128 && pr.head_dim_qk != 256))
-    return "has head dims 64/64, 128/128 and 256/256 only";
+  const bool dims =
+      (pr.head_dim_qk == pr.head_dim_v && (pr.head_dim_qk == 64 || pr.head_dim_qk == 128 || pr.head_dim_qk == 256)) ||
+      (pr.head_dim_qk == 192 && pr.head_dim_v == 128);
+  if (!dims) return "has head dims 64/64, 128/128, 256/256 and 192/128 only";
   if (pr.seqlen_q > (int64_t(1) << 30) || pr.seqlen_k > (int64_t(1) << 30) || pr.total_q > (int64_t(1) << 30) ||
       pr.total_k > (int64_t(1) << 30))
     return "needs fewer than 2^30 rows";
@@ -101,7 +104,7 @@ AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr, AttentionOrder order = 
   AttentionPlan p;
   p.kind = AttentionKernel::kBwdWgmma;
   p.head_dim_qk = pr.head_dim_qk;
-  p.head_dim_v = pr.head_dim_qk;
+  p.head_dim_v = pr.head_dim_v;
   p.block_m = wgmma_block_m(pr.head_dim_qk, pr.softcap);
   p.block_n = wgmma_block_n(pr.head_dim_qk);
   p.warps = kWgmmaWarps;
@@ -170,7 +173,7 @@ int64_t grid_makespan(const std::vector<int64_t>& cost, int64_t copies, int sms)
 // model takes every sequence at the mean lengths (the planner does not read cu_seqlens).
 bool paired_preferred(const AttentionProblem& pr, const DeviceInfo& dev) {
   if (!pr.causal || pr.window || pr.deterministic || pr.batch <= 0 || pr.heads_kv <= 0 || dev.sm_count <= 0 ||
-      pr.head_dim_qk == 256)
+      pr.head_dim_qk > 128)
     return false;
   const int64_t sq = pr.varlen ? pr.total_q / pr.batch : pr.seqlen_q;
   const int64_t sk = pr.varlen ? pr.total_k / pr.batch : pr.seqlen_k;
@@ -246,8 +249,10 @@ Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& pr, con
       return Status::Invalid(what + "the wgmma backward kernel takes order=row or order=paired");
     if (!same_plan(plan, bwd_wgmma_plan(pr, plan.order)))
       return Status::Invalid(what + "not the wgmma backward configuration (" + to_string(bwd_wgmma_plan(pr)) + ")");
-    if (plan.order == AttentionOrder::kPaired && pr.head_dim_qk == 256)
-      return Status::Invalid(what + "order=paired is for head dims 64 and 128 (the d256 kernel takes order=row)");
+    if (plan.order == AttentionOrder::kPaired && pr.head_dim_qk > 128)
+      return Status::Invalid(what +
+                             "order=paired is for head dims 64 and 128 (the 256/256 and 192/128 kernel takes "
+                             "order=row)");
     if (plan.order == AttentionOrder::kPaired && pr.deterministic)
       return Status::Invalid(what +
                              "order=paired is not for the deterministic mode (its additions to dQ follow one key "

@@ -168,6 +168,9 @@ const std::vector<BwdCase>& cases() {
       bshd("d256_window_q200_k333", 1, 200, 333, 2, 1, 256).window(50, 20),
       varlen("d256_varlen_ragged_causal", {1, 200, 0, 129}, {130, 129, 5, 129}, 4, 2, 256).with_causal(),
       bshd("d256_softcap_gqa2_q130_k200", 2, 130, 200, 4, 2, 256).cap(5.0f),
+      // 192/128 (the same kernel, dK / dQ tiles split two and one): several tiles, every feature.
+      bshd("d192_128_causal_gqa2_q300_sinks", 1, 300, 300, 4, 2, 192, 128).with_causal().sink(),
+      varlen("d192_128_varlen_softcap", {130, 1, 77}, {200, 65, 77}, 4, 2, 192, 128).cap(5.0f),
       bshd("sk0_sinks", 2, 5, 0, 4, 2, 128).sink(),  // dq = 0, dsinks = 0
       bshd("sq0_d128", 1, 0, 130, 2, 1, 128),        // no query: dk = dv = 0
       bshd("sq0_sinks", 1, 0, 7, 2, 1, 64).sink(),   // no query: dk = dv = 0, dsinks = 0
@@ -449,12 +452,12 @@ void AttentionBwdGpu::run_case(const BwdCase& c) {
   const bool empty = Tq == 0 || c.Hq == 0;
   EXPECT_EQ(plans.empty(), empty) << plans.size() << " candidate plans";
   // Wherever the wgmma kernel of head dims 64 and 128 runs the call, its paired schedule is a
-  // candidate too (the default mode is not deterministic), so the loop below checks it; the d256
-  // kernel does not pair.
+  // candidate too (the default mode is not deterministic), so the loop below checks it; the
+  // 256/256 and 192/128 kernel does not pair.
   {
     bool wgmma = false, paired = false;
     for (const AttentionPlan& pl : plans) {
-      wgmma = wgmma || (pl.kind == kf::AttentionKernel::kBwdWgmma && pl.head_dim_qk != 256);
+      wgmma = wgmma || (pl.kind == kf::AttentionKernel::kBwdWgmma && pl.head_dim_qk <= 128);
       paired = paired || pl.order == kf::AttentionOrder::kPaired;
     }
     EXPECT_EQ(paired, wgmma) << "a wgmma plan without its paired candidate, or the reverse";

@@ -109,6 +109,8 @@ std::vector<Expect> expectations() {
       {"h100 d128 unaligned", problem(2, 16, 16, 2048, 2048, 128, 128, false), &kH100,
        "attn_bwd_mma d=128/128 tile=64x128 warps=8 stages=2 order=row"},
       {"h100 d192/128", problem(2, 16, 16, 2048, 2048, 192, 128), &kH100,
+       "attn_bwd_wgmma d=192/128 tile=64x64 warps=12 stages=2 order=row"},
+      {"h100 d192/128 unaligned", problem(2, 16, 16, 2048, 2048, 192, 128, false), &kH100,
        "attn_bwd_mma d=192/128 tile=32x64 warps=8 stages=2 order=row"},
       {"h100 d256", problem(2, 16, 16, 2048, 2048, 256, 256), &kH100,
        "attn_bwd_wgmma d=256/256 tile=64x64 warps=12 stages=2 order=row"},
@@ -169,8 +171,8 @@ TEST(AttentionBwdPlan, CandidatesPassCheckPlan) {
 
 TEST(AttentionBwdPlan, CandidateTilesPerDevice) {
   // Every built tile of the head dims that fits: H100 all (and the wgmma kernels: at d64, d128 with
-  // both orders, row and paired; at d256 order=row); 99 KB devices only the small ones.
-  const int dims[][3] = {{64, 64, 4}, {96, 96, 1}, {128, 128, 5}, {192, 128, 1}, {256, 256, 3}};
+  // both orders, row and paired; at 256/256 and 192/128 order=row); 99 KB devices only the small ones.
+  const int dims[][3] = {{64, 64, 4}, {96, 96, 1}, {128, 128, 5}, {192, 128, 2}, {256, 256, 3}};
   for (const auto& d : dims) {
     SCOPED_TRACE(d[0]);
     const AttentionProblem pr = problem(2, 16, 16, 4096, 4096, d[0], d[1]);
@@ -259,7 +261,9 @@ TEST(AttentionBwdPlan, WgmmaPlansRejected) {
   };
   rejects(w, pr, kA100, kf::StatusCode::kNotSupported, "sm_90");
   rejects(w, problem(2, 16, 16, 1024, 1024, 128, 128, false), kH100, kf::StatusCode::kNotSupported, "16-byte");
-  rejects(w, problem(2, 16, 16, 1024, 1024, 192, 128), kH100, kf::StatusCode::kNotSupported, "128/128");
+  rejects(w, problem(2, 16, 16, 1024, 1024, 192, 128), kH100, kf::StatusCode::kInvalidArgument,
+          "wgmma backward configuration");  // a d128 plan for a 192/128 call
+  rejects(w, problem(2, 16, 16, 1024, 1024, 96, 96), kH100, kf::StatusCode::kNotSupported, "192/128 only");
   rejects(w, problem(2, 16, 16, 1024, 1024, 256, 256), kH100, kf::StatusCode::kInvalidArgument,
           "wgmma backward configuration");  // a d128 plan for a d256 call
   // d256: the column-split kernel's 64 x 64 tile, order=row only.
@@ -269,6 +273,13 @@ TEST(AttentionBwdPlan, WgmmaPlansRejected) {
   rejects(w256, pr, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
   w256.order = AttentionOrder::kPaired;
   rejects(w256, d256, kH100, kf::StatusCode::kInvalidArgument, "head dims 64 and 128");
+  const AttentionProblem d192 = with_causal(problem(2, 16, 16, 2048, 2048, 192, 128));
+  AttentionPlan w192 = kf::plan_attention_bwd(d192, kH100);
+  EXPECT_EQ(kf::to_string(w192), "attn_bwd_wgmma d=192/128 tile=64x64 warps=12 stages=2 order=row");
+  EXPECT_TRUE(kf::check_bwd_plan(w192, d192, kH100).ok());
+  rejects(w192, d256, kH100, kf::StatusCode::kInvalidArgument, "wgmma backward configuration");
+  w192.order = AttentionOrder::kPaired;
+  rejects(w192, d192, kH100, kf::StatusCode::kInvalidArgument, "head dims 64 and 128");
   rejects(w, problem(2, 16, 16, 1024, 1024, 64, 64), kH100, kf::StatusCode::kInvalidArgument,
           "wgmma backward configuration");  // a d128 plan for a d64 call
   AttentionPlan p = w;

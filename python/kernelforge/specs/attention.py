@@ -230,7 +230,7 @@ def _peer_applies(provider: str, shape: AttnShape) -> bool:
 
 
 # 16 K tokens per batch (batch = 16384 / seqlen) at 512 .. 16384; heads 16 (d128), 32 (d64), 8 (d256);
-# causal and not; GQA 32/8 d128; one varlen case (the anchors' rows are the d64 / d128 ones at
+# causal and not; GQA 32/8 d128; q/k 192 with v 128 (MLA prefill); one varlen case (the anchors' rows are the d64 / d128 ones at
 # 1024, 4096, 16384).
 def _bench_shapes():
     shapes = []
@@ -242,6 +242,7 @@ def _bench_shapes():
     for causal in (False, True):
         shapes.append(AttnShape(4, 32, 8, 4096, 4096, 128, 128, causal))
         shapes.append(AttnShape(8, 16, 16, 4096, 4096, 128, 128, causal, varlen=True))
+        shapes.append(AttnShape(4, 16, 16, 4096, 4096, 192, 128, causal))  # MLA prefill (DeepSeek-V2 heads)
     return tuple(shapes)
 
 

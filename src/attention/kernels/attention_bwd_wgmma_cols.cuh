@@ -1,22 +1,24 @@
-// Attention backward, pass 2 of 3 on Hopper (sm_90a) for head dim 256: wgmma tensor cores, TMA loads,
-// warp specialization, with dK and dV split by columns between the two consumer warpgroups.
-// Formula: include/kernelforge/attention.h. Pass 1 (attention_bwd_preprocess.cuh) has stored D =
-// rowsum(dout * out) and lse2 = lse * log2(e) and zeroed the float32 dQ accumulator; pass 3
+// Attention backward, pass 2 of 3 on Hopper (sm_90a) for head dims 256/256 and 192/128: wgmma tensor
+// cores, TMA loads, warp specialization, with dK, dV and dQ split by columns between the two consumer
+// warpgroups. Formula: include/kernelforge/attention.h. Pass 1 (attention_bwd_preprocess.cuh) has
+// stored D = rowsum(dout * out) and lse2 = lse * log2(e) and zeroed the float32 dQ accumulator; pass 3
 // (attention_bwd_dq_convert.cuh) rounds it into dq.
 //
-// Why a second kernel: attention_bwd_wgmma.cuh gives each consumer 64 keys and all kD columns of dK
-// and dV, 2 x kD / 2 registers per thread: 256 of 240 at d256. Here one CTA takes 64 keys (a key
-// tile, kv head, batch) and consumer c owns columns 128 c .. 128 c + 127 of dK and dV for all 64
-// keys (64 + 64 registers). S and dP are split by keys (consumer c: keys 32 c ..) and P and dS go
-// through shared memory, where both consumers read the whole 64 x 64 tiles as wgmma operands
-// (FlashAttention-3's sm90 d256 backward splits the same way). The CTA walks the query heads of its
-// group and the 64-row query tiles that see its keys ([m_begin, m_end), attention_bwd_common.cuh).
+// Why a second kernel: attention_bwd_wgmma.cuh gives each consumer 64 keys and all columns of dK and
+// dV, (Dqk + Dv) / 2 registers per thread: 256 of 240 at d256, 160 at 192/128 next to S, dP and dQ.
+// Here one CTA takes 64 keys (a key tile, kv head, batch) and each consumer owns some 64-column
+// tiles of dK, dV and dQ for all 64 keys (BwdColsSplit: 256/256 two each; 192/128 one dV tile each,
+// dK two and one, dQ one and two, so both do the same work). S and dP are split by keys (consumer c:
+// keys 32 c ..) and P and dS go through shared memory, where both consumers read the whole 64 x 64
+// tiles as wgmma operands (FlashAttention-3's sm90 d256 backward splits the same way). The CTA walks
+// the query heads of its group and the 64-row query tiles that see its keys ([m_begin, m_end),
+// attention_bwd_common.cuh).
 //
 // 384 threads in three warpgroups:
 //   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step a Q tile
 //     into a 2-stage ring with its lse2 and D values (plain loads, +inf / 0 past the sequence end),
 //     and a dO tile into a single buffer; lane 0 of warp 1, the dQ writer, adds the consumers' staged
-//     dQ chunks to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
+//     dQ tiles to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
 //     key-tile order, semaphores per (b, h, query tile), as attention_bwd_wgmma.cuh); the other warps
 //     leave.
 //   warpgroups 1 and 2, the consumers (240 registers). Per query tile, consumer c:
@@ -24,16 +26,19 @@
 //     P = 2^(S scale log2 e - lse2)        (softcap: s = cap tanh(u / cap), recomputed as the forward)
 //     dS = P (dP - D)                      (softcap: times 1 - tanh^2)
 //     P, dS -> shared memory (64 queries x 64 keys each, both consumers' halves)
-//     dV_c += P^T dO_c, dK_c += dS^T Q_c   (wgmma m64n128, A = P^T / dS^T MN-major, B MN-major)
-//     dQ_c = dS K_c                        (wgmma m64n128, A = dS K-major, B = K MN-major), staged in
-//                                          two 64-column chunks for the dQ writer
-//   where X_c is columns 128 c .. of X (dO, Q, K, dK, dV, dQ) and K_c, V_c in S and dP are keys 32 c ..
-// FLOPs per visible (query, key) pair: 2 D each for S, dP, dV, dK, dQ (2.5x the forward's 4 D).
-// Registers per consumer thread: dV 64, dK 64, S and dP 16 each, dQ 64 (S and dP are dead by then).
-// Shared memory: K, V 2 x 32 KB, Q 2 stages x 32 KB, dO 32 KB, P and dS 2 x 8 KB, dQ staging 2 x 16 KB
-// (one 64 x 64 float chunk per consumer), lse2 / D 2 stages x 512 B: 210 KB. A second dO stage
-// would need 32 KB more than the 227 KB a CTA may have. Every tile is 64 columns wide (128-byte rows,
-// the TMA 128-byte swizzle) and 1024-byte aligned; see sm90_wgmma.cuh for the operand layouts.
+//     dV_c += P^T dO_c, dK_c += dS^T Q_c   (wgmma m64n64 / m64n128, A = P^T / dS^T MN-major, B MN-major)
+//     dQ_c = dS K_c                        (wgmma m64n64 / m64n128, A = dS K-major, B = K MN-major),
+//                                          staged one 64-column tile at a time for the dQ writer
+//   where X_c is consumer c's column tiles of X (dO, Q, K, dK, dV, dQ) and K_c, V_c in S and dP are
+//   keys 32 c ..
+// FLOPs per visible (query, key) pair: 2 Dqk each for S, dK, dQ and 2 Dv each for dP, dV.
+// Registers per consumer thread: 32 per 64-column tile of dV, dK and dQ it owns (d256: 64 + 64 + 64;
+// 192/128: 32 + 64 + 32 or 32 + 32 + 64), S and dP 16 each (dead when dQ is computed).
+// Shared memory: K, V, 2 Q stages, one dO buffer (64 rows each), P and dS 2 x 8 KB, dQ staging 2 x
+// 16 KB (one 64 x 64 float tile per consumer), lse2 / D 2 stages x 512 B: 210 KB at d256, 154 KB at
+// 192/128. At d256 a second dO stage would need 32 KB more than the 227 KB a CTA may have. Every
+// tile is 64 columns wide (128-byte rows, the TMA 128-byte swizzle) and 1024-byte aligned; see
+// sm90_wgmma.cuh for the operand layouts.
 // dK (times scale) and dV are written once at the end, in T; key rows past Sk are skipped; a key tile
 // that no query sees writes zeros.
 #pragma once
@@ -61,29 +66,45 @@ constexpr int kBwdColsThreads = 384;
 constexpr int kBwdColsProducerRegs = 24;
 constexpr int kBwdColsConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536 registers
 
-// Shared-memory map (byte offsets from a 1024-aligned base) for head dim kD (Dqk = Dv).
-template <int kD>
+// Which 64-column tiles of dV, dK and dQ consumer c owns: [first, first + count). The counts of dK and
+// dQ cross over at 192/128 so that both consumers multiply the same number of columns per step.
+template <int kDqk, int kDv>
+struct BwdColsSplit {
+  static_assert((kDqk == 256 && kDv == 256) || (kDqk == 192 && kDv == 128), "head dims 256/256 and 192/128");
+  static constexpr int kQkTiles = kDqk / 64, kVTiles = kDv / 64;
+  static constexpr int v_first(int c) { return c * (kVTiles / 2); }
+  static constexpr int v_count(int) { return kVTiles / 2; }
+  static constexpr bool kOdd = kQkTiles % 2 == 1;
+  static constexpr int k_first(int c) { return c == 0 ? 0 : (kQkTiles + 1) / 2; }
+  static constexpr int k_count(int c) { return c == 0 ? (kQkTiles + 1) / 2 : kQkTiles / 2; }
+  static constexpr int q_first(int c) { return kOdd ? (c == 0 ? (kQkTiles + 1) / 2 : 0) : k_first(c); }
+  static constexpr int q_count(int c) { return kOdd ? (c == 0 ? kQkTiles / 2 : (kQkTiles + 1) / 2) : k_count(c); }
+  // dQ tiles staged per step: rounds of one tile per consumer (a consumer with fewer skips its last).
+  static constexpr int kDqRounds = (kQkTiles + 1) / 2;
+};
+
+// Shared-memory map (byte offsets from a 1024-aligned base) for head dims kDqk / kDv.
+template <int kDqk, int kDv>
 struct BwdColsSmem {
   static constexpr int kBM = kBwdColsBlockM, kBN = kBwdColsBlockN;
-  static constexpr int kCols = kD / 2;           // dK / dV / dQ columns per consumer
-  static constexpr int kKBytes = kBN * kD * 2;   // K tile; V the same
-  static constexpr int kQBytes = kBM * kD * 2;   // one Q stage; the dO buffer the same
-  static constexpr int kPBytes = kBM * kBN * 2;  // P (64 queries x 64 keys); dS the same
-  static constexpr int kDqBytes = kBM * 64 * 4;  // one consumer's 64-column float dQ chunk
+  static constexpr int kKBytes = kBN * kDqk * 2;  // K tile
+  static constexpr int kVBytes = kBN * kDv * 2;   // V tile
+  static constexpr int kQBytes = kBM * kDqk * 2;  // one Q stage
+  static constexpr int kDoBytes = kBM * kDv * 2;  // the dO buffer
+  static constexpr int kPBytes = kBM * kBN * 2;   // P (64 queries x 64 keys); dS the same
+  static constexpr int kDqBytes = kBM * 64 * 4;   // one consumer's 64-column float dQ tile
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKBytes;
-  static constexpr int kQ = kV + kKBytes;  // stage s at kQ + s * kQBytes
+  static constexpr int kQ = kV + kVBytes;  // stage s at kQ + s * kQBytes
   static constexpr int kDo = kQ + kBwdColsQStages * kQBytes;
-  static constexpr int kP = kDo + kQBytes;
+  static constexpr int kP = kDo + kDoBytes;
   static constexpr int kDs = kP + kPBytes;
   static constexpr int kDq = kDs + kPBytes;         // consumer c at kDq + c * kDqBytes
   static constexpr int kRows = kDq + 2 * kDqBytes;  // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdColsQStages * 2 * kBM * 4;
-  static constexpr int kNumBars =
-      1 + 2 * kBwdColsQStages + 4;  // kv_full, q_full[s], q_empty[s], do_full, do_empty, dq_full, dq_empty
-  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;  // + slack to align the base
-  static_assert(kD == 256, "the column-split kernel is built for head dim 256");
-  static_assert(kCols == 128, "m64n128 products per consumer");
+  static constexpr int kNumBars = 1 + 2 * kBwdColsQStages + 4;  // kv_full, q_full[s], q_empty[s], do_full,
+                                                                // do_empty, dq_full, dq_empty
+  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;    // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
@@ -132,39 +153,212 @@ __device__ __forceinline__ void bwd_cols_mask(float (&st)[16], float (&dpt)[16],
   }
 }
 
-// Grid (ceil(Sk / 64), Hkv, B); 384 threads; BwdColsSmem<kD>::kBytes of dynamic shared memory.
+// What the consumers share with the kernel: shared-memory addresses, barriers and the CTA's walk.
+struct BwdColsCta {
+  uint8_t* smem;
+  uint64_t *kv_full, *q_full, *q_empty, *do_full, *do_empty, *dq_full, *dq_empty;
+  const float* rows_lse2;
+  int n_iters, nm, m_begin, m_end, key0, sk, b, kvh, k_row0;
+  bool rev;
+  __device__ __forceinline__ int step_m(int it) const { return rev ? m_end - 1 - it % nm : m_begin + it % nm; }
+};
+
+// Consumer warpgroup kC (threads 128 (kC + 1) ..): the per-step products of the kernel's comment for
+// its keys 32 kC .. of S and dP and its column tiles of dV, dK, dQ (BwdColsSplit), then dK and dV.
+template <typename T, int kDqk, int kDv, bool kSoftcap, int kC>
+__device__ __forceinline__ void bwd_cols_consumer(const BwdColsCta& cta, const AttentionGradParams& p,
+                                                  const BwdVisibility& vis) {
+  using L = BwdColsSmem<kDqk, kDv>;
+  using Split = BwdColsSplit<kDqk, kDv>;
+  constexpr int kBM = L::kBM, kBN = L::kBN, kStages = kBwdColsQStages;
+  constexpr int kV0 = Split::v_first(kC), kNV = 64 * Split::v_count(kC);  // dV columns kV0 * 64 .., kNV of them
+  constexpr int kK0 = Split::k_first(kC), kNK = 64 * Split::k_count(kC);  // dK
+  constexpr int kQ0 = Split::q_first(kC), kNQ = 64 * Split::q_count(kC);  // dQ
+  constexpr float kLog2e = 1.4426950408889634f;
+  const AttentionParams& f = p.f;
+  uint8_t* smem = cta.smem;
+  const int tid = threadIdx.x - 128 * (kC + 1);
+  const int warp = tid / 32, lane = tid % 32;
+  const int row0 = 16 * warp + lane / 4;  // this thread's query rows of S, dP, dQ (+ 8) and key rows of dK, dV
+  // s2 = u * pre (no softcap: the logit in log2 units); with softcap th = tanh(u * pre), s2 = th * post.
+  const float pre = kSoftcap ? f.scale / f.softcap : f.scale * kLog2e;
+  const float post = kSoftcap ? f.softcap * kLog2e : 1.0f;
+
+  float dv[kNV / 2], dk[kNK / 2];
+#pragma unroll
+  for (int e = 0; e < kNV / 2; ++e) dv[e] = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kNK / 2; ++e) dk[e] = 0.0f;
+
+  const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
+  const uint32_t do_addr = smem_u32(smem + L::kDo);
+  const uint32_t p_addr = smem_u32(smem + L::kP), ds_addr = smem_u32(smem + L::kDs);
+
+  if (cta.n_iters > 0) mbar_wait(cta.kv_full, 0);
+  for (int it = 0; it < cta.n_iters; ++it) {
+    const int s = it % kStages;
+    const int m0 = cta.step_m(it) * kBM;
+    const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
+    mbar_wait(&cta.q_full[s], (it / kStages) & 1);
+
+    // ---- S = Q K_c^T (over Dqk), dP = dO V_c^T (over Dv): 64 queries x 32 keys each ----
+    float st[16], dpt[16];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kDqk / 16; ++kk) {
+      const uint64_t da = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+      const uint64_t db = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + kC * 32 * 128 + (kk % 4) * 32);
+      wgmma_ss<T, 32>(st, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    mbar_wait(cta.do_full, it & 1);
+    wgmma_fence();  // dP's accumulator registers, after the wait
+#pragma unroll
+    for (int kk = 0; kk < kDv / 16; ++kk) {
+      const uint64_t da = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
+      const uint64_t db = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + kC * 32 * 128 + (kk % 4) * 32);
+      wgmma_ss<T, 32>(dpt, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(st);
+    reg_fence(dpt);
+
+    // ---- P and dS in place, then the partial tile's masking ----
+    bwd_cols_softmax<kSoftcap>(st, dpt, cta.rows_lse2 + s * 2 * kBM, pre, post, row0);
+    if (!vis.tile_full(m0, kBM, cta.key0, kBN))
+      bwd_cols_mask(st, dpt, cta.key0 + 32 * kC + 2 * (lane % 4), m0 + row0, vis);
+
+    // ---- P, dS into shared memory: row = query, 64 keys of 128 bytes, 128-byte swizzle (16-byte
+    // chunk ch of row r at ch ^ (r % 8), r % 8 = lane / 4); key 32 kC + 8 j + 2 (lane % 4) is in chunk
+    // 4 kC + j. Both consumers' products of the previous step have read the tiles (barrier 1). ----
+    named_sync(1, 256);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int byte = (row0 + 8 * i) * 128 + (((4 * kC + j) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+        *reinterpret_cast<uint32_t*>(smem + L::kP + byte) = pack2<T>(st[4 * j + 2 * i], st[4 * j + 2 * i + 1]);
+        *reinterpret_cast<uint32_t*>(smem + L::kDs + byte) = pack2<T>(dpt[4 * j + 2 * i], dpt[4 * j + 2 * i + 1]);
+      }
+    fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
+    named_sync(2, 256);   // both halves of the 64 keys are in P and dS
+
+    // ---- dV_c += P^T dO_c, dK_c += dS^T Q_c (A: 64 keys x 16 queries, MN-major; B: 16 queries x kN
+    // columns, MN-major, 64-column tiles kBM rows long), dQ_c = dS K_c (A: 64 queries x 16 keys,
+    // K-major; B: 16 keys x kNQ columns, MN-major) ----
+    float dq[kNQ / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_ss<T, kNV, 1, 1>(dv, gmma_desc_mn(p_addr + kk * 16 * 128, kBM * 128),
+                             gmma_desc_mn(do_addr + kV0 * (kBM * 128) + kk * 16 * 128, kBM * 128), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_ss<T, kNK, 1, 1>(dk, gmma_desc_mn(ds_addr + kk * 16 * 128, kBM * 128),
+                             gmma_desc_mn(q_addr + kK0 * (kBM * 128) + kk * 16 * 128, kBM * 128), 1);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_ss<T, kNQ, 0, 1>(dq, gmma_desc_k(ds_addr + kk * 32),
+                             gmma_desc_mn(k_addr + kQ0 * (kBN * 128) + kk * 16 * 128, kBN * 128), kk > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<2>();  // dV done: this warpgroup no longer reads dO
+    mbar_arrive(cta.do_empty);
+    wgmma_wait<1>();  // dK done: Q of stage s (and its lse2 / D rows) no longer read
+    mbar_arrive(&cta.q_empty[s]);
+    wgmma_wait<0>();  // dQ done: P and dS no longer read by this warpgroup
+    reg_fence(dv);
+    reg_fence(dk);
+    reg_fence(dq);
+
+    // ---- dQ_c one 64-column tile per round through this consumer's staging tile (boxes of 32
+    // columns x 64 rows, 128-byte swizzle; conflict-free float2 stores), added to the float32
+    // accumulator by the writer thread with TMA reduce-adds; a consumer with fewer tiles than rounds
+    // arrives without staging in its last. Element 4 j + 2 i + c is query row0 + 8 i, column 8 j +
+    // 2 (lane % 4) + c of this consumer's kNQ. Rows past the sequence end hold zeros (P = 0 there). ----
+    uint8_t* stage_dq = smem + L::kDq + kC * L::kDqBytes;
+#pragma unroll
+    for (int round = 0; round < Split::kDqRounds; ++round) {
+      mbar_wait(cta.dq_empty,
+                ((it * Split::kDqRounds + round) & 1) ^ 1);  // the previous round's additions read the tiles
+      if (round < kNQ / 64) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int j = 8 * round + jj, row = row0 + 8 * i;
+            const int ch = (8 * jj % 32) / 4 + (lane % 4) / 2;
+            const int byte = (8 * jj / 32) * (kBM * 128) + row * 128 + ((ch ^ (lane / 4)) * 16) + (lane % 2) * 8;
+            *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+          }
+        fence_proxy_async();  // the staging stores before the TMA unit reads them
+      }
+      named_sync(3 + kC, 128);
+      if (tid == 0) mbar_arrive(cta.dq_full);
+    }
+  }
+
+  // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key row0 + 8 i, column 64 kK0 (kV0) +
+  // 8 j + 2 (lane % 4) + c ----
+  T* dkp = static_cast<T*>(p.dk) + cta.b * p.dk_sb + (int64_t(cta.k_row0) + cta.key0) * p.dk_ss + cta.kvh * p.dk_sh;
+  T* dvp = static_cast<T*>(p.dv) + cta.b * p.dv_sb + (int64_t(cta.k_row0) + cta.key0) * p.dv_ss + cta.kvh * p.dv_sh;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + 8 * i;
+    if (cta.key0 + row >= cta.sk) continue;
+#pragma unroll
+    for (int j = 0; j < kNK / 8; ++j) {
+      const int col = 64 * kK0 + 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dkp + row * p.dk_ss + col) =
+          pack2<T>(dk[4 * j + 2 * i] * f.scale, dk[4 * j + 2 * i + 1] * f.scale);
+    }
+#pragma unroll
+    for (int j = 0; j < kNV / 8; ++j) {
+      const int col = 64 * kV0 + 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dvp + row * p.dv_ss + col) = pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+    }
+  }
+}
+
+// Grid (ceil(Sk / 64), Hkv, B); 384 threads; BwdColsSmem<kDqk, kDv>::kBytes of dynamic shared memory.
 // tm_q / tm_do / tm_k / tm_v: 4-D maps (column, row, head, batch) with 64 x 64 boxes, 128-byte
 // swizzle (varlen: batch extent 1, rows = all tokens, a sequence's rows from cu_seqlens). tm_dq: the
 // float32 dQ accumulator (column, row over the batch, head), 32 x 64 boxes, 128-byte swizzle.
-template <typename T, int kD, bool kSoftcap>
+template <typename T, int kDqk, int kDv, bool kSoftcap>
 __global__ void __launch_bounds__(kBwdColsThreads, 1)
     attention_bwd_wgmma_cols(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                              const __grid_constant__ CUtensorMap tm_dq, const AttentionGradParams p,
                              const AttnBwdWs ws) {
 #if KF_SM90A
-  using L = BwdColsSmem<kD>;
+  using L = BwdColsSmem<kDqk, kDv>;
+  using Split = BwdColsSplit<kDqk, kDv>;
   constexpr int kBM = L::kBM, kBN = L::kBN, kStages = kBwdColsQStages;
-  constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint64_t* kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
-  uint64_t* q_full = kv_full + 1;
-  uint64_t* q_empty = q_full + kStages;
-  uint64_t* do_full = q_empty + kStages;
-  uint64_t* do_empty = do_full + 1;
-  uint64_t* dq_full = do_empty + 1;                              // both consumers' dQ chunks staged
-  uint64_t* dq_empty = dq_full + 1;                              // the writer's reduce-adds have read them
+  BwdColsCta cta;
+  cta.smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = cta.smem;
+  cta.kv_full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  cta.q_full = cta.kv_full + 1;
+  cta.q_empty = cta.q_full + kStages;
+  cta.do_full = cta.q_empty + kStages;
+  cta.do_empty = cta.do_full + 1;
+  cta.dq_full = cta.do_empty + 1;                                // both consumers' dQ tiles of a round staged
+  cta.dq_empty = cta.dq_full + 1;                                // the writer's reduce-adds have read them
   float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
+  cta.rows_lse2 = rows_lse2;
 
   pdl_wait();  // every global access follows the previous kernel (pass 1)
 
   const AttentionParams& f = p.f;
   // Deterministic mode: key tiles in decreasing order (the last one has the lowest linear index) and
   // each walks its query tiles downwards; see the dQ writer below.
-  const bool rev = p.deterministic;
-  const int n_tile = rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), kvh = blockIdx.y, b = blockIdx.z;
+  cta.rev = p.deterministic;
+  const int n_tile = cta.rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int kvh = blockIdx.y, b = blockIdx.z;
   int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
   if (f.varlen) {
     q_row0 = f.cu_seqlens_q[b];
@@ -177,246 +371,119 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
   if (key0 >= sk) return;  // varlen: a key tile past this sequence's end (the whole CTA leaves)
   const int64_t qbase = f.varlen ? int64_t(q_row0) : int64_t(b) * f.seqlen_q;  // workspace row numbering
   const BwdVisibility vis(f, sq, sk);
-  int m_begin = 0, m_end = 0;
-  vis.query_tiles(key0, kBN, kBM, &m_begin, &m_end);
-  const int nm = m_end - m_begin;
-  const int n_iters = nm * f.group;  // (query head, query tile) steps, head-major
-  auto step_m = [&](int it) { return rev ? m_end - 1 - it % nm : m_begin + it % nm; };
+  vis.query_tiles(key0, kBN, kBM, &cta.m_begin, &cta.m_end);
+  cta.nm = cta.m_end - cta.m_begin;
+  cta.n_iters = cta.nm * f.group;  // (query head, query tile) steps, head-major
+  cta.key0 = key0, cta.sk = sk, cta.b = b, cta.kvh = kvh, cta.k_row0 = k_row0;
+  const int n_iters = cta.n_iters, nm = cta.nm;
 
   if (threadIdx.x == 0) {
-    mbar_init_count(kv_full, 1);
+    mbar_init_count(cta.kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init_count(&q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
-      mbar_init_count(&q_empty[s], 256);    // every consumer thread (each has read the lse2 / D rows)
+      mbar_init_count(&cta.q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
+      mbar_init_count(&cta.q_empty[s], 256);    // every consumer thread (each has read the lse2 / D rows)
     }
-    mbar_init_count(do_full, 1);
-    mbar_init_count(do_empty, 256);
-    mbar_init_count(dq_full, 2);   // thread 0 of each consumer warpgroup
-    mbar_init_count(dq_empty, 1);  // the writer
+    mbar_init_count(cta.do_full, 1);
+    mbar_init_count(cta.do_empty, 256);
+    mbar_init_count(cta.dq_full, 2);   // thread 0 of each consumer warpgroup
+    mbar_init_count(cta.dq_empty, 1);  // the writer
     mbar_init_fence();
   }
   __syncthreads();
 
   const int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    // ---- producer ----
-    setmaxnreg_dec<kBwdColsProducerRegs>();
-    if (threadIdx.x < 32 && n_iters > 0) {
-      const int lane = threadIdx.x;
-      if (lane == 0) {
-        tma_prefetch_desc(&tm_q);
-        tma_prefetch_desc(&tm_do);
-        mbar_expect(kv_full, 2 * L::kKBytes);
-#pragma unroll
-        for (int c = 0; c < kD / 64; ++c) {
-          tma_load_4d(smem + L::kK + c * kBN * 128, &tm_k, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
-          tma_load_4d(smem + L::kV + c * kBN * 128, &tm_v, kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
-        }
-      }
-      for (int it = 0; it < n_iters; ++it) {
-        const int s = it % kStages;
-        const int h = kvh * f.group + it / nm;
-        const int m0 = step_m(it) * kBM, row = q_row0 + m0;
-        mbar_wait(&q_empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-        if (lane == 0) {
-          mbar_expect(&q_full[s], L::kQBytes);
-#pragma unroll
-          for (int c = 0; c < kD / 64; ++c)
-            tma_load_4d(smem + L::kQ + s * L::kQBytes + c * kBM * 128, &tm_q, &q_full[s], c * 64, row, h, batch_coord);
-        }
-        float* rows = rows_lse2 + s * 2 * kBM;
-        const int64_t src = int64_t(h) * f.total_q + qbase + m0;
-#pragma unroll
-        for (int r = lane; r < kBM; r += 32) {
-          const bool ok = m0 + r < sq;
-          rows[r] = ok ? ws.lse2[src + r] : INFINITY;  // P = 0 on rows past the sequence end
-          rows[kBM + r] = ok ? ws.dsum[src + r] : 0.0f;
-        }
-        mbar_arrive(&q_full[s]);  // release: the stores above are seen by the consumers' wait
-        // dO: one buffer, free once both consumers' dV product of the previous step is done.
-        mbar_wait(do_empty, (it & 1) ^ 1);
-        if (lane == 0) {
-          mbar_expect(do_full, L::kQBytes);
-#pragma unroll
-          for (int c = 0; c < kD / 64; ++c)
-            tma_load_4d(smem + L::kDo + c * kBM * 128, &tm_do, do_full, c * 64, row, h, batch_coord);
-        }
-      }
-    } else if (threadIdx.x == 32 && n_iters > 0) {
-      // ---- the dQ writer (one thread): per step two chunks of 64 columns per consumer; per chunk,
-      // after both consumers have staged theirs, one TMA reduce-add per 32-column box; the staging
-      // tiles are released as soon as the TMA unit has read them. Deterministic mode: as in
-      // attention_bwd_wgmma.cuh (query tile m receives its additions in decreasing key-tile order;
-      // a CTA waits only for CTAs of lower linear index).
-      for (int it = 0; it < n_iters; ++it) {
-        const int h = kvh * f.group + it / nm;
-        const int m = step_m(it);
-        int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
-#pragma unroll 1
-        for (int chunk = 0; chunk < 2; ++chunk) {
-          mbar_wait(dq_full, chunk);  // 2 arrivals per step: phase 2 it + chunk, parity chunk
-          if (p.deterministic && chunk == 0) {
-            const int last = (vis.keys_hi(m, kBM) - 1) / kBN;  // key tiles above this one that visit m
-            while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
-          }
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-#pragma unroll
-            for (int box = 0; box < 2; ++box)
-              tma_reduce_add_3d(&tm_dq, smem + L::kDq + c * L::kDqBytes + box * kBM * 128,
-                                L::kCols * c + 64 * chunk + 32 * box, int(qbase + m * kBM), h);
-          bulk_commit();
-          bulk_wait_read<0>();
-          mbar_arrive(dq_empty);
-        }
-        if (p.deterministic) {
-          bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
-          __threadfence();
-          atomicAdd(sem, 1);
-        }
-      }
-      bulk_wait<0>();
-    }
+  if (wg == 1) {
+    setmaxnreg_inc<kBwdColsConsumerRegs>();
+    bwd_cols_consumer<T, kDqk, kDv, kSoftcap, 0>(cta, p, vis);
+    return;
+  }
+  if (wg == 2) {
+    setmaxnreg_inc<kBwdColsConsumerRegs>();
+    bwd_cols_consumer<T, kDqk, kDv, kSoftcap, 1>(cta, p, vis);
     return;
   }
 
-  // ---- consumers ----
-  setmaxnreg_inc<kBwdColsConsumerRegs>();
-  const int cw = wg - 1;  // consumer warpgroup: keys 32 cw .. of S and dP, columns 128 cw .. of dK, dV, dQ
-  const int tid = threadIdx.x - 128 * wg;
-  const int warp = tid / 32, lane = tid % 32;
-  const int row0 = 16 * warp + lane / 4;  // this thread's query rows of S, dP, dQ (+ 8) and key rows of dK, dV
-  // s2 = u * pre (no softcap: the logit in log2 units); with softcap th = tanh(u * pre), s2 = th * post.
-  const float pre = kSoftcap ? f.scale / f.softcap : f.scale * kLog2e;
-  const float post = kSoftcap ? f.softcap * kLog2e : 1.0f;
-
-  float dv[L::kCols / 2], dk[L::kCols / 2];
+  // ---- producer ----
+  setmaxnreg_dec<kBwdColsProducerRegs>();
+  if (threadIdx.x < 32 && n_iters > 0) {
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+      tma_prefetch_desc(&tm_q);
+      tma_prefetch_desc(&tm_do);
+      mbar_expect(cta.kv_full, L::kKBytes + L::kVBytes);
 #pragma unroll
-  for (int e = 0; e < L::kCols / 2; ++e) dv[e] = dk[e] = 0.0f;
-
-  const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
-  const uint32_t do_addr = smem_u32(smem + L::kDo);
-  const uint32_t p_addr = smem_u32(smem + L::kP), ds_addr = smem_u32(smem + L::kDs);
-  // This consumer's 64-column tiles of Q, dO, K (2 cw, 2 cw + 1).
-  constexpr int kColTile = L::kCols / 64;
-
-  if (n_iters > 0) mbar_wait(kv_full, 0);
-  for (int it = 0; it < n_iters; ++it) {
-    const int s = it % kStages;
-    const int m0 = step_m(it) * kBM;
-    const uint32_t q_addr = smem_u32(smem + L::kQ + s * L::kQBytes);
-    mbar_wait(&q_full[s], (it / kStages) & 1);
-
-    // ---- S = Q K_c^T, dP = dO V_c^T (64 queries x 32 keys each) ----
-    float st[16], dpt[16];
-    wgmma_fence();
+      for (int c = 0; c < kDqk / 64; ++c)
+        tma_load_4d(smem + L::kK + c * kBN * 128, &tm_k, cta.kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t da = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
-      const uint64_t db = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + cw * 32 * 128 + (kk % 4) * 32);
-      wgmma_ss<T, 32>(st, da, db, kk > 0 ? 1 : 0);
+      for (int c = 0; c < kDv / 64; ++c)
+        tma_load_4d(smem + L::kV + c * kBN * 128, &tm_v, cta.kv_full, c * 64, k_row0 + key0, kvh, batch_coord);
     }
-    wgmma_commit();
-    mbar_wait(do_full, it & 1);
-    wgmma_fence();  // dP's accumulator registers, after the wait
+    for (int it = 0; it < n_iters; ++it) {
+      const int s = it % kStages;
+      const int h = kvh * f.group + it / nm;
+      const int m0 = cta.step_m(it) * kBM, row = q_row0 + m0;
+      mbar_wait(&cta.q_empty[s], ((it / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+      if (lane == 0) {
+        mbar_expect(&cta.q_full[s], L::kQBytes);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t da = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
-      const uint64_t db = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + cw * 32 * 128 + (kk % 4) * 32);
-      wgmma_ss<T, 32>(dpt, da, db, kk > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(st);
-    reg_fence(dpt);
-
-    // ---- P and dS in place, then the partial tile's masking ----
-    bwd_cols_softmax<kSoftcap>(st, dpt, rows_lse2 + s * 2 * kBM, pre, post, row0);
-    if (!vis.tile_full(m0, kBM, key0, kBN)) bwd_cols_mask(st, dpt, key0 + 32 * cw + 2 * (lane % 4), m0 + row0, vis);
-
-    // ---- P, dS into shared memory: row = query, 64 keys of 128 bytes, 128-byte swizzle (16-byte
-    // chunk ch of row r at ch ^ (r % 8), r % 8 = lane / 4); key 32 cw + 8 j + 2 (lane % 4) is in chunk
-    // 4 cw + j. Both consumers' products of the previous step have read the tiles (barrier 1). ----
-    named_sync(1, 256);
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int byte = (row0 + 8 * i) * 128 + (((4 * cw + j) ^ (lane / 4)) * 16) + (lane % 4) * 4;
-        *reinterpret_cast<uint32_t*>(smem + L::kP + byte) = pack2<T>(st[4 * j + 2 * i], st[4 * j + 2 * i + 1]);
-        *reinterpret_cast<uint32_t*>(smem + L::kDs + byte) = pack2<T>(dpt[4 * j + 2 * i], dpt[4 * j + 2 * i + 1]);
+        for (int c = 0; c < kDqk / 64; ++c)
+          tma_load_4d(smem + L::kQ + s * L::kQBytes + c * kBM * 128, &tm_q, &cta.q_full[s], c * 64, row, h,
+                      batch_coord);
       }
-    fence_proxy_async();  // the generic-proxy stores before the tensor cores read them
-    named_sync(2, 256);   // both halves of the 64 keys are in P and dS
-
-    // ---- dV_c += P^T dO_c, dK_c += dS^T Q_c (A: 64 keys x 16 queries, MN-major; B: 16 queries x 128
-    // columns, MN-major, 64-column tiles kBM rows long), dQ_c = dS K_c (A: 64 queries x 16 keys,
-    // K-major; B: 16 keys x 128 columns, MN-major) ----
-    float dq[L::kCols / 2];
-    wgmma_fence();
+      float* rows = rows_lse2 + s * 2 * kBM;
+      const int64_t src = int64_t(h) * f.total_q + qbase + m0;
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_ss<T, L::kCols, 1, 1>(dv, gmma_desc_mn(p_addr + kk * 16 * 128, kBM * 128),
-                                  gmma_desc_mn(do_addr + kColTile * cw * (kBM * 128) + kk * 16 * 128, kBM * 128), 1);
-    wgmma_commit();
+      for (int r = lane; r < kBM; r += 32) {
+        const bool ok = m0 + r < sq;
+        rows[r] = ok ? ws.lse2[src + r] : INFINITY;  // P = 0 on rows past the sequence end
+        rows[kBM + r] = ok ? ws.dsum[src + r] : 0.0f;
+      }
+      mbar_arrive(&cta.q_full[s]);  // release: the stores above are seen by the consumers' wait
+      // dO: one buffer, free once both consumers' dV product of the previous step is done.
+      mbar_wait(cta.do_empty, (it & 1) ^ 1);
+      if (lane == 0) {
+        mbar_expect(cta.do_full, L::kDoBytes);
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_ss<T, L::kCols, 1, 1>(dk, gmma_desc_mn(ds_addr + kk * 16 * 128, kBM * 128),
-                                  gmma_desc_mn(q_addr + kColTile * cw * (kBM * 128) + kk * 16 * 128, kBM * 128), 1);
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-      wgmma_ss<T, L::kCols, 0, 1>(dq, gmma_desc_k(ds_addr + kk * 32),
-                                  gmma_desc_mn(k_addr + kColTile * cw * (kBN * 128) + kk * 16 * 128, kBN * 128),
-                                  kk > 0 ? 1 : 0);
-    wgmma_commit();
-    wgmma_wait<2>();  // dV done: this warpgroup no longer reads dO
-    mbar_arrive(do_empty);
-    wgmma_wait<1>();  // dK done: Q of stage s (and its lse2 / D rows) no longer read
-    mbar_arrive(&q_empty[s]);
-    wgmma_wait<0>();  // dQ done: P and dS no longer read by this warpgroup
-    reg_fence(dv);
-    reg_fence(dk);
-    reg_fence(dq);
-
-    // ---- dQ_c in two 64-column chunks through this consumer's staging tile (boxes of 32 columns x
-    // 64 rows, 128-byte swizzle; conflict-free float2 stores), added to the float32 accumulator by
-    // the writer thread with TMA reduce-adds. Element 4 j + 2 i + c is query row0 + 8 i, column 8 j +
-    // 2 (lane % 4) + c of this consumer's 128. Rows past the sequence end hold zeros (P = 0 there). ----
-    uint8_t* stage_dq = smem + L::kDq + cw * L::kDqBytes;
-#pragma unroll
-    for (int chunk = 0; chunk < 2; ++chunk) {
-      mbar_wait(dq_empty, chunk ^ 1);  // the previous chunk's additions have read the tiles
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int j = 8 * chunk + jj, row = row0 + 8 * i;
-          const int ch = (8 * jj % 32) / 4 + (lane % 4) / 2;
-          const int byte = (8 * jj / 32) * (kBM * 128) + row * 128 + ((ch ^ (lane / 4)) * 16) + (lane % 2) * 8;
-          *reinterpret_cast<float2*>(stage_dq + byte) = make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+        for (int c = 0; c < kDv / 64; ++c)
+          tma_load_4d(smem + L::kDo + c * kBM * 128, &tm_do, cta.do_full, c * 64, row, h, batch_coord);
+      }
+    }
+  } else if (threadIdx.x == 32 && n_iters > 0) {
+    // ---- the dQ writer (one thread): per step kDqRounds rounds of one 64-column tile per consumer;
+    // per round, after both consumers have arrived, one TMA reduce-add per 32-column box staged; the
+    // staging tiles are released as soon as the TMA unit has read them. Deterministic mode: as in
+    // attention_bwd_wgmma.cuh (query tile m receives its additions in decreasing key-tile order; a
+    // CTA waits only for CTAs of lower linear index).
+    for (int it = 0; it < n_iters; ++it) {
+      const int h = kvh * f.group + it / nm;
+      const int m = cta.step_m(it);
+      int32_t* sem = ws.sem + (int64_t(b) * f.heads_q + h) * ws.q_tiles + m;
+#pragma unroll 1
+      for (int round = 0; round < Split::kDqRounds; ++round) {
+        mbar_wait(cta.dq_full, (it * Split::kDqRounds + round) & 1);
+        if (p.deterministic && round == 0) {
+          const int last = (vis.keys_hi(m, kBM) - 1) / kBN;  // key tiles above this one that visit m
+          while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
         }
-      fence_proxy_async();  // the staging stores before the TMA unit reads them
-      named_sync(3 + cw, 128);
-      if (tid == 0) mbar_arrive(dq_full);
-    }
-  }
-
-  // ---- dK = scale * sum dS^T q, dV: element 4 j + 2 i + c is key row0 + 8 i, column 128 cw + 8 j +
-  // 2 (lane % 4) + c ----
-  T* dkp = static_cast<T*>(p.dk) + b * p.dk_sb + (int64_t(k_row0) + key0) * p.dk_ss + kvh * p.dk_sh;
-  T* dvp = static_cast<T*>(p.dv) + b * p.dv_sb + (int64_t(k_row0) + key0) * p.dv_ss + kvh * p.dv_sh;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + 8 * i;
-    if (key0 + row >= sk) continue;
+        for (int c = 0; c < 2; ++c) {
+          if (round >= Split::q_count(c)) continue;
 #pragma unroll
-    for (int j = 0; j < L::kCols / 8; ++j) {
-      const int col = L::kCols * cw + 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(dkp + row * p.dk_ss + col) =
-          pack2<T>(dk[4 * j + 2 * i] * f.scale, dk[4 * j + 2 * i + 1] * f.scale);
-      *reinterpret_cast<uint32_t*>(dvp + row * p.dv_ss + col) = pack2<T>(dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+          for (int box = 0; box < 2; ++box)
+            tma_reduce_add_3d(&tm_dq, smem + L::kDq + c * L::kDqBytes + box * kBM * 128,
+                              64 * (Split::q_first(c) + round) + 32 * box, int(qbase + m * kBM), h);
+        }
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbar_arrive(cta.dq_empty);
+      }
+      if (p.deterministic) {
+        bulk_wait<0>();  // the additions are done (in L2) before the next key tile's turn
+        __threadfence();
+        atomicAdd(sem, 1);
+      }
     }
+    bulk_wait<0>();
   }
 #else
   (void)tm_q, (void)tm_k, (void)tm_v, (void)tm_do, (void)tm_dq, (void)p, (void)ws;
