@@ -17,8 +17,8 @@
 // 384 threads in three warpgroups:
 //   warpgroup 0, the producer (24 registers): warp 0 loads K and V once (TMA), then per step a Q tile
 //     into a 2-stage ring with its lse2 and D values (plain loads, +inf / 0 past the sequence end),
-//     and a dO tile into a single buffer; lane 0 of warp 1, the dQ writer, adds the consumers' staged
-//     dQ tiles to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
+//     and a dO tile into its own ring (2 stages at 192/128, 1 at d256); lane 0 of warp 1, the dQ writer, adds the
+//     consumers' staged dQ tiles to the float32 accumulator (TMA reduce-adds; in the deterministic mode in a fixed
 //     key-tile order, semaphores per (b, h, query tile), as attention_bwd_wgmma.cuh); the other warps
 //     leave.
 //   warpgroups 1 and 2, the consumers (240 registers). Per query tile, consumer c:
@@ -34,8 +34,8 @@
 // FLOPs per visible (query, key) pair: 2 Dqk each for S, dK, dQ and 2 Dv each for dP, dV.
 // Registers per consumer thread: 32 per 64-column tile of dV, dK and dQ it owns (d256: 64 + 64 + 64;
 // 192/128: 32 + 64 + 32 or 32 + 32 + 64), S and dP 16 each (dead when dQ is computed).
-// Shared memory: K, V, 2 Q stages, one dO buffer (64 rows each), P and dS 2 x 8 KB, dQ staging 2 x
-// 16 KB (one 64 x 64 float tile per consumer), lse2 / D 2 stages x 512 B: 210 KB at d256, 154 KB at
+// Shared memory: K, V, 2 Q stages, 1 (d256) or 2 (192/128) dO stages (64 rows each), P and dS 2 x 8 KB, dQ staging 2 x
+// 16 KB (one 64 x 64 float tile per consumer), lse2 / D 2 stages x 512 B: 210 KB at d256, 170 KB at
 // 192/128. At d256 a second dO stage would need 32 KB more than the 227 KB a CTA may have. Every
 // tile is 64 columns wide (128-byte rows, the TMA 128-byte swizzle) and 1024-byte aligned; see
 // sm90_wgmma.cuh for the operand layouts.
@@ -61,7 +61,7 @@ namespace kernelforge {
 
 constexpr int kBwdColsBlockM = 64;  // query rows per step
 constexpr int kBwdColsBlockN = 64;  // keys per CTA
-constexpr int kBwdColsQStages = 2;  // Q ring depth (dO: one buffer)
+constexpr int kBwdColsQStages = 2;  // Q ring depth (dO: BwdColsSmem::kDoStages)
 constexpr int kBwdColsThreads = 384;
 constexpr int kBwdColsProducerRegs = 24;
 constexpr int kBwdColsConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 <= 65536 registers
@@ -90,21 +90,28 @@ struct BwdColsSmem {
   static constexpr int kKBytes = kBN * kDqk * 2;  // K tile
   static constexpr int kVBytes = kBN * kDv * 2;   // V tile
   static constexpr int kQBytes = kBM * kDqk * 2;  // one Q stage
-  static constexpr int kDoBytes = kBM * kDv * 2;  // the dO buffer
+  static constexpr int kDoBytes = kBM * kDv * 2;  // one dO stage
   static constexpr int kPBytes = kBM * kBN * 2;   // P (64 queries x 64 keys); dS the same
   static constexpr int kDqBytes = kBM * 64 * 4;   // one consumer's 64-column float dQ tile
+  // kv_full, q_full[s], q_empty[s], do_full[s], do_empty[s], dq_full, dq_empty
+  static constexpr int kNumBars = 1 + 2 * kBwdColsQStages + 2 * 2 + 2;
+  static constexpr int bytes_with(int do_stages) {  // + slack to align the base
+    return kKBytes + kVBytes + kBwdColsQStages * kQBytes + do_stages * kDoBytes + 2 * kPBytes + 2 * kDqBytes +
+           kBwdColsQStages * 2 * kBM * 4 + kNumBars * 8 + 1024;
+  }
+  // dO stages: two where they fit (192/128: 170 KB), one at d256 (two would need 242 KB).
+  static constexpr int kDoStages = bytes_with(2) <= 227 * 1024 ? 2 : 1;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kKBytes;
-  static constexpr int kQ = kV + kVBytes;  // stage s at kQ + s * kQBytes
-  static constexpr int kDo = kQ + kBwdColsQStages * kQBytes;
-  static constexpr int kP = kDo + kDoBytes;
+  static constexpr int kQ = kV + kVBytes;                     // stage s at kQ + s * kQBytes
+  static constexpr int kDo = kQ + kBwdColsQStages * kQBytes;  // stage s at kDo + s * kDoBytes
+  static constexpr int kP = kDo + kDoStages * kDoBytes;
   static constexpr int kDs = kP + kPBytes;
   static constexpr int kDq = kDs + kPBytes;         // consumer c at kDq + c * kDqBytes
   static constexpr int kRows = kDq + 2 * kDqBytes;  // stage s: float lse2[kBM], D[kBM]
   static constexpr int kBars = kRows + kBwdColsQStages * 2 * kBM * 4;
-  static constexpr int kNumBars = 1 + 2 * kBwdColsQStages + 4;  // kv_full, q_full[s], q_empty[s], do_full,
-                                                                // do_empty, dq_full, dq_empty
-  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;    // + slack to align the base
+  static constexpr int kBytes = kBars + kNumBars * 8 + 1024;
+  static_assert(kBytes == bytes_with(kDoStages), "the map and its size agree");
   static_assert(kBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
 
@@ -191,7 +198,6 @@ __device__ __forceinline__ void bwd_cols_consumer(const BwdColsCta& cta, const A
   for (int e = 0; e < kNK / 2; ++e) dk[e] = 0.0f;
 
   const uint32_t k_addr = smem_u32(smem + L::kK), v_addr = smem_u32(smem + L::kV);
-  const uint32_t do_addr = smem_u32(smem + L::kDo);
   const uint32_t p_addr = smem_u32(smem + L::kP), ds_addr = smem_u32(smem + L::kDs);
 
   if (cta.n_iters > 0) mbar_wait(cta.kv_full, 0);
@@ -211,7 +217,9 @@ __device__ __forceinline__ void bwd_cols_consumer(const BwdColsCta& cta, const A
       wgmma_ss<T, 32>(st, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    mbar_wait(cta.do_full, it & 1);
+    const int sd = it % L::kDoStages;
+    const uint32_t do_addr = smem_u32(smem + L::kDo + sd * L::kDoBytes);
+    mbar_wait(&cta.do_full[sd], (it / L::kDoStages) & 1);
     wgmma_fence();  // dP's accumulator registers, after the wait
 #pragma unroll
     for (int kk = 0; kk < kDv / 16; ++kk) {
@@ -265,7 +273,7 @@ __device__ __forceinline__ void bwd_cols_consumer(const BwdColsCta& cta, const A
                              gmma_desc_mn(k_addr + kQ0 * (kBN * 128) + kk * 16 * 128, kBN * 128), kk > 0 ? 1 : 0);
     wgmma_commit();
     wgmma_wait<2>();  // dV done: this warpgroup no longer reads dO
-    mbar_arrive(cta.do_empty);
+    mbar_arrive(&cta.do_empty[sd]);
     wgmma_wait<1>();  // dK done: Q of stage s (and its lse2 / D rows) no longer read
     mbar_arrive(&cta.q_empty[s]);
     wgmma_wait<0>();  // dQ done: P and dS no longer read by this warpgroup
@@ -345,8 +353,8 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
   cta.q_full = cta.kv_full + 1;
   cta.q_empty = cta.q_full + kStages;
   cta.do_full = cta.q_empty + kStages;
-  cta.do_empty = cta.do_full + 1;
-  cta.dq_full = cta.do_empty + 1;                                // both consumers' dQ tiles of a round staged
+  cta.do_empty = cta.do_full + 2;
+  cta.dq_full = cta.do_empty + 2;                                // both consumers' dQ tiles of a round staged
   cta.dq_empty = cta.dq_full + 1;                                // the writer's reduce-adds have read them
   float* rows_lse2 = reinterpret_cast<float*>(smem + L::kRows);  // stage s: lse2 at 2 kBM s, D after it
   cta.rows_lse2 = rows_lse2;
@@ -383,8 +391,10 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
       mbar_init_count(&cta.q_full[s], 1 + 32);  // the TMA issuer's expect_tx + warp 0's lse2 / D stores
       mbar_init_count(&cta.q_empty[s], 256);    // every consumer thread (each has read the lse2 / D rows)
     }
-    mbar_init_count(cta.do_full, 1);
-    mbar_init_count(cta.do_empty, 256);
+    for (int s = 0; s < L::kDoStages; ++s) {
+      mbar_init_count(&cta.do_full[s], 1);
+      mbar_init_count(&cta.do_empty[s], 256);
+    }
     mbar_init_count(cta.dq_full, 2);   // thread 0 of each consumer warpgroup
     mbar_init_count(cta.dq_empty, 1);  // the writer
     mbar_init_fence();
@@ -439,13 +449,15 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
         rows[kBM + r] = ok ? ws.dsum[src + r] : 0.0f;
       }
       mbar_arrive(&cta.q_full[s]);  // release: the stores above are seen by the consumers' wait
-      // dO: one buffer, free once both consumers' dV product of the previous step is done.
-      mbar_wait(cta.do_empty, (it & 1) ^ 1);
+      // dO: stage sd is free once both consumers' dV product of step it - kDoStages is done.
+      const int sd = it % L::kDoStages;
+      mbar_wait(&cta.do_empty[sd], ((it / L::kDoStages) & 1) ^ 1);
       if (lane == 0) {
-        mbar_expect(cta.do_full, L::kDoBytes);
+        mbar_expect(&cta.do_full[sd], L::kDoBytes);
 #pragma unroll
         for (int c = 0; c < kDv / 64; ++c)
-          tma_load_4d(smem + L::kDo + c * kBM * 128, &tm_do, cta.do_full, c * 64, row, h, batch_coord);
+          tma_load_4d(smem + L::kDo + sd * L::kDoBytes + c * kBM * 128, &tm_do, &cta.do_full[sd], c * 64, row, h,
+                      batch_coord);
       }
     }
   } else if (threadIdx.x == 32 && n_iters > 0) {
