@@ -256,7 +256,7 @@ Status check_bwd_plan(const AttentionPlan& plan, const AttentionProblem& pr, con
     if (plan.order == AttentionOrder::kPaired && pr.deterministic)
       return Status::Invalid(what +
                              "order=paired is not for the deterministic mode (its additions to dQ follow one key "
-                             "tile per CTA in decreasing order)");
+                             "tile per CTA in increasing order)");
     if (pr.heads_q > kMaxGridYZ || pr.batch > kMaxGridYZ)
       return Status::NotSupported(what + "at most 65535 query heads and 65535 sequences per call");
     return Status::Ok();

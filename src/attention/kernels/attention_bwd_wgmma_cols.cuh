@@ -362,10 +362,9 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
   pdl_wait();  // every global access follows the previous kernel (pass 1)
 
   const AttentionParams& f = p.f;
-  // Deterministic mode: key tiles in decreasing order (the last one has the lowest linear index) and
-  // each walks its query tiles downwards; see the dQ writer below.
+  // Deterministic mode: each key tile walks its query tiles downwards; see the dQ writer below.
   cta.rev = p.deterministic;
-  const int n_tile = cta.rev ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int n_tile = int(blockIdx.x);
   const int kvh = blockIdx.y, b = blockIdx.z;
   int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
   if (f.varlen) {
@@ -464,7 +463,7 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
     // ---- the dQ writer (one thread): per step kDqRounds rounds of one 64-column tile per consumer;
     // per round, after both consumers have arrived, one TMA reduce-add per 32-column box staged; the
     // staging tiles are released as soon as the TMA unit has read them. Deterministic mode: as in
-    // attention_bwd_wgmma.cuh (query tile m receives its additions in decreasing key-tile order; a
+    // attention_bwd_wgmma.cuh (query tile m receives its additions in increasing key-tile order; a
     // CTA waits only for CTAs of lower linear index).
     for (int it = 0; it < n_iters; ++it) {
       const int h = kvh * f.group + it / nm;
@@ -474,8 +473,8 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
       for (int round = 0; round < Split::kDqRounds; ++round) {
         mbar_wait(cta.dq_full, (it * Split::kDqRounds + round) & 1);
         if (p.deterministic && round == 0) {
-          const int last = (vis.keys_hi(m, kBM) - 1) / kBN;  // key tiles above this one that visit m
-          while (ld_acquire_gpu(sem) < last - n_tile) __nanosleep(32);
+          const int first = vis.keys_lo(m, kBM) / kBN;  // key tiles below this one that visit m
+          while (ld_acquire_gpu(sem) < n_tile - first) __nanosleep(32);
         }
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
