@@ -81,6 +81,14 @@ struct BwdColsSplit {
   static constexpr int q_count(int c) { return kOdd ? (c == 0 ? kQkTiles / 2 : (kQkTiles + 1) / 2) : k_count(c); }
   // dQ tiles staged per step: rounds of one tile per consumer (a consumer with fewer skips its last).
   static constexpr int kDqRounds = (kQkTiles + 1) / 2;
+  // Each tile of dV, dK and dQ has one owner, and both consumers multiply the same number of columns.
+  static_assert(v_first(1) == v_count(0) && v_count(0) + v_count(1) == kVTiles, "dV tiles split");
+  static_assert(k_first(1) == k_count(0) && k_count(0) + k_count(1) == kQkTiles, "dK tiles split");
+  static_assert((q_first(0) == 0 ? q_first(1) == q_count(0) : q_first(0) == q_count(1)) &&
+                    q_count(0) + q_count(1) == kQkTiles,
+                "dQ tiles split");
+  static_assert(v_count(0) + k_count(0) + q_count(0) == v_count(1) + k_count(1) + q_count(1), "balanced");
+  static_assert(q_count(0) <= kDqRounds && q_count(1) <= kDqRounds, "one dQ tile per consumer and round");
 };
 
 // Shared-memory map (byte offsets from a 1024-aligned base) for head dims kDqk / kDv.
