@@ -120,25 +120,24 @@ Status launch_wgmma_dims(const AttentionPlan& plan, const AttentionGradParams& p
   return launch_dq_convert<T>(p, ws, dev, stream);
 }
 
+// The instantiation of head dims kDqk / kDv for the call's softcap (a template parameter of the kernels).
+template <typename T, int kDqk, int kDv>
+Status launch_wgmma_softcap(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
+                            void* workspace, cudaStream_t stream) {
+  return p.f.softcap > 0.0f ? launch_wgmma_dims<T, kDqk, kDv, true>(plan, p, dev, workspace, stream)
+                            : launch_wgmma_dims<T, kDqk, kDv, false>(plan, p, dev, workspace, stream);
+}
+
 }  // namespace attn_bwd
 
 template <typename T>
 Status launch_attention_bwd_wgmma(const AttentionPlan& plan, const AttentionGradParams& p, const DeviceInfo& dev,
                                   void* workspace, cudaStream_t stream) {
-  const bool cap = p.f.softcap > 0.0f;
   const int dqk = plan.head_dim_qk, dv = plan.head_dim_v;
-  if (dqk == 64 && dv == 64)
-    return cap ? attn_bwd::launch_wgmma_dims<T, 64, 64, true>(plan, p, dev, workspace, stream)
-               : attn_bwd::launch_wgmma_dims<T, 64, 64, false>(plan, p, dev, workspace, stream);
-  if (dqk == 128 && dv == 128)
-    return cap ? attn_bwd::launch_wgmma_dims<T, 128, 128, true>(plan, p, dev, workspace, stream)
-               : attn_bwd::launch_wgmma_dims<T, 128, 128, false>(plan, p, dev, workspace, stream);
-  if (dqk == 256 && dv == 256)
-    return cap ? attn_bwd::launch_wgmma_dims<T, 256, 256, true>(plan, p, dev, workspace, stream)
-               : attn_bwd::launch_wgmma_dims<T, 256, 256, false>(plan, p, dev, workspace, stream);
-  if (dqk == 192 && dv == 128)
-    return cap ? attn_bwd::launch_wgmma_dims<T, 192, 128, true>(plan, p, dev, workspace, stream)
-               : attn_bwd::launch_wgmma_dims<T, 192, 128, false>(plan, p, dev, workspace, stream);
+  if (dqk == 64 && dv == 64) return attn_bwd::launch_wgmma_softcap<T, 64, 64>(plan, p, dev, workspace, stream);
+  if (dqk == 128 && dv == 128) return attn_bwd::launch_wgmma_softcap<T, 128, 128>(plan, p, dev, workspace, stream);
+  if (dqk == 256 && dv == 256) return attn_bwd::launch_wgmma_softcap<T, 256, 256>(plan, p, dev, workspace, stream);
+  if (dqk == 192 && dv == 128) return attn_bwd::launch_wgmma_softcap<T, 192, 128>(plan, p, dev, workspace, stream);
   return Status::Invalid(std::string(attn_bwd::kName) + ": the wgmma backward kernel has no head dims " +
                          std::to_string(plan.head_dim_qk) + "/" + std::to_string(plan.head_dim_v));
 }

@@ -3,7 +3,6 @@
 // (kAttnBwdTiles, attention_bwd_mma_config.h) by head dims, the device's shared memory and how many
 // blocks the call has; the workspace from attention_bwd_workspace.h.
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <queue>
 #include <string>
@@ -12,6 +11,7 @@
 #include "attention/attention_bwd_mma_config.h"
 #include "attention/attention_bwd_workspace.h"
 #include "attention/attention_plan.h"
+#include "common/device.h"
 #include "common/math.h"
 
 namespace kernelforge {
@@ -136,12 +136,7 @@ constexpr bool kBwdPairedDefault = false;
 constexpr int64_t kTileOverheadSteps = 2;
 constexpr int64_t kPairedMaxWaves = 4;
 
-bool paired_enabled() {
-  const char* env = std::getenv("KF_ATTN_BWD_PAIRED");
-  if (env != nullptr && env[0] == '1') return true;
-  if (env != nullptr && env[0] == '0') return false;
-  return kBwdPairedDefault;
-}
+bool paired_enabled() { return env_switch("KF_ATTN_BWD_PAIRED", kBwdPairedDefault); }  // read per plan
 
 // Steps of key tile t of a causal sequence (no window) with sq query and sk key rows: the query
 // tiles from the one holding row key0 - (sk - sq) (the first row that sees key0) to the last.

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/attention_problem.h"
+#include "attention/kernels/elementwise.cuh"
 
 namespace kernelforge {
 
@@ -20,6 +21,36 @@ __device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+
+// P and dS of one (query, key) pair in place: s holds the logit in log2 units (u scale log2 e), or
+// th = tanh(u / softcap) with a softcap, and becomes P = 2^(s2 - lse2) (s2 = th * post with a
+// softcap); dp holds dP and becomes dS = P (dP - D), times 1 - th^2 with a softcap. pre = scale log2 e
+// (no softcap) and post = softcap log2 e, as the wgmma kernels define them; lse2 = +inf gives P = 0.
+template <bool kSoftcap>
+__device__ __forceinline__ void bwd_p_ds(float& s, float& dp, float lse2, float d, float pre, float post) {
+  const float x = kSoftcap ? s * post - lse2 : fmaf(s, pre, -lse2);
+  const float g = kSoftcap ? (dp - d) * (1.0f - s * s) : dp - d;
+  const float pe = ex2_approx(x);
+  s = pe;
+  dp = pe * g;
+}
+
+// Sequence b of a call: its query and key counts, its first query and key rows in the TMA maps' row
+// numbering (varlen: from cu_seqlens; else 0) and the maps' batch coordinate (varlen: 0, one batch of
+// all tokens).
+struct BwdSequence {
+  int sq, sk, q_row0, k_row0, batch_coord;
+  __device__ __forceinline__ BwdSequence(const AttentionParams& f, int b)
+      : sq(f.seqlen_q), sk(f.seqlen_k), q_row0(0), k_row0(0), batch_coord(b) {
+    if (f.varlen) {
+      q_row0 = f.cu_seqlens_q[b];
+      k_row0 = f.cu_seqlens_k[b];
+      sq = f.cu_seqlens_q[b + 1] - q_row0;
+      sk = f.cu_seqlens_k[b + 1] - k_row0;
+      batch_coord = 0;
+    }
+  }
+};
 
 struct BwdVisibility {
   int64_t diag;  // Sk - Sq
@@ -43,6 +74,13 @@ struct BwdVisibility {
   __device__ __forceinline__ int keys_hi(int m, int block_m) const {
     const int last = (m * block_m + block_m < sq ? m * block_m + block_m : sq) - 1;
     return row_hi(last);
+  }
+  // Row i's visible keys [*lo, *hi) for the masking of a partial tile: row_lo / row_hi without their
+  // clamps to [0, Sk], in 32-bit arithmetic (rows and keys < 2^30), hi at most Sk.
+  __device__ __forceinline__ void row_bounds32(int i, int* lo, int* hi) const {
+    const int diag_row = i + int(diag);
+    *lo = window_left < 0 ? 0 : diag_row - window_left;
+    *hi = window_right < 0 ? sk : min(diag_row + window_right + 1, sk);
   }
   // Every (query, key) of query tile m0.. and key tile key0.. visible (rows past Sq aside).
   __device__ __forceinline__ bool tile_full(int m0, int block_m, int key0, int block_n) const {

@@ -123,20 +123,14 @@ __device__ __forceinline__ void bwd_wgmma_softmax(float (&st)[kBM / 2], float (&
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int e = 4 * j + 2 * i + c;
-        const float lse2 = c ? l2.y : l2.x, d = c ? dd.y : dd.x;
-        const float x = kSoftcap ? st[e] * post - lse2 : fmaf(st[e], pre, -lse2);  // lse2 = +inf: P = 0
-        const float g = kSoftcap ? (dpt[e] - d) * (1.0f - st[e] * st[e]) : dpt[e] - d;
-        const float pe = ex2_approx(x);
-        st[e] = pe;
-        dpt[e] = pe * g;
+        bwd_p_ds<kSoftcap>(st[e], dpt[e], c ? l2.y : l2.x, c ? dd.y : dd.x, pre, post);
       }
   }
 }
 
 // Zeroes P^T and dS^T of the invisible pairs of a partial tile (overwrites: an invisible logit may
 // have given P = inf). Keys key + 8 i (key = key0 + key_r), queries m0 + 8 j + 2 (lane % 4) + c; row
-// i sees [lo, hi): vis.row_lo / row_hi without their clamps to [0, Sk] in 32-bit arithmetic (rows and
-// keys < 2^30), keys >= Sk (a last tile's rows past the end) invisible.
+// i sees [lo, hi) (BwdVisibility::row_bounds32: keys >= Sk, a last tile's rows past the end, invisible).
 template <int kBM>
 __device__ __forceinline__ void bwd_wgmma_mask(float (&st)[kBM / 2], float (&dpt)[kBM / 2], int lane, int key, int m0,
                                                const BwdVisibility& vis) {
@@ -144,9 +138,8 @@ __device__ __forceinline__ void bwd_wgmma_mask(float (&st)[kBM / 2], float (&dpt
   for (int j = 0; j < kBM / 8; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const int diag_row = m0 + 8 * j + 2 * (lane % 4) + c + int(vis.diag);
-      const int lo = vis.window_left < 0 ? 0 : diag_row - vis.window_left;
-      const int hi = vis.window_right < 0 ? vis.sk : min(diag_row + vis.window_right + 1, vis.sk);
+      int lo, hi;
+      vis.row_bounds32(m0 + 8 * j + 2 * (lane % 4) + c, &lo, &hi);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         if (key + 8 * i < lo || key + 8 * i >= hi) st[4 * j + 2 * i + c] = dpt[4 * j + 2 * i + c] = 0.0f;
@@ -221,14 +214,8 @@ __global__ void __launch_bounds__(kBwdWgmmaThreads, 1)
   // Deterministic mode: each key tile walks its query tiles downwards; see the dQ writer below.
   const bool rev = p.deterministic;
   const int kvh = blockIdx.y, b = blockIdx.z;
-  int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
-  if (f.varlen) {
-    q_row0 = f.cu_seqlens_q[b];
-    k_row0 = f.cu_seqlens_k[b];
-    sq = f.cu_seqlens_q[b + 1] - q_row0;
-    sk = f.cu_seqlens_k[b + 1] - k_row0;
-    batch_coord = 0;
-  }
+  const BwdSequence bs(f, b);
+  const int sq = bs.sq, sk = bs.sk, q_row0 = bs.q_row0, k_row0 = bs.k_row0, batch_coord = bs.batch_coord;
   // The CTA's key tiles. Unpaired: blockIdx.x's. Paired: x and
   // T_b - 1 - x, the longer first (causal: T_b - x query tiles, then x + 1 at Sq = Sk and BM = 128).
   // The pairing is per sequence, so varlen calls pair too: blockIdx.z is the sequence and the grid's

@@ -140,26 +140,31 @@ __device__ __forceinline__ void bwd_cols_softmax(float (&st)[16], float (&dpt)[1
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int e = 4 * j + 2 * i + c;
-        const float x = kSoftcap ? st[e] * post - lse2 : fmaf(st[e], pre, -lse2);  // lse2 = +inf: P = 0
-        const float g = kSoftcap ? (dpt[e] - d) * (1.0f - st[e] * st[e]) : dpt[e] - d;
-        const float pe = ex2_approx(x);
-        st[e] = pe;
-        dpt[e] = pe * g;
-      }
+      for (int c = 0; c < 2; ++c) bwd_p_ds<kSoftcap>(st[4 * j + 2 * i + c], dpt[4 * j + 2 * i + c], lse2, d, pre, post);
+  }
+}
+
+// acc = A B^T over kDepth columns (the wgmma issue; the caller fences and commits): A the 64 query rows
+// at a_addr (Q or dO: 64-column tiles of kBwdColsBlockM rows), B 32 key rows at b_addr inside the K or
+// V tile (64-column tiles of kBwdColsBlockN rows); both K-major. S = Q K_c^T, dP = dO V_c^T.
+template <typename T, int kDepth>
+__device__ __forceinline__ void bwd_cols_rows_by_keys(float (&acc)[16], uint32_t a_addr, uint32_t b_addr) {
+#pragma unroll
+  for (int kk = 0; kk < kDepth / 16; ++kk) {
+    const uint64_t da = gmma_desc_k(a_addr + (kk / 4) * (kBwdColsBlockM * 128) + (kk % 4) * 32);
+    const uint64_t db = gmma_desc_k(b_addr + (kk / 4) * (kBwdColsBlockN * 128) + (kk % 4) * 32);
+    wgmma_ss<T, 32>(acc, da, db, kk > 0 ? 1 : 0);
   }
 }
 
 // Zeroes P and dS of the invisible pairs of a partial tile. Queries m0 + row0 + 8 i, keys key + 8 j + c
-// (key = key0 + 32 cw + 2 (lane % 4)); row q sees [lo, hi) (BwdVisibility without the clamps, 32-bit).
+// (key = key0 + 32 cw + 2 (lane % 4)); row q sees [lo, hi) (BwdVisibility::row_bounds32).
 __device__ __forceinline__ void bwd_cols_mask(float (&st)[16], float (&dpt)[16], int key, int row,
                                               const BwdVisibility& vis) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int diag_row = row + 8 * i + int(vis.diag);
-    const int lo = vis.window_left < 0 ? 0 : diag_row - vis.window_left;
-    const int hi = vis.window_right < 0 ? vis.sk : min(diag_row + vis.window_right + 1, vis.sk);
+    int lo, hi;
+    vis.row_bounds32(row + 8 * i, &lo, &hi);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -218,23 +223,13 @@ __device__ __forceinline__ void bwd_cols_consumer(const BwdColsCta& cta, const A
     // ---- S = Q K_c^T (over Dqk), dP = dO V_c^T (over Dv): 64 queries x 32 keys each ----
     float st[16], dpt[16];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kDqk / 16; ++kk) {
-      const uint64_t da = gmma_desc_k(q_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
-      const uint64_t db = gmma_desc_k(k_addr + (kk / 4) * (kBN * 128) + kC * 32 * 128 + (kk % 4) * 32);
-      wgmma_ss<T, 32>(st, da, db, kk > 0 ? 1 : 0);
-    }
+    bwd_cols_rows_by_keys<T, kDqk>(st, q_addr, k_addr + kC * 32 * 128);
     wgmma_commit();
     const int sd = it % L::kDoStages;
     const uint32_t do_addr = smem_u32(smem + L::kDo + sd * L::kDoBytes);
     mbar_wait(&cta.do_full[sd], (it / L::kDoStages) & 1);
     wgmma_fence();  // dP's accumulator registers, after the wait
-#pragma unroll
-    for (int kk = 0; kk < kDv / 16; ++kk) {
-      const uint64_t da = gmma_desc_k(do_addr + (kk / 4) * (kBM * 128) + (kk % 4) * 32);
-      const uint64_t db = gmma_desc_k(v_addr + (kk / 4) * (kBN * 128) + kC * 32 * 128 + (kk % 4) * 32);
-      wgmma_ss<T, 32>(dpt, da, db, kk > 0 ? 1 : 0);
-    }
+    bwd_cols_rows_by_keys<T, kDv>(dpt, do_addr, v_addr + kC * 32 * 128);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(st);
@@ -374,14 +369,8 @@ __global__ void __launch_bounds__(kBwdColsThreads, 1)
   cta.rev = p.deterministic;
   const int n_tile = int(blockIdx.x);
   const int kvh = blockIdx.y, b = blockIdx.z;
-  int sq = f.seqlen_q, sk = f.seqlen_k, q_row0 = 0, k_row0 = 0, batch_coord = b;
-  if (f.varlen) {
-    q_row0 = f.cu_seqlens_q[b];
-    k_row0 = f.cu_seqlens_k[b];
-    sq = f.cu_seqlens_q[b + 1] - q_row0;
-    sk = f.cu_seqlens_k[b + 1] - k_row0;
-    batch_coord = 0;
-  }
+  const BwdSequence bs(f, b);
+  const int sq = bs.sq, sk = bs.sk, q_row0 = bs.q_row0, k_row0 = bs.k_row0, batch_coord = bs.batch_coord;
   const int key0 = n_tile * kBN;
   if (key0 >= sk) return;  // varlen: a key tile past this sequence's end (the whole CTA leaves)
   const int64_t qbase = f.varlen ? int64_t(q_row0) : int64_t(b) * f.seqlen_q;  // workspace row numbering
