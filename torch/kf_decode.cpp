@@ -24,6 +24,9 @@
 //
 // merge_attention_states: two attention results over disjoint key sets combined by their logsumexp
 // (decode.h); inference only like the others.
+//
+// prefetch_l2: nbytes bytes of a contiguous CUDA tensor's memory, from offset bytes past its data
+// pointer, asked into the L2 on the tensor's current stream (decode.h); writes nothing, returns nothing.
 #include <cmath>
 #include <optional>
 #include <string>
@@ -216,6 +219,22 @@ std::tuple<Tensor, Tensor> merge_states_impl(bool cuda, const Tensor& o_a, const
   return {out, lse};
 }
 
+void prefetch_l2_impl(bool cuda, const Tensor& t, int64_t offset, int64_t nbytes) {
+  TORCH_CHECK_VALUE(cuda, "prefetch_l2: t must be a CUDA tensor (the hint fills a GPU's L2), got a ", t.device().str(),
+                    " tensor");
+  TORCH_CHECK_VALUE(t.is_contiguous(),
+                    "prefetch_l2: t must be contiguous (the range is bytes of its memory), got "
+                    "strides ",
+                    t.strides());
+  const int64_t size = int64_t(t.nbytes());
+  TORCH_CHECK_VALUE(offset >= 0 && nbytes >= 0 && offset <= size && nbytes <= size - offset,
+                    "prefetch_l2: the range [offset, offset + nbytes) = [", offset, ", ", offset + nbytes,
+                    ") must lie inside t's ", size, " bytes");
+  if (nbytes == 0) return;
+  c10::cuda::CUDAGuard guard(t.device());
+  check(kf::prefetch_l2(static_cast<const char*>(t.data_ptr()) + offset, nbytes, stream_of(t)));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
@@ -239,4 +258,6 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
   def_op<&merge_states_impl>(
       m, "merge_attention_states(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
   m.impl("merge_attention_states", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
+  def_op<&prefetch_l2_impl>(m, "prefetch_l2(Tensor t, int offset, int nbytes) -> ()");
+  m.impl("prefetch_l2", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
 }

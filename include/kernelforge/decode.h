@@ -198,6 +198,16 @@ struct MergeStatesTensors {
 };
 Status merge_attention_states(const MergeStatesTensors& t, cudaStream_t stream);
 
+// prefetch_l2: asks the GPU's L2 to load the bytes [ptr, ptr + bytes) of device memory, on `stream`.
+// A hint with no output: nothing is written, the call orders nothing and there is nothing to wait
+// for (lines may be dropped when the memory system is busy, and later traffic evicts them as any
+// other). Its use: a decode step's latency-bound kernels (RoPE, the cache append, decode attention at
+// a few hundred keys) leave the DRAM idle; the next GEMM's weight prefetched on a parallel branch of
+// the graph during them is then read from L2 (python/kernelforge/decode_step.py, notes/decode.md).
+// sm_90: one cp.async.bulk.prefetch.L2 per 16 KB; sm_80: one prefetch.global.L2 per 128-byte line.
+// ptr: device (or managed) memory, any alignment; bytes >= 0 (0: nothing is launched).
+Status prefetch_l2(const void* ptr, int64_t bytes, cudaStream_t stream);
+
 // ---- float64 CPU reference -------------------------------------------------------------------
 // The same calls on CPU tensors (float32 and float64 also accepted): double math, each output
 // rounded once.

@@ -32,7 +32,7 @@ from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
 from .decode import decode_attention, kv_append, mla_decode, rope_kv_append
-from .decode import cascade_decode_attention, merge_attention_states
+from .decode import cascade_decode_attention, merge_attention_states, prefetch_l2
 from .diagonal_matmul import diagonal_matmul
 from .dropout import dropout, dropout_add
 from .distributed import vocab_parallel_cross_entropy, vocab_parallel_fused_linear_cross_entropy
@@ -89,6 +89,7 @@ __all__ = [
     "decode_attention",
     "kv_append",
     "rope_kv_append",
+    "prefetch_l2",
     "mla_decode",
     "merge_attention_states",
     "cascade_decode_attention",

@@ -1,6 +1,6 @@
 """The decode family: the fake (meta) implementations of its ops (kernelforge::decode_attention,
 kernelforge::kv_append, kernelforge::rope_kv_append, kernelforge::mla_decode,
-kernelforge::merge_attention_states) and the functional API, with ``cascade_decode_attention`` (a
+kernelforge::merge_attention_states, kernelforge::prefetch_l2) and the functional API, with ``cascade_decode_attention`` (a
 shared prefix read once for every sequence) composed of them. Inference only: no autograd.
 
 The ops live in C++ (`torch/kf_decode.cpp`; the contract and formula in include/kernelforge/decode.h);
@@ -52,6 +52,11 @@ def _decode_attention_fake(q, k_cache, v_cache, seq_lens, block_table, *, scale,
 
 @torch.library.register_fake("kernelforge::kv_append")
 def _kv_append_fake(k_cache, v_cache, k, v, seq_lens, block_table):
+    return None
+
+
+@torch.library.register_fake("kernelforge::prefetch_l2")
+def _prefetch_l2_fake(t, offset, nbytes):
     return None
 
 
@@ -408,5 +413,18 @@ def cascade_decode_attention(
     return (out, lse) if return_lse else out
 
 
+def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, offset: int = 0) -> None:
+    """Ask the GPU's L2 to load ``nbytes`` bytes of ``t``'s memory from ``offset`` bytes past its data pointer
+    (default: the rest of the tensor), on the current stream. A hint: nothing is written or returned, and the
+    call orders nothing (later traffic evicts the lines as any other). ``t``: a contiguous CUDA tensor; the
+    range must lie inside its bytes (ValueError otherwise). Made for the weights of a decode step's next GEMM,
+    prefetched on a parallel stream while latency-bound kernels leave the DRAM idle (``DecodeStep``'s
+    ``l2_prefetch``). Under torch.compile a call with no use of its result may be dropped."""
+    size = t.numel() * t.element_size()
+    if nbytes is None:
+        nbytes = size - int(offset)
+    _ops.prefetch_l2(t, int(offset), int(nbytes))
+
+
 __all__ = ["decode_attention", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view",
-           "merge_attention_states", "cascade_decode_attention"]
+           "merge_attention_states", "cascade_decode_attention", "prefetch_l2"]

@@ -41,6 +41,12 @@ of launch gap or tail per kernel costs 0.175 ms.
   On an H200, kernelforge.linear runs the 128256 x 2048 LM head at 1.02x cuBLAS and the Llama-1B step's
   projections (1 and 16 rows; 2048 -> 3072 / 2048 / 16384, 8192 -> 2048) at 0.82-0.93x (1.04x for the
   1-row down projection), hence the split.
+- L2 prefetch (``l2_prefetch`` bytes per layer, default ``L2_PREFETCH_BYTES``, 0 = off): after the q/k/v
+  GEMM a branch on a second stream asks L2 (``prefetch_l2``) for the layer's o weight, then the head of its
+  gate/up weight, while RoPE, the append and decode attention run: those are latency-bound (at batch 1 about
+  12 µs a layer with the DRAM nearly idle, room for ~45 MB at 3.7 TB/s), so the next two GEMMs find part of
+  their weight in L2. The branch joins the main stream after the LM head. Llama-3.2-1B: W_o 8.4 MB, W_gate_up
+  67 MB a layer; the L2 holds 50 MB.
 
 Numerics against the transformers forward: the same ops in the same order, with kernelforge's roundings:
 RoPE and silu_and_mul compute in float32 and round once (transformers rounds the products in the model's
@@ -74,6 +80,10 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # GPU tests pass, but the step's graph time with it stays inside the +-10 % that separate processes
 # measure (dev/prof_generate.py on the H200), so the gain is not shown.
 FUSED_ROPE_APPEND = False
+# Bytes per layer of the o and gate/up weights asked into L2 (prefetch_l2) on a parallel stream while the
+# layer's RoPE, cache append and decode attention run (``l2_prefetch``, below). 0: off until the step's
+# graph time with it is measured.
+L2_PREFETCH_BYTES = 0
 HEAD_DIMS = (64, 128, 256)  # decode_attention's head dims
 
 # model -> DecodeStep: built once per model, rebuilt when its parameters move (a weak dictionary: dies with it)
@@ -257,19 +267,25 @@ class DecodeStep:
     ``head_linear(x, w, b)``: the LM head (default kernelforge.linear). ``fuse=False`` keeps separate
     q / k / v and gate / up GEMMs (the model is then not changed at all)."""
 
-    def __init__(self, model: torch.nn.Module, *, proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True):
+    def __init__(self, model: torch.nn.Module, *, proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True,
+                 l2_prefetch: int | None = None):
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"DecodeStep: the model is not supported: {why}")
         cfg = model.config
         self.model = weakref.ref(model)
         self.proj_linear, self.head_linear = proj_linear, head_linear
-        self.options = self.options_of(proj_linear, head_linear, fuse)
+        self.options = self.options_of(proj_linear, head_linear, fuse, l2_prefetch)
+        self.l2_prefetch = self.options[3]
         self.head_dim = _head_dim(cfg)
         self.window = _window(cfg)
         self.n_q, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         inner = model.model
         self.embed = inner.embed_tokens.weight
+        # the prefetch branch's stream, made here: a CUDA graph capture of the step only forks it
+        self._side = None
+        if self.l2_prefetch and self.embed.is_cuda:
+            self._side = torch.cuda.Stream(device=self.embed.device)
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
         self.layers = [self._layer(layer, cfg, fuse) for layer in inner.layers]
@@ -278,8 +294,12 @@ class DecodeStep:
         self.fingerprint = weights_fingerprint(model)
 
     @staticmethod
-    def options_of(proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True) -> tuple:
-        return (proj_linear, head_linear, bool(fuse))
+    def options_of(proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True,
+                   l2_prefetch: int | None = None) -> tuple:
+        n = L2_PREFETCH_BYTES if l2_prefetch is None else l2_prefetch
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"DecodeStep: l2_prefetch must be a number of bytes >= 0 or None, got {n!r}")
+        return (proj_linear, head_linear, bool(fuse), n)
 
     @staticmethod
     def _layer(layer, cfg, fuse: bool) -> _Layer:
@@ -343,6 +363,7 @@ class DecodeStep:
         B = tokens.shape[0]
         nq, nkv = self.n_q * D, self.n_kv * D
         x = F.embedding(tokens, self.embed)  # [B, 1, H]
+        side = self._side_stream(x) if self.l2_prefetch > 0 and x.is_cuda else None
         d = None
         for lay, (K, V) in zip(self.layers, caches):
             if d is None:
@@ -355,6 +376,8 @@ class DecodeStep:
             else:
                 q, k, v = (lin(h, w, b) for w, b in lay.qkv)
             q, k, v = q.view(B, 1, self.n_q, D), k.view(B, 1, self.n_kv, D), v.view(B, 1, self.n_kv, D)
+            if side is not None:
+                self._prefetch(side, lay)
             if FUSED_ROPE_APPEND and key_starts is None:  # its positions are seq_lens - 1
                 q = _dec.rope_kv_append(q, k, v, cos, sin, K, V, seq_lens)
             else:
@@ -369,7 +392,32 @@ class DecodeStep:
                 m = _act.swiglu(*(lin(h, w, b) for w, b in lay.gate_up))
             d = lin(m, lay.w_down, lay.b_down)
         h, _ = _norm.add_rms_norm(x, d, self.w_norm, self.eps_norm)
-        return self.head_linear(h[:, -1], self.w_head, self.b_head)
+        logits = self.head_linear(h[:, -1], self.w_head, self.b_head)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)  # the branch rejoins (a graph capture needs it)
+        return logits
+
+    def _side_stream(self, x: torch.Tensor) -> torch.cuda.Stream:
+        if self._side is None or self._side.device != x.device:
+            self._side = torch.cuda.Stream(device=x.device)
+        return self._side
+
+    def _prefetch(self, side: torch.cuda.Stream, lay: _Layer) -> None:
+        """Fork ``side`` from the current stream (after the layer's q/k/v GEMM) and ask L2 for up to
+        ``l2_prefetch`` bytes of the layer's o weight, then of its gate/up weight, in the order the GEMMs read
+        them. On the branch the prefetch runs beside RoPE, the append and decode attention, which are latency-
+        bound and leave the DRAM idle; the o and gate/up GEMMs then find those bytes in L2."""
+        side.wait_stream(torch.cuda.current_stream())
+        left = self.l2_prefetch
+        weights = [lay.w_o] + ([lay.gate_up[0]] if lay.fused_gate_up else [w for w, _ in lay.gate_up])
+        with torch.cuda.stream(side):
+            for w in weights:
+                n = min(left, w.numel() * w.element_size())
+                if n <= 0:
+                    break
+                if w.is_contiguous():
+                    _dec.prefetch_l2(w, n)
+                left -= n
 
 
 def decode_step(model: torch.nn.Module, **options) -> DecodeStep:

@@ -811,3 +811,58 @@ def test_opcheck_rope_kv_append(kf, device, dtype):
     torch.library.opcheck(torch.ops.kernelforge.rope_kv_append.default,
                           (q, k, k, cos.to(dtype), sin.to(dtype), d["k_cache"].clone(), d["v_cache"].clone(),
                            d["seq_lens"], None))
+
+
+# ---- prefetch_l2 ---------------------------------------------------------------------------------------------
+
+
+def test_prefetch_l2_errors_cpu(kf):
+    """A CPU tensor has no L2 to fill: ValueError naming the device, whatever the range."""
+    t = torch.zeros(10)
+    for args in [(t,), (t, 8), (t, 4, 36), (t, 0)]:
+        with pytest.raises(ValueError, match="prefetch_l2: t must be a CUDA tensor"):
+            kf.prefetch_l2(*args)
+
+
+@pytest.mark.cuda
+def test_prefetch_l2_writes_nothing(kf):
+    """Ranges of every size class (under one 16-byte word, one per-thread chunk and its neighbours, many
+    chunks) at unaligned offsets: the memory keeps its bytes (NaN poison included), in a stream and in a
+    CUDA graph replayed three times; a following read sees the same values."""
+    buf = torch.empty(3 * 2**20 + 37, dtype=torch.uint8, device="cuda")
+    buf.random_(0, 256)
+    buf[:4096] = 0xFF  # NaN bytes in every float dtype
+    want = buf.clone()
+    cases = [(0, 1), (7, 9), (3, 16), (1, 16383), (5, 16384), (16380, 16389), (11, 2**20 + 3), (0, buf.numel()),
+             (buf.numel() - 17, 17), (buf.numel(), 0)]
+    for off, n in cases:
+        kf.prefetch_l2(buf, n, off)
+    kf.prefetch_l2(buf)  # the rest of the tensor from offset 0
+    kf.prefetch_l2(buf[1:].view(-1), None, 1)  # an unaligned base
+    torch.cuda.synchronize()
+    assert torch.equal(buf, want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kf.prefetch_l2(buf, 2**20, 13)
+        kf.prefetch_l2(buf.view(torch.float16)[1:], 4096)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, want)
+    f = buf[: 2**20].view(torch.float32)
+    kf.prefetch_l2(f)
+    assert torch.equal(f.sum().view(1), want[: 2**20].view(torch.float32).sum().view(1))
+
+
+@pytest.mark.cuda
+def test_prefetch_l2_errors_cuda(kf):
+    """A range outside the tensor's bytes, a negative size and a non-contiguous tensor: ValueError naming the
+    argument and the expectation."""
+    t = torch.zeros(16, 8, device="cuda", dtype=torch.float16)  # 256 bytes
+    for nbytes, offset in [(257, 0), (1, 256), (-1, 0), (8, -8), (250, 10)]:
+        with pytest.raises(ValueError, match=r"prefetch_l2: the range \[offset, offset \+ nbytes\)"):
+            kf.prefetch_l2(t, nbytes, offset)
+    with pytest.raises(ValueError, match="prefetch_l2: t must be contiguous"):
+        kf.prefetch_l2(t.t())
+    kf.prefetch_l2(t, 0, 256)  # an empty range at the end: nothing to do
+    kf.prefetch_l2(torch.empty(0, device="cuda"))

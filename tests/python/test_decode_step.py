@@ -172,6 +172,30 @@ def test_step_logits_equal_hf_forward(ds, gen, arch, variant):
     assert torch.equal(seq_lens, torch.full((3,), 10, dtype=torch.int32))  # read, never written by the step
 
 
+def test_l2_prefetch_option(ds, gen):
+    """l2_prefetch: bytes >= 0 (bool, negative, non-integer: ValueError); on a CPU model there is no L2 branch
+    and the logits are the default step's; decode_step() builds a new step when the option changes."""
+    model = tiny_model("llama")
+    for bad in (-1, True, 1.5, "8"):
+        with pytest.raises(ValueError, match="l2_prefetch must be a number of bytes"):
+            ds.DecodeStep(model, l2_prefetch=bad)
+    ids, nxt = prompt(2, 9), prompt(2, 1, seed=5)
+    out = []
+    for n in (0, 1 << 20):
+        with torch.no_grad():
+            step = ds.DecodeStep(model, l2_prefetch=n)
+            assert step.l2_prefetch == n and step._side is None
+            cache = gen._new_cache(model, 16)
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            out.append(step(nxt, torch.full((2, 1), 9), torch.full((2,), 10, dtype=torch.int32), step.caches(cache),
+                            *step.rope_table(16)))
+    assert torch.equal(out[0], out[1])
+    a = ds.decode_step(model)
+    assert ds.decode_step(model) is a and a.l2_prefetch == ds.L2_PREFETCH_BYTES
+    b = ds.decode_step(model, l2_prefetch=4096)
+    assert b is not a and b.l2_prefetch == 4096 and ds.decode_step(model, l2_prefetch=4096) is b
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fusion_keeps_the_model(ds, tmp_path, arch):
     """q/k/v and gate/up become views of one buffer each, in order; the parameters keep their values, the
@@ -404,6 +428,35 @@ def test_cuda_bf16_tokens_as_the_forward_step(kf, gen, fused_calls, arch):
     again = kf.generate(model, ids2, 32, ignore_eos=True)
     assert gen._GRAPHS[model][(2, 56, False)] is loop and loop.graph is graph
     assert torch.equal(again, kf.generate(model, ids2, 32, ignore_eos=True, cuda_graph=False))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("budget", [4096, 1 << 20, 1 << 30])
+def test_cuda_l2_prefetch_same_tokens(kf, gen, ds, monkeypatch, budget):
+    """The L2 prefetch branch changes no result: bf16 greedy tokens with l2_prefetch equal the step's without,
+    in a CUDA graph (the branch forked and joined inside the capture) and without; each layer asks for
+    min(budget, its o and gate/up bytes), W_o first."""
+    model = tiny_model("llama", "cuda", torch.bfloat16, num_hidden_layers=3)
+    ids = prompt(2, 24, "cuda")
+    want = kf.generate(model, ids, 16, ignore_eos=True, fused_step=ds.DecodeStep(model))
+    calls = []
+    real = ds._dec.prefetch_l2
+    monkeypatch.setattr(ds._dec, "prefetch_l2", lambda t, n: calls.append((t.data_ptr(), n)) or real(t, n))
+    step = ds.DecodeStep(model, l2_prefetch=budget)
+    assert step._side is not None
+    got = kf.generate(model, ids, 16, ignore_eos=True, fused_step=step)
+    assert torch.equal(got, want)
+    assert gen._GRAPHS[model][(2, 40, False)].fused is step
+    lay = step.layers[0]
+    w_o, w_gu = lay.w_o, lay.gate_up[0]
+    n_o = min(budget, w_o.numel() * w_o.element_size())
+    n_gu = min(budget - n_o, w_gu.numel() * w_gu.element_size())
+    per_layer = [(w_o.data_ptr(), n_o)] + ([(w_gu.data_ptr(), n_gu)] if n_gu > 0 else [])
+    assert calls[:len(per_layer)] == per_layer
+    assert len(calls) == 2 * 3 * len(per_layer)  # the warm-up step and the capture, 3 layers each
+    calls.clear()
+    assert torch.equal(kf.generate(model, ids, 16, ignore_eos=True, cuda_graph=False, fused_step=step), want)
+    assert len(calls) == 15 * 3 * len(per_layer)  # eager: every step after the prefill's token
 
 
 @pytest.mark.cuda
