@@ -13,7 +13,9 @@
 // scale None: 1 / sqrt(D); window_left -1: unbounded; softcap 0: none; key_starts int32 [B] or None
 // (keys before key_starts[b] invisible: left padding). max_seq_len: a host upper bound
 // of every seq_len that sizes the key split, 0 = the cache capacity; SymInt so that torch.compile does
-// not specialize on it (the fake impl does not read it).
+// not specialize on it (the fake impl does not read it). workspace: None (a block from the caching
+// allocator per call, its counters zeroed by a memset) or a caller's zeroed block of at least
+// decode_attention_workspace_bytes(...) bytes, reused without a memset (decode.h: "Workspace counters").
 //
 // kv_append: k, v [B, Lq, Hkv, D] written at positions seq_lens[b] - Lq + t of k_cache / v_cache
 // (seq_lens: the lengths after the append, as decode_attention takes them); returns nothing.
@@ -53,16 +55,29 @@ kf::DecodeOptions make_options(std::optional<double> scale, int64_t window_left,
   return o;
 }
 
+// A caller's workspace: contiguous memory of q's device holding at least the plan's bytes.
+void check_workspace(const Tensor& ws, const Tensor& q, size_t bytes, const kf::DecodePlan& plan) {
+  if (!ws.is_cuda() || ws.device() != q.device())
+    TORCH_CHECK_VALUE(false, "decode_attention: workspace must be a tensor on q's device (" + q.device().str() +
+                                 "), got " + ws.device().str());
+  if (!ws.is_contiguous()) TORCH_CHECK_VALUE(false, std::string("decode_attention: workspace must be contiguous"));
+  if (size_t(ws.nbytes()) < bytes)
+    TORCH_CHECK_VALUE(false, "decode_attention: workspace holds " + std::to_string(ws.nbytes()) + " bytes, the plan " +
+                                 kf::to_string(plan) + " needs " + std::to_string(bytes) +
+                                 " (kernelforge.decode_workspace sizes and zeroes one)");
+}
+
 std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, const Tensor& k_cache,
                                                  const Tensor& v_cache, const Tensor& seq_lens,
                                                  const OptTensor& block_table, std::optional<double> scale,
                                                  int64_t window_left, double softcap, const OptTensor& sinks,
-                                                 int64_t max_seq_len, bool return_lse, const OptTensor& key_starts) {
+                                                 int64_t max_seq_len, bool return_lse, const OptTensor& key_starts,
+                                                 const OptTensor& workspace_) {
   const kf::DecodeOptions o = make_options(scale, window_left, softcap, max_seq_len);
   if (cuda && needs_fallback("decode_attention", q)) {
-    auto res =
-        decode_attention_impl(false, q.cpu(), k_cache.cpu(), v_cache.cpu(), seq_lens.cpu(), to_cpu(block_table), scale,
-                              window_left, softcap, to_cpu(sinks), max_seq_len, return_lse, to_cpu(key_starts));
+    auto res = decode_attention_impl(false, q.cpu(), k_cache.cpu(), v_cache.cpu(), seq_lens.cpu(), to_cpu(block_table),
+                                     scale, window_left, softcap, to_cpu(sinks), max_seq_len, return_lse,
+                                     to_cpu(key_starts), std::nullopt);
     return {std::get<0>(res).to(q.device()), std::get<1>(res).to(q.device())};
   }
   // The outputs' shapes are read from q: a q of the wrong rank is refused here (everything else is
@@ -99,15 +114,58 @@ std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, con
   // from the allocator with any contents, so its merge counters (decode.h: "Workspace counters", 256
   // bytes for up to 64 sequence x kv head pairs) are zeroed on the stream first, a memset node in a
   // captured graph.
+  // A caller's workspace (decode_workspace) was zeroed once and every completed call leaves its
+  // counters zero: no memset node, so the kernel keeps its programmatic edge from the previous kernel.
   kf::DecodePlan plan;
   size_t bytes = 0;
   check(kf::decode_attention_plan(t, o, &plan, &bytes));
-  Tensor ws = bytes > 0 ? workspace(q, bytes) : Tensor();
-  if (bytes > 0)
+  Tensor ws;
+  if (bytes > 0 && workspace_.has_value()) {
+    ws = *workspace_;
+    check_workspace(ws, q, bytes, plan);
+  } else if (bytes > 0) {
+    ws = workspace(q, bytes);
     C10_CUDA_CHECK(cudaMemsetAsync(ws.data_ptr(), 0, kf::decode_attention_counter_bytes(q.size(0), k_cache.size(2)),
                                    stream_of(q)));
+  }
   check(kf::decode_attention(plan, t, o, bytes > 0 ? ws.data_ptr() : nullptr, bytes, stream_of(q)));
   return {out, lse};
+}
+
+// The bytes of the workspace a CUDA call with these arguments needs (0: the plan does not split the
+// keys); 0 for CPU tensors, whose reference needs none.
+int64_t decode_attention_workspace_bytes_impl(bool cuda, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                              const Tensor& seq_lens, const OptTensor& block_table,
+                                              std::optional<double> scale, int64_t window_left, double softcap,
+                                              const OptTensor& sinks, int64_t max_seq_len, bool return_lse,
+                                              const OptTensor& key_starts) {
+  if (!cuda || needs_fallback("decode_attention", q)) return 0;
+  const kf::DecodeOptions o = make_options(scale, window_left, softcap, max_seq_len);
+  if (q.dim() != 4)
+    TORCH_CHECK_VALUE(false,
+                      "decode_attention: q must have 4 dimensions [B, Lq, Hq, D], got " + std::to_string(q.dim()));
+  // the plan reads shapes and strides only: stand-in outputs with the call's layout, never written
+  Tensor out = at::empty(q.sizes(), q.options());
+  Tensor lse = at::empty(return_lse ? std::vector<int64_t>{q.size(0), q.size(1), q.size(2)} : std::vector<int64_t>{0},
+                         q.options().dtype(at::kFloat));
+  const kf::TensorView qv = view(q), kv = view(k_cache), vv = view(v_cache), slv = view(seq_lens);
+  const kf::TensorView ov = view(out), lv = view(lse);
+  const OptView btv(block_table), sv(sinks), ksv(key_starts);
+  kf::DecodeTensors t;
+  t.q = &qv;
+  t.k_cache = &kv;
+  t.v_cache = &vv;
+  t.seq_lens = &slv;
+  t.block_table = btv.get();
+  t.out = &ov;
+  t.lse = return_lse ? &lv : nullptr;
+  t.sinks = sv.get();
+  t.key_starts = ksv.get();
+  c10::cuda::CUDAGuard guard(q.device());
+  kf::DecodePlan plan;
+  size_t bytes = 0;
+  check(kf::decode_attention_plan(t, o, &plan, &bytes));
+  return int64_t(bytes);
 }
 
 void kv_append_impl(bool cuda, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k, const Tensor& v,
@@ -242,10 +300,15 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
       m,
       "decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seq_lens, Tensor? block_table, *, "
       "float? scale, int window_left, float softcap, Tensor? sinks, SymInt max_seq_len, bool return_lse, "
-      "Tensor? key_starts=None) -> (Tensor out, Tensor lse)");
+      "Tensor? key_starts=None, Tensor(a!)? workspace=None) -> (Tensor out, Tensor lse)");
   // Not differentiable: the Autograd key falls through to the CUDA / CPU kernel, whose outputs then do
   // not require grad (without it, torch's fallback would attach a node that warns at backward).
   m.impl("decode_attention", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
+  def_op<&decode_attention_workspace_bytes_impl>(
+      m,
+      "decode_attention_workspace_bytes(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seq_lens, Tensor? "
+      "block_table, *, float? scale, int window_left, float softcap, Tensor? sinks, int max_seq_len, bool return_lse, "
+      "Tensor? key_starts=None) -> int");
   def_op<&kv_append_impl>(m,
                           "kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor seq_lens, "
                           "Tensor? block_table) -> ()");

@@ -31,7 +31,7 @@ from ._ops import _ops as _library
 from .activation import geglu, gelu, gelu_and_mul, silu_and_mul, swiglu
 from .attention import attention, scaled_dot_product_attention
 from .cross_entropy import cross_entropy, fused_linear_cross_entropy
-from .decode import decode_attention, kv_append, mla_decode, rope_kv_append
+from .decode import decode_attention, decode_workspace, kv_append, mla_decode, rope_kv_append
 from .decode import cascade_decode_attention, merge_attention_states, prefetch_l2
 from .diagonal_matmul import diagonal_matmul
 from .dropout import dropout, dropout_add
@@ -87,6 +87,7 @@ __all__ = [
     "attention",
     "scaled_dot_product_attention",
     "decode_attention",
+    "decode_workspace",
     "kv_append",
     "rope_kv_append",
     "prefetch_l2",

@@ -41,7 +41,7 @@ from .attention import attention
 
 @torch.library.register_fake("kernelforge::decode_attention")
 def _decode_attention_fake(q, k_cache, v_cache, seq_lens, block_table, *, scale, window_left, softcap, sinks,
-                           max_seq_len, return_lse, key_starts=None):
+                           max_seq_len, return_lse, key_starts=None, workspace=None):
     # The C++ impl's shapes (kf_decode.cpp): out contiguous with q's shape and dtype; lse float32
     # [B, Lq, Hq] or [0]. max_seq_len and the lengths are not read: new values trace nothing new.
     if q.dim() != 4:
@@ -103,6 +103,7 @@ def decode_attention(
     return_lse: bool = False,
     key_starts: torch.Tensor | None = None,
     check: bool = False,
+    workspace: torch.Tensor | None = None,
 ):
     """Attention of the Lq newest tokens of each sequence against its KV cache: returns out
     [B, Lq, Hq, D] (q's dtype, contiguous), or (out, lse) with ``return_lse=True`` (lse float32
@@ -129,6 +130,12 @@ def decode_attention(
     raises ValueError for a length above the capacity (max_pages * page_size, or page_size when
     contiguous) or below Lq (0, an empty slot, is allowed), and for a block_table entry outside [0, P)
     among the pages a sequence uses.
+
+    ``workspace``: None (each call takes its split workspace from the caching allocator and zeroes its
+    merge counters, a memset before the kernel) or a block from ``decode_workspace`` with the same
+    arguments, zeroed once: every completed call leaves its counters zero, so calls that reuse it skip the
+    memset (in a CUDA graph, no memset node between the previous kernel and this one). Calls that may run
+    at the same time (other streams) need their own. Too small a block: ValueError with the size needed.
     """
     if check:
         _check_cache_args("decode_attention", q, k_cache, seq_lens, block_table, append=False)
@@ -142,8 +149,37 @@ def decode_attention(
     out, lse = _ops.decode_attention(
         q, k_cache, v_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
         window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0), sinks=sinks,
-        max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse), key_starts=key_starts)
+        max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse), key_starts=key_starts,
+        workspace=workspace)
     return (out, lse) if return_lse else out
+
+
+def decode_workspace(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    return_lse: bool = False,
+    key_starts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A zeroed uint8 block of the bytes ``decode_attention`` with the same arguments needs as its split
+    workspace (the plan reads shapes, strides, options and max_seq_len only: any tensors of the call's
+    shapes do), for ``decode_attention(..., workspace=...)``. Empty when the plan does not split the keys or
+    the tensors are on the CPU. The zeroing is a memset on the current stream: allocate it outside a CUDA
+    graph capture (inside one it becomes a node of the graph)."""
+    n = _ops.decode_attention_workspace_bytes(
+        q, k_cache, v_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
+        window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0), sinks=sinks,
+        max_seq_len=0 if max_seq_len is None else int(max_seq_len), return_lse=bool(return_lse),
+        key_starts=key_starts)
+    return torch.zeros(n, dtype=torch.uint8, device=q.device)
 
 
 def kv_append(
@@ -426,5 +462,5 @@ def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, offset: int = 0) -> 
     _ops.prefetch_l2(t, int(offset), int(nbytes))
 
 
-__all__ = ["decode_attention", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view",
+__all__ = ["decode_attention", "decode_workspace", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view",
            "merge_attention_states", "cascade_decode_attention", "prefetch_l2"]

@@ -17,9 +17,8 @@ Per layer, x the residual stream [B, 1, H] in the model's dtype, d the previous 
     d     = linear(silu_and_mul(linear(h, W_gate_up)), W_down)
     final: h = add_rms_norm(x, d, w_norm)[0]; logits = linear(h, W_lm_head)   [B, V]
 
-Kernels per layer: 2 norms, 4 GEMMs, RoPE, kv_append, decode_attention (plus the zeroing of its split
-counters when the plan splits the keys), silu_and_mul: 10 (11); 9 (10) with FUSED_ROPE_APPEND. Per step besides: the
-embedding, the final norm, the LM head. The bytes are the weights once and the cache's rows once:
+Kernels per layer: 2 norms, 4 GEMMs, RoPE, kv_append, decode_attention, silu_and_mul: 10; 9 with
+FUSED_ROPE_APPEND. Per step besides: the embedding, the final norm, the LM head. The bytes are the weights once and the cache's rows once:
 Llama-3.2-1B in bf16 at 576 keys reads 2.47 GB of weights and 16 layers x 2 x 8 heads x 64 x 2 B x 576
 = 19 MB of keys and values per token (0.64 ms at 3.9 TB/s); at ~175 kernels per step, each microsecond
 of launch gap or tail per kernel costs 0.175 ms.
@@ -41,6 +40,9 @@ of launch gap or tail per kernel costs 0.175 ms.
   On an H200, kernelforge.linear runs the 128256 x 2048 LM head at 1.02x cuBLAS and the Llama-1B step's
   projections (1 and 16 rows; 2048 -> 3072 / 2048 / 16384, 8192 -> 2048) at 0.82-0.93x (1.04x for the
   1-row down projection), hence the split.
+- decode_attention's split workspace is made once per call shape (``decode_workspace``, zeroed once) and
+  shared by the layers: no memset of its merge counters before each layer's attention, so in the graph the
+  attention kernel keeps its programmatic edge from the append. A step runs one call at a time.
 - L2 prefetch (``l2_prefetch`` bytes per layer, default ``L2_PREFETCH_BYTES``, 0 = off): after the q/k/v
   GEMM a branch on a second stream asks L2 (``prefetch_l2``) for the layer's o weight, then the head of its
   gate/up weight, while RoPE, the append and decode attention run: those are latency-bound (at batch 1 about
@@ -282,6 +284,7 @@ class DecodeStep:
         self.n_q, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         inner = model.model
         self.embed = inner.embed_tokens.weight
+        self._ws: dict = {}  # decode_attention's workspace per call shape (_attn_workspace)
         # the prefetch branch's stream, made here: a CUDA graph capture of the step only forks it
         self._side = None
         if self.l2_prefetch and self.embed.is_cuda:
@@ -383,7 +386,9 @@ class DecodeStep:
             else:
                 _rope.apply_rope(q, k, cos, sin, position_ids=positions, inplace=True)
                 _dec.kv_append(K, V, k, v, seq_lens)
-            a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1], key_starts=key_starts)
+            ws = self._attn_workspace(q, K, V, seq_lens, key_starts)
+            a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1], key_starts=key_starts,
+                                      workspace=ws)
             o = lin(a.view(B, 1, nq), lay.w_o, lay.b_o)
             h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
             if lay.fused_gate_up:
@@ -396,6 +401,18 @@ class DecodeStep:
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)  # the branch rejoins (a graph capture needs it)
         return logits
+
+    def _attn_workspace(self, q, K, V, seq_lens, key_starts) -> torch.Tensor | None:
+        """decode_attention's split workspace for this call's shapes, zeroed once and shared by every layer and
+        every later call (decode_attention leaves its counters zero), so the step has no memset per layer.
+        Made outside a CUDA graph capture (generate's warm-up step); a capture that finds none passes None
+        (the per-call workspace and memset)."""
+        key = (tuple(q.shape), tuple(K.shape), K.stride(), V.stride(), key_starts is not None, q.device, q.dtype)
+        ws = self._ws.get(key)
+        if ws is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            ws = self._ws[key] = _dec.decode_workspace(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1],
+                                                       key_starts=key_starts)
+        return ws
 
     def _side_stream(self, x: torch.Tensor) -> torch.cuda.Stream:
         if self._side is None or self._side.device != x.device:

@@ -866,3 +866,82 @@ def test_prefetch_l2_errors_cuda(kf):
         kf.prefetch_l2(t.t())
     kf.prefetch_l2(t, 0, 256)  # an empty range at the end: nothing to do
     kf.prefetch_l2(torch.empty(0, device="cuda"))
+
+
+# ---- a caller's workspace -------------------------------------------------------------------------------------
+
+
+def test_decode_workspace_cpu(kf):
+    """On the CPU (the float64 reference) no workspace is needed: decode_workspace is empty and a workspace
+    passed to decode_attention changes nothing."""
+    c = make_cache([9, 20], 2, 64, 16, f64, "cpu")
+    q = torch.randn(2, 1, 4, 64, dtype=f64)
+    ws = kf.decode_workspace(q, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    assert ws.numel() == 0 and ws.dtype == torch.uint8
+    want = kf.decode_attention(q, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    got = kf.decode_attention(q, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"], workspace=ws)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("page", [16, 0])
+def test_cuda_workspace_reused(kf, page):
+    """A split plan (one sequence of 8k keys: every SM on its keys) with one workspace from decode_workspace
+    for five calls at new lengths, q, return_lse and key_starts: the same bits as calls with their own
+    workspaces, and the merge counters (the first 256 bytes) zero after each call; in a CUDA graph
+    captured once with it, replays for new lengths agree with eager calls."""
+    dtype, device = torch.bfloat16, "cuda"
+    c = make_cache([8192, 5000], 2, 128, page, dtype, device, capacity=8192)
+    q = torch.randn(2, 1, 8, 128, device=device).to(dtype)
+    args = (c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    ws = kf.decode_workspace(q, *args, max_seq_len=8192)
+    assert ws.numel() > 256 and not ws.any()
+    ws[256:] = 0xFF  # the partial results need no initial value: poison them
+    starts = torch.tensor([3, 0], dtype=torch.int32, device=device)
+    for lens in ([8192, 5000], [1, 8000], [4097, 0], [8192, 8192], [77, 3]):
+        c["seq_lens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(dtype))
+        for kw in (dict(), dict(return_lse=True), dict(key_starts=starts)):
+            want = kf.decode_attention(q, *args, max_seq_len=8192, **kw)
+            got = kf.decode_attention(q, *args, max_seq_len=8192, workspace=ws, **kw)
+            torch.cuda.synchronize()
+            for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert same_bits(a, b), (lens, kw)
+            assert not ws[:256].any(), "the merge counters must be zero after a completed call"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kf.decode_attention(q, *args, max_seq_len=8192, workspace=ws)
+    for lens in ([6000, 12], [8192, 4096]):
+        c["seq_lens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same_bits(out, kf.decode_attention(q, *args, max_seq_len=8192)), lens
+        assert not ws[:256].any()
+
+
+@pytest.mark.cuda
+def test_cuda_workspace_errors(kf):
+    """Too small a workspace, one on another device, a non-contiguous one: ValueError naming the workspace and
+    what it must be."""
+    dtype, device = torch.bfloat16, "cuda"
+    c = make_cache([8192], 2, 128, 16, dtype, device, capacity=8192)
+    q = torch.randn(1, 1, 8, 128, device=device).to(dtype)
+    args = (c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    ws = kf.decode_workspace(q, *args)
+    assert ws.numel() > 0
+    with pytest.raises(ValueError, match=r"workspace holds \d+ bytes, the plan decode.* needs \d+"):
+        kf.decode_attention(q, *args, workspace=ws[: ws.numel() - 1])
+    with pytest.raises(ValueError, match="workspace must be a tensor on q's device"):
+        kf.decode_attention(q, *args, workspace=ws.cpu())
+    with pytest.raises(ValueError, match="workspace must be contiguous"):
+        kf.decode_attention(q, *args, workspace=torch.zeros(2 * ws.numel(), dtype=torch.uint8, device=device)[::2])
+
+
+@pytest.mark.cuda
+def test_cuda_opcheck_workspace(kf):
+    c = make_cache([3000, 20], 2, 64, 16, torch.bfloat16, "cuda", capacity=4096)
+    q = torch.randn(2, 1, 4, 64, device="cuda").to(torch.bfloat16)
+    args = (q, c["k_cache"], c["v_cache"], c["seq_lens"], c["block_table"])
+    kw = dict(scale=None, window_left=-1, softcap=0.0, sinks=None, max_seq_len=4096, return_lse=True)
+    ws = kf.decode_workspace(*args, max_seq_len=4096, return_lse=True)
+    torch.library.opcheck(torch.ops.kernelforge.decode_attention.default, args, dict(kw, workspace=ws))

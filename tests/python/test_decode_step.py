@@ -190,6 +190,7 @@ def test_l2_prefetch_option(ds, gen):
             out.append(step(nxt, torch.full((2, 1), 9), torch.full((2,), 10, dtype=torch.int32), step.caches(cache),
                             *step.rope_table(16)))
     assert torch.equal(out[0], out[1])
+    assert len(step._ws) == 1 and next(iter(step._ws.values())).numel() == 0  # the CPU reference needs none
     a = ds.decode_step(model)
     assert ds.decode_step(model) is a and a.l2_prefetch == ds.L2_PREFETCH_BYTES
     b = ds.decode_step(model, l2_prefetch=4096)
@@ -447,6 +448,8 @@ def test_cuda_l2_prefetch_same_tokens(kf, gen, ds, monkeypatch, budget):
     got = kf.generate(model, ids, 16, ignore_eos=True, fused_step=step)
     assert torch.equal(got, want)
     assert gen._GRAPHS[model][(2, 40, False)].fused is step
+    (ws,) = step._ws.values()  # one decode_attention workspace for every layer and step, made by the warm-up
+    assert ws.numel() <= 256 or not ws[:256].any()
     lay = step.layers[0]
     w_o, w_gu = lay.w_o, lay.gate_up[0]
     n_o = min(budget, w_o.numel() * w_o.element_size())
