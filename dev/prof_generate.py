@@ -5,10 +5,10 @@ difference of the two runs' kernel times is (N2 - N1) decode steps with the pref
 Prints per kernel its time per step and launches per step, the sum (the GPU busy time of a step),
 and the CUDA-graph time per step of the same loop: graph time minus busy time is what launch gaps
 and kernel ramps between kernels cost. Then the graph time per step of step variants: the
-projections on cuBLAS (F.linear, the default) or on kernelforge.linear, the L2 prefetch branch of the o
-and gate/up weights at three budgets (DecodeStep's l2_prefetch), and RoPE + the cache append as one
-rope_kv_append launch. KF_PDL=0/1 in the environment sets programmatic dependent launch for the
-process. Not the benchmark.
+projections on cuBLAS (F.linear, the default) or on kernelforge.linear, the L2 prefetch branch
+(DecodeStep's l2_prefetch_kv and l2_prefetch: the K/V cache, the o and gate/up weights at three
+budgets), and RoPE + the cache append as one rope_kv_append launch. KF_PDL=0/1 in the environment sets
+programmatic dependent launch for the process. Not the benchmark.
 
     PYTHONPATH=python python3 dev/prof_generate.py [batch ...]      (default: 1 16)
 """
@@ -85,16 +85,19 @@ def main(batch: int) -> None:
         print(f"graph replay: {g * 1e3:.1f} us per step; busy {busy:.1f} us ({busy / (g * 1e3) * 100:.0f} %)")
         ds = importlib.import_module("kernelforge.decode_step")
         cublas = torch.nn.functional.linear
-        for name, proj, rope_append, pf in (("cuBLAS projections", cublas, False, 0),
-                                            ("cuBLAS, L2 prefetch 8 MB a layer", cublas, False, 8 << 20),
-                                            ("cuBLAS, L2 prefetch 24 MB a layer", cublas, False, 24 << 20),
-                                            ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20),
-                                            ("cuBLAS projections (again)", cublas, False, 0),
-                                            ("kernelforge.linear projections", kf.linear, False, 0),
-                                            ("kernelforge.linear, L2 prefetch 24 MB", kf.linear, False, 24 << 20),
-                                            ("kernelforge.linear + rope_kv_append", kf.linear, True, 0)):
+        variants = (("cuBLAS projections", cublas, False, 0, False),
+                    ("cuBLAS, L2 prefetch of K/V", cublas, False, 0, True),
+                    ("cuBLAS, L2 prefetch 8 MB a layer", cublas, False, 8 << 20, False),
+                    ("cuBLAS, L2 prefetch 24 MB a layer", cublas, False, 24 << 20, False),
+                    ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20, False),
+                    ("cuBLAS, L2 prefetch K/V + 24 MB", cublas, False, 24 << 20, True),
+                    ("cuBLAS projections (again)", cublas, False, 0, False),
+                    ("kernelforge.linear projections", kf.linear, False, 0, False),
+                    ("kernelforge.linear, L2 prefetch K/V + 24 MB", kf.linear, False, 24 << 20, True),
+                    ("kernelforge.linear + rope_kv_append", kf.linear, True, 0, False))
+        for name, proj, rope_append, pf, pf_kv in variants:
             ds.FUSED_ROPE_APPEND = rope_append
-            step = ds.decode_step(model, proj_linear=proj, l2_prefetch=pf)
+            step = ds.decode_step(model, proj_linear=proj, l2_prefetch=pf, l2_prefetch_kv=pf_kv)
             g = graph_ms_per_token(model, ids, step)
             print(f"  {name:40s} {g * 1e3:8.1f} us per step  PDL={os.environ.get('KF_PDL', 'default')}")
         ds.FUSED_ROPE_APPEND = False

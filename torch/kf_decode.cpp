@@ -27,8 +27,9 @@
 // merge_attention_states: two attention results over disjoint key sets combined by their logsumexp
 // (decode.h); inference only like the others.
 //
-// prefetch_l2: nbytes bytes of a contiguous CUDA tensor's memory, from offset bytes past its data
-// pointer, asked into the L2 on the tensor's current stream (decode.h); writes nothing, returns nothing.
+// prefetch_l2: nbytes bytes of the memory a CUDA tensor spans (its first element to its last, any
+// non-negative strides), from offset bytes past its data pointer, asked into the L2 on the tensor's
+// current stream (decode.h); writes nothing, returns nothing.
 #include <cmath>
 #include <optional>
 #include <string>
@@ -277,17 +278,27 @@ std::tuple<Tensor, Tensor> merge_states_impl(bool cuda, const Tensor& o_a, const
   return {out, lse};
 }
 
+// The bytes a strided view spans, from its first element's address to its last one's end: the range
+// prefetch_l2 reads (a transposed or padded view covers the memory between its elements too).
+int64_t span_bytes(const Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return (last + 1) * int64_t(t.element_size());
+}
+
 void prefetch_l2_impl(bool cuda, const Tensor& t, int64_t offset, int64_t nbytes) {
   TORCH_CHECK_VALUE(cuda, "prefetch_l2: t must be a CUDA tensor (the hint fills a GPU's L2), got a ", t.device().str(),
                     " tensor");
-  TORCH_CHECK_VALUE(t.is_contiguous(),
-                    "prefetch_l2: t must be contiguous (the range is bytes of its memory), got "
-                    "strides ",
-                    t.strides());
-  const int64_t size = int64_t(t.nbytes());
+  for (int64_t d = 0; d < t.dim(); ++d)
+    TORCH_CHECK_VALUE(t.stride(d) >= 0,
+                      "prefetch_l2: t's strides must be >= 0 (the range starts at its data "
+                      "pointer), got ",
+                      t.strides());
+  const int64_t size = span_bytes(t);
   TORCH_CHECK_VALUE(offset >= 0 && nbytes >= 0 && offset <= size && nbytes <= size - offset,
                     "prefetch_l2: the range [offset, offset + nbytes) = [", offset, ", ", offset + nbytes,
-                    ") must lie inside t's ", size, " bytes");
+                    ") must lie inside the ", size, " bytes t spans");
   if (nbytes == 0) return;
   c10::cuda::CUDAGuard guard(t.device());
   check(kf::prefetch_l2(static_cast<const char*>(t.data_ptr()) + offset, nbytes, stream_of(t)));

@@ -450,15 +450,17 @@ def cascade_decode_attention(
 
 
 def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, offset: int = 0) -> None:
-    """Ask the GPU's L2 to load ``nbytes`` bytes of ``t``'s memory from ``offset`` bytes past its data pointer
-    (default: the rest of the tensor), on the current stream. A hint: nothing is written or returned, and the
-    call orders nothing (later traffic evicts the lines as any other). ``t``: a contiguous CUDA tensor; the
-    range must lie inside its bytes (ValueError otherwise). Made for the weights of a decode step's next GEMM,
-    prefetched on a parallel stream while latency-bound kernels leave the DRAM idle (``DecodeStep``'s
-    ``l2_prefetch``). Under torch.compile a call with no use of its result may be dropped."""
-    size = t.numel() * t.element_size()
+    """Ask the GPU's L2 to load ``nbytes`` bytes of the memory ``t`` spans (from its first element to the end
+    of its last: a transposed or padded view covers the memory between its elements too) from ``offset``
+    bytes past its data pointer (default: the rest of the span), on the current stream. A hint: nothing is
+    written or returned, and the call orders nothing (later traffic evicts the lines as any other). ``t``: a
+    CUDA tensor with non-negative strides; the range must lie inside its span (ValueError otherwise). Made
+    for the weights and the KV cache of a decode step's next kernels, prefetched on a parallel stream while
+    latency-bound kernels leave the DRAM idle (``DecodeStep``'s ``l2_prefetch``). Under torch.compile a call
+    with no use of its result may be dropped."""
     if nbytes is None:
-        nbytes = size - int(offset)
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
+        nbytes = (last + 1) * t.element_size() - int(offset)
     _ops.prefetch_l2(t, int(offset), int(nbytes))
 
 

@@ -47,8 +47,9 @@ of launch gap or tail per kernel costs 0.175 ms.
   GEMM a branch on a second stream asks L2 (``prefetch_l2``) for the layer's o weight, then the head of its
   gate/up weight, while RoPE, the append and decode attention run: those are latency-bound (at batch 1 about
   12 µs a layer with the DRAM nearly idle, room for ~45 MB at 3.7 TB/s), so the next two GEMMs find part of
-  their weight in L2. The branch joins the main stream after the LM head. Llama-3.2-1B: W_o 8.4 MB, W_gate_up
-  67 MB a layer; the L2 holds 50 MB.
+  their weight in L2. ``l2_prefetch_kv`` (default ``L2_PREFETCH_KV``, False) puts the layer's K and V cache
+  first, for decode attention. The branch joins the main stream after the LM head. Llama-3.2-1B: W_o 8.4 MB,
+  W_gate_up 67 MB a layer; the L2 holds 50 MB.
 
 Numerics against the transformers forward: the same ops in the same order, with kernelforge's roundings:
 RoPE and silu_and_mul compute in float32 and round once (transformers rounds the products in the model's
@@ -86,6 +87,9 @@ FUSED_ROPE_APPEND = False
 # layer's RoPE, cache append and decode attention run (``l2_prefetch``, below). 0: off until the step's
 # graph time with it is measured.
 L2_PREFETCH_BYTES = 0
+# Whether that branch first asks L2 for the layer's whole K and V cache (every row up to the capacity: at
+# batch 1 and 640 rows of Llama-3.2-1B, 2.6 MB a layer), which decode attention then reads from L2.
+L2_PREFETCH_KV = False
 HEAD_DIMS = (64, 128, 256)  # decode_attention's head dims
 
 # model -> DecodeStep: built once per model, rebuilt when its parameters move (a weak dictionary: dies with it)
@@ -270,15 +274,15 @@ class DecodeStep:
     q / k / v and gate / up GEMMs (the model is then not changed at all)."""
 
     def __init__(self, model: torch.nn.Module, *, proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True,
-                 l2_prefetch: int | None = None):
+                 l2_prefetch: int | None = None, l2_prefetch_kv: bool | None = None):
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"DecodeStep: the model is not supported: {why}")
         cfg = model.config
         self.model = weakref.ref(model)
         self.proj_linear, self.head_linear = proj_linear, head_linear
-        self.options = self.options_of(proj_linear, head_linear, fuse, l2_prefetch)
-        self.l2_prefetch = self.options[3]
+        self.options = self.options_of(proj_linear, head_linear, fuse, l2_prefetch, l2_prefetch_kv)
+        self.l2_prefetch, self.l2_prefetch_kv = self.options[3], self.options[4]
         self.head_dim = _head_dim(cfg)
         self.window = _window(cfg)
         self.n_q, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -287,7 +291,7 @@ class DecodeStep:
         self._ws: dict = {}  # decode_attention's workspace per call shape (_attn_workspace)
         # the prefetch branch's stream, made here: a CUDA graph capture of the step only forks it
         self._side = None
-        if self.l2_prefetch and self.embed.is_cuda:
+        if (self.l2_prefetch or self.l2_prefetch_kv) and self.embed.is_cuda:
             self._side = torch.cuda.Stream(device=self.embed.device)
         self.rotary = inner.rotary_emb
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
@@ -298,11 +302,14 @@ class DecodeStep:
 
     @staticmethod
     def options_of(proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True,
-                   l2_prefetch: int | None = None) -> tuple:
+                   l2_prefetch: int | None = None, l2_prefetch_kv: bool | None = None) -> tuple:
         n = L2_PREFETCH_BYTES if l2_prefetch is None else l2_prefetch
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"DecodeStep: l2_prefetch must be a number of bytes >= 0 or None, got {n!r}")
-        return (proj_linear, head_linear, bool(fuse), n)
+        kv = L2_PREFETCH_KV if l2_prefetch_kv is None else l2_prefetch_kv
+        if not isinstance(kv, bool):
+            raise ValueError(f"DecodeStep: l2_prefetch_kv must be True, False or None, got {kv!r}")
+        return (proj_linear, head_linear, bool(fuse), n, kv)
 
     @staticmethod
     def _layer(layer, cfg, fuse: bool) -> _Layer:
@@ -366,7 +373,7 @@ class DecodeStep:
         B = tokens.shape[0]
         nq, nkv = self.n_q * D, self.n_kv * D
         x = F.embedding(tokens, self.embed)  # [B, 1, H]
-        side = self._side_stream(x) if self.l2_prefetch > 0 and x.is_cuda else None
+        side = self._side_stream(x) if (self.l2_prefetch > 0 or self.l2_prefetch_kv) and x.is_cuda else None
         d = None
         for lay, (K, V) in zip(self.layers, caches):
             if d is None:
@@ -380,7 +387,7 @@ class DecodeStep:
                 q, k, v = (lin(h, w, b) for w, b in lay.qkv)
             q, k, v = q.view(B, 1, self.n_q, D), k.view(B, 1, self.n_kv, D), v.view(B, 1, self.n_kv, D)
             if side is not None:
-                self._prefetch(side, lay)
+                self._prefetch(side, lay, K, V)
             if FUSED_ROPE_APPEND and key_starts is None:  # its positions are seq_lens - 1
                 q = _dec.rope_kv_append(q, k, v, cos, sin, K, V, seq_lens)
             else:
@@ -419,21 +426,26 @@ class DecodeStep:
             self._side = torch.cuda.Stream(device=x.device)
         return self._side
 
-    def _prefetch(self, side: torch.cuda.Stream, lay: _Layer) -> None:
-        """Fork ``side`` from the current stream (after the layer's q/k/v GEMM) and ask L2 for up to
-        ``l2_prefetch`` bytes of the layer's o weight, then of its gate/up weight, in the order the GEMMs read
-        them. On the branch the prefetch runs beside RoPE, the append and decode attention, which are latency-
-        bound and leave the DRAM idle; the o and gate/up GEMMs then find those bytes in L2."""
+    def _prefetch(self, side: torch.cuda.Stream, lay: _Layer, K: torch.Tensor, V: torch.Tensor) -> None:
+        """Fork ``side`` from the current stream (after the layer's q/k/v GEMM) and ask L2 for the layer's K and
+        V cache (``l2_prefetch_kv``: the whole span of each, every row up to the capacity), then for up to
+        ``l2_prefetch`` bytes of its o weight and then of its gate/up weight, in the order the kernels read
+        them. On the branch the prefetch runs beside RoPE and the append (and decode attention), which are
+        latency-bound and leave the DRAM idle; attention and the o and gate/up GEMMs then find those bytes in
+        L2. A key row the append writes after its line was prefetched is the append's value: L2 is where
+        writes and reads meet."""
         side.wait_stream(torch.cuda.current_stream())
         left = self.l2_prefetch
         weights = [lay.w_o] + ([lay.gate_up[0]] if lay.fused_gate_up else [w for w, _ in lay.gate_up])
         with torch.cuda.stream(side):
+            if self.l2_prefetch_kv:
+                _dec.prefetch_l2(K)
+                _dec.prefetch_l2(V)
             for w in weights:
                 n = min(left, w.numel() * w.element_size())
                 if n <= 0:
                     break
-                if w.is_contiguous():
-                    _dec.prefetch_l2(w, n)
+                _dec.prefetch_l2(w, n)
                 left -= n
 
 

@@ -856,16 +856,20 @@ def test_prefetch_l2_writes_nothing(kf):
 
 @pytest.mark.cuda
 def test_prefetch_l2_errors_cuda(kf):
-    """A range outside the tensor's bytes, a negative size and a non-contiguous tensor: ValueError naming the
-    argument and the expectation."""
+    """A range outside the bytes the tensor spans and a negative size: ValueError naming the argument and the
+    expectation. A strided view's span is its first element to its last: a transpose spans its base, a
+    column of a padded matrix from its first row to its last."""
     t = torch.zeros(16, 8, device="cuda", dtype=torch.float16)  # 256 bytes
-    for nbytes, offset in [(257, 0), (1, 256), (-1, 0), (8, -8), (250, 10)]:
-        with pytest.raises(ValueError, match=r"prefetch_l2: the range \[offset, offset \+ nbytes\)"):
-            kf.prefetch_l2(t, nbytes, offset)
-    with pytest.raises(ValueError, match="prefetch_l2: t must be contiguous"):
-        kf.prefetch_l2(t.t())
-    kf.prefetch_l2(t, 0, 256)  # an empty range at the end: nothing to do
+    for view, span in [(t, 256), (t.t(), 256), (t[:, 3], 2 * (15 * 8 + 1)), (t[2:5, :4], 2 * (2 * 8 + 4))]:
+        for nbytes, offset in [(span + 1, 0), (1, span), (-1, 0), (8, -8), (span - 6, 10)]:
+            with pytest.raises(ValueError, match=rf"the range \[offset, offset \+ nbytes\).* inside the {span} "
+                                                 "bytes t spans"):
+                kf.prefetch_l2(view, nbytes, offset)
+        kf.prefetch_l2(view)  # the whole span
+        kf.prefetch_l2(view, 0, span)  # an empty range at the end: nothing to do
     kf.prefetch_l2(torch.empty(0, device="cuda"))
+    torch.cuda.synchronize()
+    assert not t.any()
 
 
 # ---- a caller's workspace -------------------------------------------------------------------------------------

@@ -179,12 +179,15 @@ def test_l2_prefetch_option(ds, gen):
     for bad in (-1, True, 1.5, "8"):
         with pytest.raises(ValueError, match="l2_prefetch must be a number of bytes"):
             ds.DecodeStep(model, l2_prefetch=bad)
+    for bad in (1, "yes"):
+        with pytest.raises(ValueError, match="l2_prefetch_kv must be True, False or None"):
+            ds.DecodeStep(model, l2_prefetch_kv=bad)
     ids, nxt = prompt(2, 9), prompt(2, 1, seed=5)
     out = []
     for n in (0, 1 << 20):
         with torch.no_grad():
-            step = ds.DecodeStep(model, l2_prefetch=n)
-            assert step.l2_prefetch == n and step._side is None
+            step = ds.DecodeStep(model, l2_prefetch=n, l2_prefetch_kv=n > 0)
+            assert step.l2_prefetch == n and step.l2_prefetch_kv == (n > 0) and step._side is None
             cache = gen._new_cache(model, 16)
             model(input_ids=ids, past_key_values=cache, use_cache=True)
             out.append(step(nxt, torch.full((2, 1), 9), torch.full((2,), 10, dtype=torch.int32), step.caches(cache),
@@ -195,6 +198,8 @@ def test_l2_prefetch_option(ds, gen):
     assert ds.decode_step(model) is a and a.l2_prefetch == ds.L2_PREFETCH_BYTES
     b = ds.decode_step(model, l2_prefetch=4096)
     assert b is not a and b.l2_prefetch == 4096 and ds.decode_step(model, l2_prefetch=4096) is b
+    c = ds.decode_step(model, l2_prefetch=4096, l2_prefetch_kv=True)
+    assert c is not b and c.l2_prefetch_kv and ds.decode_step(model, l2_prefetch=4096, l2_prefetch_kv=True) is c
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -432,29 +437,35 @@ def test_cuda_bf16_tokens_as_the_forward_step(kf, gen, fused_calls, arch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("budget", [4096, 1 << 20, 1 << 30])
-def test_cuda_l2_prefetch_same_tokens(kf, gen, ds, monkeypatch, budget):
-    """The L2 prefetch branch changes no result: bf16 greedy tokens with l2_prefetch equal the step's without,
-    in a CUDA graph (the branch forked and joined inside the capture) and without; each layer asks for
-    min(budget, its o and gate/up bytes), W_o first."""
+@pytest.mark.parametrize("budget,kv", [(4096, False), (1 << 20, False), (1 << 30, False), (0, True), (1 << 20, True)])
+def test_cuda_l2_prefetch_same_tokens(kf, gen, ds, monkeypatch, budget, kv):
+    """The L2 prefetch branch changes no result: bf16 greedy tokens with l2_prefetch (and l2_prefetch_kv)
+    equal the step's without, in a CUDA graph (the branch forked and joined inside the capture) and without;
+    each layer asks for its K and V cache first (kv), then min(budget, its o and gate/up bytes), W_o first."""
     model = tiny_model("llama", "cuda", torch.bfloat16, num_hidden_layers=3)
     ids = prompt(2, 24, "cuda")
     want = kf.generate(model, ids, 16, ignore_eos=True, fused_step=ds.DecodeStep(model))
     calls = []
     real = ds._dec.prefetch_l2
-    monkeypatch.setattr(ds._dec, "prefetch_l2", lambda t, n: calls.append((t.data_ptr(), n)) or real(t, n))
-    step = ds.DecodeStep(model, l2_prefetch=budget)
+    monkeypatch.setattr(ds._dec, "prefetch_l2",
+                        lambda t, n=None: calls.append((t.data_ptr(), n)) or real(t, n))
+    step = ds.DecodeStep(model, l2_prefetch=budget, l2_prefetch_kv=kv)
     assert step._side is not None
     got = kf.generate(model, ids, 16, ignore_eos=True, fused_step=step)
     assert torch.equal(got, want)
-    assert gen._GRAPHS[model][(2, 40, False)].fused is step
+    loop = gen._GRAPHS[model][(2, 40, False)]
+    assert loop.fused is step
     (ws,) = step._ws.values()  # one decode_attention workspace for every layer and step, made by the warm-up
     assert ws.numel() <= 256 or not ws[:256].any()
     lay = step.layers[0]
     w_o, w_gu = lay.w_o, lay.gate_up[0]
     n_o = min(budget, w_o.numel() * w_o.element_size())
     n_gu = min(budget - n_o, w_gu.numel() * w_gu.element_size())
-    per_layer = [(w_o.data_ptr(), n_o)] + ([(w_gu.data_ptr(), n_gu)] if n_gu > 0 else [])
+    per_layer = [(w_o.data_ptr(), n_o)] if n_o > 0 else []
+    per_layer += [(w_gu.data_ptr(), n_gu)] if n_gu > 0 else []
+    if kv:
+        K, V = loop.kv[0]
+        per_layer = [(K.data_ptr(), None), (V.data_ptr(), None)] + per_layer
     assert calls[:len(per_layer)] == per_layer
     assert len(calls) == 2 * 3 * len(per_layer)  # the warm-up step and the capture, 3 layers each
     calls.clear()
