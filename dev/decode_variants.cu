@@ -1,6 +1,7 @@
-// Lab probe of decode attention tile variants (warps = keys per stage / 16, stages) at split counts
-// 1..64 (the split merge in the kernel's last CTA) on the bench's shapes (GQA 32/8, d128, bf16, pages
-// scattered), L2 flushed by a zero fill, median of 30; prints the best split per variant.
+// Lab probe of decode attention tile variants (warps = keys per stage / 16, stages; and the head-group
+// kernel's heads per CTA and stages) at split counts 1..64 (the split merge in the kernel's last CTA
+// or warp) on the bench's shapes (GQA 32/8, d128, bf16, pages scattered), L2 flushed by a zero fill,
+// median of 30; prints the best split per variant.
 // Self-contained: fills DecodeParams directly.
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude \
@@ -14,6 +15,7 @@
 
 #include "decode/decode_config.h"
 #include "decode/kernels/decode_attention.cuh"
+#include "decode/kernels/decode_attention_heads.cuh"
 #include "sweep_common.cuh"
 
 namespace kf = kernelforge;
@@ -39,6 +41,25 @@ void variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, int* counter
   }
   std::printf("  warps=%d (keys/stage %3d) stages=%d (%d/SM, %3d KB): best splits=%2d  %7.1f us  %6.0f GB/s\n", kWarps,
               16 * kWarps, kStages, per_sm, smem / 1024, best_s, best, bytes / best * 1e-3);
+}
+
+// The head-group kernel (kernels/decode_attention_heads.cuh): kHeads kv heads per CTA, 16 keys a stage.
+template <int kHeads, int kStages>
+void heads_variant(const kf::DecodeParams& p, float* ws_o, float* ws_lse, int* counters, double bytes) {
+  using T = __nv_bfloat16;
+  constexpr int smem = int(kf::decode_heads_smem_bytes(128, kHeads, kStages));
+  auto kernel = kf::decode::decode_attention_heads_kernel<T, 128, kHeads, kStages>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  float best = 1e30f;
+  int best_s = 0;
+  const unsigned groups = unsigned((p.heads_kv + kHeads - 1) / kHeads);
+  for (int s : {1, 2, 4, 8, 16, 32, 64}) {
+    const float us =
+        median_us([&] { kernel<<<dim3(s, groups, p.batch), 32 * kHeads, smem>>>(p, s, ws_o, ws_lse, counters); });
+    if (us < best) best = us, best_s = s;
+  }
+  std::printf("  heads=%d stages=%d (%3d KB): best splits=%2d  %7.1f us  %6.0f GB/s\n", kHeads, kStages, smem / 1024,
+              best_s, best, bytes / best * 1e-3);
 }
 
 }  // namespace
@@ -82,6 +103,8 @@ int main() {
     variant<2, 4>(p, wo, wl, counters, bytes);
     variant<2, 6>(p, wo, wl, counters, bytes);
     variant<8, 2>(p, wo, wl, counters, bytes);
+    heads_variant<8, 2>(p, wo, wl, counters, bytes);
+    heads_variant<4, 3>(p, wo, wl, counters, bytes);
     cudaFree(q), cudaFree(out), cudaFree(kc), cudaFree(vc), cudaFree(lens), cudaFree(bt), cudaFree(wo), cudaFree(wl),
         cudaFree(counters);
   }

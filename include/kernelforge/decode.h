@@ -84,12 +84,16 @@ struct DecodeTensors {
 
 // How K/V tiles reach shared memory: kCpAsync, 16-byte copies by every thread (any sm_80+ GPU, any
 // page size); kTma, tensor copies issued by one producer warp (sm_90 with a 90a build, page size >= 16
-// or the contiguous cache).
-enum class DecodeKernel { kCpAsync, kTma };
+// or the contiguous cache); kHeadGroup, 16-byte copies of a group of `warps` kv heads per CTA, one warp
+// per head (any sm_80+ GPU; group * Lq <= 16): each token's row of those heads is one contiguous copy
+// at page size 1.
+enum class DecodeKernel { kCpAsync, kTma, kHeadGroup };
 
 // A plan: one CTA per (split, row tile, kv head, sequence); its warps share each key tile (block_n
 // keys, block_n / warps per warp) and merge their partial softmax states at the end; with splits > 1
-// the last CTA of each (sequence, kv head) combines the splits by their logsumexp.
+// the last CTA of each (sequence, kv head) combines the splits by their logsumexp. kHeadGroup: one CTA
+// per (split, group of `warps` kv heads, sequence), each warp one head's rows and all block_n = 16 keys
+// of each stage; the last warp of each (sequence, kv head) combines the splits.
 struct DecodePlan {
   DecodeKernel kernel = DecodeKernel::kCpAsync;
   int head_dim = 0;
@@ -101,7 +105,8 @@ struct DecodePlan {
 };
 
 // e.g. "decode d=128 rows=16 tile=64 warps=4 stages=3 splits=16",
-//      "decode_tma d=128 rows=16 tile=64 warps=4+1 stages=3 splits=16"
+//      "decode_tma d=128 rows=16 tile=64 warps=4+1 stages=3 splits=16",
+//      "decode_heads d=128 rows=16 tile=16 heads=8 stages=2 splits=4"
 std::string to_string(const DecodePlan& plan);
 
 // The zero-initialized head of a split plan's workspace (see "Workspace counters" above): one int32 per

@@ -46,6 +46,12 @@ bool tma_default(const DeviceInfo& dev) {
   static const bool on = env_switch("KF_DECODE_TMA", kDecodeTmaByDefault);
   return on && tma_built(dev);
 }
+// Whether page size 1 may take the head-group kernel (decode_plan.h: kDecodeHeadGroupByDefault;
+// KF_DECODE_HEADS=1 or 0 overrides it, read once).
+bool head_group_default() {
+  static const bool on = env_switch("KF_DECODE_HEADS", kDecodeHeadGroupByDefault);
+  return on;
+}
 
 Status launch(const DecodePlan& plan, const DecodeCall& c, const Prepared& w, void* workspace, cudaStream_t stream) {
   return dispatch_dtype(w.dtype, c.name, [&](auto tag) -> Status {
@@ -87,7 +93,7 @@ Status decode_attention_plan(const DecodeTensors& t, const DecodeOptions& opts, 
   Prepared w;
   Status s = prepare(make_call("decode_attention_plan", t, opts), &w);
   if (!s.ok()) return s;
-  *plan = plan_decode(w.p, *w.dev, tma_default(*w.dev));
+  *plan = plan_decode(w.p, *w.dev, tma_default(*w.dev), head_group_default());
   if (empty(w.p)) {
     *bytes = 0;
     return Status::Ok();
@@ -122,7 +128,7 @@ Status decode_attention(const DecodeTensors& t, const DecodeOptions& opts, void*
     if (workspace == nullptr) *bytes = 0;
     return Status::Ok();
   }
-  const DecodePlan plan = plan_decode(w.p, *w.dev, tma_default(*w.dev));
+  const DecodePlan plan = plan_decode(w.p, *w.dev, tma_default(*w.dev), head_group_default());
   if (!(s = check_decode_plan(plan, w.p)).ok()) return s;
   const size_t need = decode_workspace_bytes(plan, w.p);
   if (workspace == nullptr) {  // CUB's size query

@@ -1,6 +1,6 @@
 // The compiled tiles of the decode attention kernels (kernels/decode_attention.cuh: cp.async,
-// kernels/decode_attention_tma.cuh: TMA) and their shared memory, shared by the launchers and the
-// planner so that the instantiations and the plans agree.
+// kernels/decode_attention_tma.cuh: TMA, kernels/decode_attention_heads.cuh: head group) and their
+// shared memory, shared by the launchers and the planner so that the instantiations and the plans agree.
 //
 // Shared memory, cp.async (elements of T unless said): the Q tile (rows x (D + pad)), then either the
 // K/V ring (stages x 2 x block_n x (D + pad)) during the key loop, or the warps' float32 partial
@@ -23,7 +23,8 @@ constexpr int kDecodePad = 8;
 enum class DecodeTileUse {
   kDefault,    // every head dim and shape
   kSmallGrid,  // few (sequence, kv head) pairs for the SMs: fewer, longer CTAs, twice the keys per stage
-  kPage1,      // page size 1: a smaller ring, three CTAs per SM, more rows in flight per SM
+  kPage1,      // page size 1: a smaller ring, three CTAs per SM, more rows in flight per SM (cp.async);
+               // a head group's whole token rows (kHeadGroup, while kDecodeHeadGroupByDefault is set)
 };
 
 struct DecodeTile {
@@ -36,7 +37,8 @@ struct DecodeTile {
   // the shared-memory limit
   int ctas_per_sm;
   DecodeTileUse use;
-  DecodeKernel kernel = DecodeKernel::kCpAsync;  // kTma: `warps` consumer warps + 1 producer warp
+  DecodeKernel kernel = DecodeKernel::kCpAsync;  // kTma: `warps` consumer warps + 1 producer warp;
+                                                 // kHeadGroup: `warps` kv heads per CTA, a warp each
 };
 constexpr DecodeTile kDecodeTiles[] = {
     // 64 keys per stage; the ring holds 2 stages in flight while one is consumed. The stage count
@@ -62,6 +64,13 @@ constexpr DecodeTile kDecodeTiles[] = {
     {128, 32, 4, 6, 1, DecodeTileUse::kDefault, DecodeKernel::kTma},    // 202 KB
     {128, 16, 8, 3, 1, DecodeTileUse::kSmallGrid, DecodeKernel::kTma},  // 198 KB
     {256, 16, 4, 3, 1, DecodeTileUse::kDefault, DecodeKernel::kTma},    // 202 KB
+    // Head group (kernels/decode_attention_heads.cuh): `warps` kv heads per CTA, one warp each, 16 keys
+    // of every head per stage; rows 16 (group * Lq <= 16). Shared memory: Q 16 rows per head, then the
+    // ring. One CTA per SM (the 8-head tiles' 256 threads; 4 heads at 3 stages also leave room for one).
+    // Not yet measured: the page-size-1 tile is chosen only while kDecodeHeadGroupByDefault is set.
+    {128, 16, 8, 2, 1, DecodeTileUse::kPage1, DecodeKernel::kHeadGroup},  // 170 KB: 64 KB per stage
+    {128, 16, 4, 3, 1, DecodeTileUse::kPage1, DecodeKernel::kHeadGroup},  // 119 KB: 32 KB per stage
+    {64, 16, 8, 3, 1, DecodeTileUse::kPage1, DecodeKernel::kHeadGroup},   // 126 KB: 32 KB per stage
 };
 constexpr int kDecodeTileCount = int(sizeof(kDecodeTiles) / sizeof(kDecodeTiles[0]));
 
@@ -82,9 +91,20 @@ constexpr int64_t decode_tma_smem_bytes(int head_dim, int rows, int warps, int s
   const int64_t merge = int64_t(warps) * rows * (head_dim + 2) * 4;
   return decode_tma_q_bytes(head_dim, rows) + (ring > merge ? ring : merge) + kDecodeTmaBarBytes + kDecodeTmaAlignSlack;
 }
+// Head group (elements of T): Q (heads x 16 rows x (D + pad)), then the ring (stages x 2 x heads x 16
+// keys x (D + pad)); no merge area (each warp finishes its own rows).
+constexpr int64_t decode_heads_smem_bytes(int head_dim, int heads, int stages) {
+  const int64_t q = int64_t(heads) * 16 * (head_dim + kDecodePad) * 2;
+  return q + int64_t(stages) * 2 * heads * 16 * (head_dim + kDecodePad) * 2;
+}
 constexpr int64_t decode_tile_smem_bytes(const DecodeTile& c) {
-  return c.kernel == DecodeKernel::kTma ? decode_tma_smem_bytes(c.head_dim, c.rows, c.warps, c.stages)
-                                        : decode_smem_bytes(c.head_dim, c.rows, c.warps, c.stages);
+  return c.kernel == DecodeKernel::kTma         ? decode_tma_smem_bytes(c.head_dim, c.rows, c.warps, c.stages)
+         : c.kernel == DecodeKernel::kHeadGroup ? decode_heads_smem_bytes(c.head_dim, c.warps, c.stages)
+                                                : decode_smem_bytes(c.head_dim, c.rows, c.warps, c.stages);
+}
+// Keys per pipeline stage of a tile: 16 per warp, or 16 for every head of a head-group tile.
+constexpr int decode_tile_block_n(const DecodeTile& c) {
+  return c.kernel == DecodeKernel::kHeadGroup ? 16 : 16 * c.warps;
 }
 
 }  // namespace kernelforge

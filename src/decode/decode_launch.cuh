@@ -1,7 +1,8 @@
 // The decode attention launchers: the kDecodeTiles row the plan names, one launch (the split merge
 // runs in the kernel's last CTA of each (sequence, kv head)). launch_decode_attention switches on the
 // plan's kernel: the cp.async tiles here (decode_<dtype>.cu), the TMA tiles in decode_tma_launch.cuh
-// (decode_tma_<dtype>.cu, compiled apart).
+// (decode_tma_<dtype>.cu) and the head-group tiles in decode_heads_launch.cuh (decode_heads_<dtype>.cu),
+// compiled apart.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +21,8 @@ template <typename T>
 Status launch_decode_attention(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
 template <typename T>
 Status launch_decode_tma(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
+template <typename T>
+Status launch_decode_heads(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream);
 
 namespace decode {
 
@@ -48,7 +51,7 @@ Status launch_tile(const DecodePlan& plan, const DecodeParams& p, void* workspac
 // The kDecodeTiles row of `kernel` that `plan` names, from row kTile on.
 constexpr bool decode_tile_matches(const DecodeTile& c, const DecodePlan& plan, DecodeKernel kernel) {
   return c.kernel == kernel && plan.kernel == kernel && plan.head_dim == c.head_dim && plan.rows == c.rows &&
-         plan.warps == c.warps && plan.stages == c.stages && plan.block_n == 16 * c.warps;
+         plan.warps == c.warps && plan.stages == c.stages && plan.block_n == decode_tile_block_n(c);
 }
 
 template <typename T, int kTile = 0>
@@ -72,6 +75,8 @@ Status launch_decode_attention(const DecodePlan& plan, const DecodeParams& p, vo
   switch (plan.kernel) {
     case DecodeKernel::kTma:
       return launch_decode_tma<T>(plan, p, workspace, stream);
+    case DecodeKernel::kHeadGroup:
+      return launch_decode_heads<T>(plan, p, workspace, stream);
     case DecodeKernel::kCpAsync:
       break;
   }

@@ -55,7 +55,7 @@ DecodePlan tile_plan(const DecodeTile& c, const DecodeParams& p, const DeviceInf
   plan.head_dim = c.head_dim;
   plan.rows = c.rows;
   plan.warps = c.warps;
-  plan.block_n = 16 * c.warps;
+  plan.block_n = decode_tile_block_n(c);
   plan.stages = c.stages;
   const int64_t sms = dev.sm_count > 0 ? dev.sm_count : 1;
   const int64_t smem = decode_tile_smem_bytes(c);
@@ -63,7 +63,8 @@ DecodePlan tile_plan(const DecodeTile& c, const DecodeParams& p, const DeviceInf
   resident = resident > c.ctas_per_sm ? c.ctas_per_sm : resident;
   resident = resident < 1 ? 1 : resident;
   const int64_t slots = sms * resident;
-  const int64_t base = int64_t(p.batch) * p.heads_kv * decode_row_tiles(plan, p);
+  const int64_t base = c.kernel == DecodeKernel::kHeadGroup ? int64_t(p.batch) * ceil_div(p.heads_kv, c.warps)
+                                                            : int64_t(p.batch) * p.heads_kv * decode_row_tiles(plan, p);
   plan.splits = split_keys(base, slots, p.max_seq_len > 0 ? p.max_seq_len : 1, plan.block_n, kSplitCost);
   return plan;
 }
@@ -72,9 +73,25 @@ int64_t smem_limit_of(const DeviceInfo& dev) {
   return dev.capability > 0 ? mla_smem_limit(dev.capability) : kSmemPerSm;
 }
 
+// The head-group tile for the call: rows <= 16, the largest group of heads the call fills (8 heads
+// when Hkv >= 8, else 4), within the device's shared memory; nullptr when none.
+const DecodeTile* head_group_tile(const DecodeParams& p, const DeviceInfo& dev) {
+  if (p.rows > 16) return nullptr;
+  const DecodeTile* pick = nullptr;
+  for (const DecodeTile& c : kDecodeTiles)
+    if (c.kernel == DecodeKernel::kHeadGroup && c.head_dim == p.head_dim && c.warps <= p.heads_kv &&
+        decode_tile_smem_bytes(c) <= smem_limit_of(dev) && (pick == nullptr || c.warps > pick->warps))
+      pick = &c;
+  return pick;
+}
+
 }  // namespace
 
 std::string to_string(const DecodePlan& plan) {
+  if (plan.kernel == DecodeKernel::kHeadGroup)
+    return "decode_heads d=" + std::to_string(plan.head_dim) + " rows=" + std::to_string(plan.rows) +
+           " tile=" + std::to_string(plan.block_n) + " heads=" + std::to_string(plan.warps) +
+           " stages=" + std::to_string(plan.stages) + " splits=" + std::to_string(plan.splits);
   const bool tma = plan.kernel == DecodeKernel::kTma;
   return std::string(tma ? "decode_tma" : "decode") + " d=" + std::to_string(plan.head_dim) +
          " rows=" + std::to_string(plan.rows) + " tile=" + std::to_string(plan.block_n) +
@@ -88,7 +105,10 @@ std::string decode_tma_unsupported(const DecodeParams& p, const DeviceInfo& dev,
   return tma_layout_unsupported(p);
 }
 
-DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built) {
+DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built, bool head_group) {
+  if (head_group && p.block_table != nullptr && p.page_size == 1) {
+    if (const DecodeTile* c = head_group_tile(p, dev)) return tile_plan(*c, p, dev);
+  }
   const DecodeKernel kernel =
       decode_tma_unsupported(p, dev, tma_built).empty() ? DecodeKernel::kTma : DecodeKernel::kCpAsync;
   // The row: 16 rows, or 32 when group * Lq needs them and the head dim has a 32-row tile.
@@ -132,10 +152,12 @@ DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_bu
 std::vector<DecodePlan> decode_candidate_plans(const DecodeParams& p, const DeviceInfo& dev, bool tma_built) {
   const bool tma = decode_tma_unsupported(p, dev, tma_built).empty();
   std::vector<DecodePlan> plans;
-  for (const DecodeTile& c : kDecodeTiles)
-    if (c.head_dim == p.head_dim && (c.kernel == DecodeKernel::kCpAsync || tma) &&
-        decode_tile_smem_bytes(c) <= smem_limit_of(dev))
+  for (const DecodeTile& c : kDecodeTiles) {
+    const bool runs = c.kernel == DecodeKernel::kCpAsync || (c.kernel == DecodeKernel::kTma && tma) ||
+                      (c.kernel == DecodeKernel::kHeadGroup && p.rows <= 16);
+    if (c.head_dim == p.head_dim && runs && decode_tile_smem_bytes(c) <= smem_limit_of(dev))
       plans.push_back(tile_plan(c, p, dev));
+  }
   return plans;
 }
 
@@ -160,8 +182,13 @@ Status check_decode_plan(const DecodePlan& plan, const DecodeParams& p) {
   bool built = false;
   for (const DecodeTile& c : kDecodeTiles)
     built = built || (c.kernel == plan.kernel && c.head_dim == plan.head_dim && c.rows == plan.rows &&
-                      c.warps == plan.warps && c.stages == plan.stages && plan.block_n == 16 * c.warps);
+                      c.warps == plan.warps && c.stages == plan.stages && plan.block_n == decode_tile_block_n(c));
   if (!built) return Status::Invalid(where + ": no such kernel is built");
+  if (plan.kernel == DecodeKernel::kHeadGroup && p.rows > 16)
+    return Status::Invalid(where +
+                           ": the head-group kernel takes at most 16 query rows per kv head (group x Lq), "
+                           "the call has " +
+                           std::to_string(p.rows));
   if (plan.kernel == DecodeKernel::kTma) {  // the device and the build: the launcher (the kernel's image)
     const std::string why = tma_layout_unsupported(p);
     if (!why.empty()) return Status::NotSupported(where + ": the TMA kernel " + why);

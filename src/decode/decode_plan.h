@@ -15,8 +15,15 @@
 namespace kernelforge {
 
 struct DeviceInfo;
-// `tma_built`: the build holds an sm_90a image of the TMA kernel (decode_tma_built()).
-DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built);
+// `tma_built`: the build holds an sm_90a image of the TMA kernel (decode_tma_built()). `head_group`:
+// page size 1 may take the head-group kernel (decode_config.h's kHeadGroup rows).
+DecodePlan plan_decode(const DecodeParams& p, const DeviceInfo& dev, bool tma_built, bool head_group = false);
+
+// decode_attention_plan / decode_attention pass head_group = kDecodeHeadGroupByDefault. It is off: the
+// head-group kernel (kernels/decode_attention_heads.cuh) is built and tested through the candidate plans,
+// and its page-size-1 time against the cp.async kernel's is not yet measured. KF_DECODE_HEADS=1 (or 0)
+// overrides it for the process.
+inline constexpr bool kDecodeHeadGroupByDefault = false;
 
 // decode_attention_plan / decode_attention pass tma_built = kDecodeTmaByDefault && the device and the
 // build have the TMA kernel. It is on: at page size 16 the TMA kernel reads 3211 GB/s at b16 x kv4k

@@ -12,8 +12,9 @@
 // with 0, 1, 7 and 4097, q_len 1 to 8,
 // GQA groups 1, 4, 7, 8, 16, head dims 64, 128, 256, window, softcap, sinks (float32 and q's dtype),
 // lengths beyond the capacity and block-table entries outside the cache, past it and negative
-// (clamped / read as zeros, as the reference does), batch 1 at 32k keys split up to 128 ways, and a split call captured
-// into a CUDA graph and replayed.
+// (clamped / read as zeros, as the reference does), batch 1 at 32k keys split up to 128 ways, a split call captured
+// into a CUDA graph and replayed, and page size 1 at 8 and 12 kv heads and at 16 rows per kv head (the
+// head-group kernel's full, partial and idle warps).
 //
 // Tolerance (u: 2^-8 bfloat16, 2^-11 float16; |v| < 1): out is a convex combination of v rows with
 // P rounded to the dtype before P V (at most 2u) and rounded once more (u |out|); float32 logits
@@ -366,6 +367,15 @@ std::vector<DecodeCase> decode_cases() {
   c = DecodeCase{};  // page size 1 with the GQA of the measured shapes
   c.Hq = 32, c.Hkv = 8, c.page = 1, c.lens = {1200, 700, 5, 2047}, c.name = "page1_gqa32_8";
   add(c);
+  // the head-group kernel's edges: 12 kv heads (a full group of 8, then 4 heads and 4 idle warps) with an
+  // empty sequence; 16 rows per kv head (Lq 4 x group 4, causal among the new tokens) on 4 kv heads
+  c = DecodeCase{};
+  c.Hq = 24, c.Hkv = 12, c.page = 1, c.lens = {0, 333, 4097}, c.name = "page1_hkv12_empty";
+  add(c);
+  c = DecodeCase{};
+  c.Hq = 16, c.Hkv = 4, c.Lq = 4, c.page = 1, c.lens = {900, 4, 61}, c.sinks = Sinks::kFloat32,
+  c.name = "page1_hkv4_qlen4_sinks";
+  add(c);
   return v;
 }
 
@@ -498,7 +508,8 @@ TEST(DecodePlan, TileByShape) {
   for (const kf::DecodeTile& c : kf::kDecodeTiles) {
     DecodePlan p;
     p.kernel = c.kernel;
-    p.head_dim = c.head_dim, p.rows = c.rows, p.warps = c.warps, p.block_n = 16 * c.warps, p.stages = c.stages;
+    p.head_dim = c.head_dim, p.rows = c.rows, p.warps = c.warps, p.block_n = kf::decode_tile_block_n(c);
+    p.stages = c.stages;
     EXPECT_TRUE(kf::check_decode_plan(p, tma_paged(params_for(2, 1, 16, 2, c.head_dim, 4096), 16)).ok())
         << kf::to_string(p);
   }
@@ -574,8 +585,9 @@ TEST(DecodePlan, CandidatePlans) {
   };
   const kf::DecodeParams b16 = tma_paged(params_for(16, 1, 32, 8, 128, 4096), 16);
   const std::vector<DecodePlan> all = kf::decode_candidate_plans(b16, h100, true);
-  EXPECT_EQ(count(all, kf::DecodeKernel::kCpAsync), 4);  // d128: 4 x 3 (16, 32 rows), 8 x 2, 4 x 2
-  EXPECT_EQ(count(all, kf::DecodeKernel::kTma), 3);      // d128: 4 x 3, 4 x 6 (32 rows), 8 x 3
+  EXPECT_EQ(count(all, kf::DecodeKernel::kCpAsync), 4);    // d128: 4 x 3 (16, 32 rows), 8 x 2, 4 x 2
+  EXPECT_EQ(count(all, kf::DecodeKernel::kTma), 3);        // d128: 4 x 3, 4 x 6 (32 rows), 8 x 3
+  EXPECT_EQ(count(all, kf::DecodeKernel::kHeadGroup), 2);  // d128: 8 heads x 2 stages, 4 heads x 3
   const DecodePlan planned = kf::plan_decode(b16, h100, true);
   EXPECT_TRUE(std::any_of(all.begin(), all.end(),
                           [&](const DecodePlan& p) { return kf::to_string(p) == kf::to_string(planned); }));
@@ -588,7 +600,50 @@ TEST(DecodePlan, CandidatePlans) {
   l40.capability = 89;
   const std::vector<DecodePlan> small = kf::decode_candidate_plans(b16, l40, true);
   EXPECT_EQ(count(small, kf::DecodeKernel::kTma), 0);
-  EXPECT_EQ(count(small, kf::DecodeKernel::kCpAsync), 1);  // 4 x 2 (72 KB); 4 x 3 is 106 / 110 KB
+  EXPECT_EQ(count(small, kf::DecodeKernel::kCpAsync), 1);    // 4 x 2 (72 KB); 4 x 3 is 106 / 110 KB
+  EXPECT_EQ(count(small, kf::DecodeKernel::kHeadGroup), 0);  // 119 KB and 170 KB
+  // more than 16 query rows per kv head (Lq 8 x group 4): no head-group candidate
+  EXPECT_EQ(count(kf::decode_candidate_plans(tma_paged(params_for(16, 8, 32, 8, 128, 4096), 1), h100, true),
+                  kf::DecodeKernel::kHeadGroup),
+            0);
+}
+
+// The head-group kernel: page size 1 with head_group set, <= 16 rows per kv head, the largest group
+// of heads the call fills; everything else keeps its kernel.
+TEST(DecodePlan, HeadGroupChoice) {
+  kf::DeviceInfo h100;
+  h100.sm_count = 132, h100.capability = 90;
+  const kf::DecodeParams page1 = tma_paged(params_for(16, 1, 32, 8, 128, 4096), 1);
+  const DecodePlan p = kf::plan_decode(page1, h100, true, true);
+  EXPECT_EQ(p.kernel, kf::DecodeKernel::kHeadGroup);
+  EXPECT_EQ(p.warps, 8);
+  EXPECT_EQ(p.block_n, 16);
+  // 16 sequences x 1 group of 8 heads: split over the SMs
+  EXPECT_GE(p.splits, 4);
+  EXPECT_EQ(kf::to_string(p), "decode_heads d=128 rows=16 tile=16 heads=8 stages=2 splits=" + std::to_string(p.splits));
+  EXPECT_TRUE(kf::check_decode_plan(p, page1).ok());
+  // switch off, page size 16, more than 16 rows, fewer than 4 kv heads: not the head-group kernel
+  EXPECT_EQ(kf::plan_decode(page1, h100, true, false).kernel, kf::DecodeKernel::kCpAsync);
+  EXPECT_EQ(kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 128, 4096), 16), h100, true, true).kernel,
+            kf::DecodeKernel::kTma);
+  EXPECT_EQ(kf::plan_decode(tma_paged(params_for(16, 8, 32, 8, 128, 4096), 1), h100, true, true).kernel,
+            kf::DecodeKernel::kCpAsync);
+  EXPECT_EQ(kf::plan_decode(tma_paged(params_for(16, 1, 16, 2, 128, 4096), 1), h100, true, true).kernel,
+            kf::DecodeKernel::kCpAsync);
+  // 4 kv heads at d128: the 4-head tile; d64 with 8 kv heads: its 8-head tile
+  const DecodePlan h4 = kf::plan_decode(tma_paged(params_for(16, 1, 32, 4, 128, 4096), 1), h100, true, true);
+  EXPECT_EQ(kf::to_string(h4).rfind("decode_heads d=128 rows=16 tile=16 heads=4 stages=3 splits=", 0), 0u)
+      << kf::to_string(h4);
+  const DecodePlan d64 = kf::plan_decode(tma_paged(params_for(16, 1, 32, 8, 64, 4096), 1), h100, true, true);
+  EXPECT_EQ(kf::to_string(d64).rfind("decode_heads d=64 rows=16 tile=16 heads=8 stages=3 splits=", 0), 0u)
+      << kf::to_string(d64);
+  // a head-group plan for more than 16 rows is refused
+  KF_EXPECT_INVALID(kf::check_decode_plan(p, tma_paged(params_for(16, 8, 32, 8, 128, 4096), 1)),
+                    "at most 16 query rows per kv head");
+  // sm_89 (99 KB per block): no head-group tile fits; the cp.async page-1 tile
+  kf::DeviceInfo l40 = h100;
+  l40.capability = 89;
+  EXPECT_EQ(kf::plan_decode(page1, l40, false, true).kernel, kf::DecodeKernel::kCpAsync);
 }
 
 TEST(DecodePlan, WorkspaceLayout) {
