@@ -56,6 +56,54 @@ kf::DecodeOptions make_options(std::optional<double> scale, int64_t window_left,
   return o;
 }
 
+// decode_attention's outputs, shaped from q (a q of the wrong rank is refused here; everything else is
+// checked by the core): out contiguous with q's shape and dtype, lse float32 [B, Lq, Hq] or [0]. One
+// std::string message: see kf_attention.cpp (GCC 13 + torch 2.11).
+std::tuple<Tensor, Tensor> decode_outputs(const Tensor& q, bool return_lse) {
+  if (q.dim() != 4)
+    TORCH_CHECK_VALUE(false,
+                      "decode_attention: q must have 4 dimensions [B, Lq, Hq, D], got " + std::to_string(q.dim()));
+  const std::vector<int64_t> lse_shape =
+      return_lse ? std::vector<int64_t>{q.size(0), q.size(1), q.size(2)} : std::vector<int64_t>{0};
+  return {at::empty(q.sizes(), q.options()), at::empty(lse_shape, q.options().dtype(at::kFloat))};
+}
+
+// The views of one decode_attention call and the DecodeTensors over them (this object owns the views
+// the tensors point to: it lives as long as the call).
+struct DecodeViews {
+  kf::TensorView q, k_cache, v_cache, seq_lens, out, lse;
+  OptView block_table, sinks, key_starts;
+  bool with_lse;
+  DecodeViews(const Tensor& q_, const Tensor& k_cache_, const Tensor& v_cache_, const Tensor& seq_lens_,
+              const OptTensor& block_table_, const OptTensor& sinks_, const OptTensor& key_starts_, const Tensor& out_,
+              const Tensor& lse_, bool return_lse)
+      : q(view(q_)),
+        k_cache(view(k_cache_)),
+        v_cache(view(v_cache_)),
+        seq_lens(view(seq_lens_)),
+        out(view(out_)),
+        lse(view(lse_)),
+        block_table(block_table_),
+        sinks(sinks_),
+        key_starts(key_starts_),
+        with_lse(return_lse) {}
+  DecodeViews(const DecodeViews&) = delete;
+  DecodeViews& operator=(const DecodeViews&) = delete;
+  kf::DecodeTensors tensors() const {
+    kf::DecodeTensors t;
+    t.q = &q;
+    t.k_cache = &k_cache;
+    t.v_cache = &v_cache;
+    t.seq_lens = &seq_lens;
+    t.block_table = block_table.get();
+    t.out = &out;
+    t.lse = with_lse ? &lse : nullptr;
+    t.sinks = sinks.get();
+    t.key_starts = key_starts.get();
+    return t;
+  }
+};
+
 // A caller's workspace: contiguous memory of q's device holding at least the plan's bytes.
 void check_workspace(const Tensor& ws, const Tensor& q, size_t bytes, const kf::DecodePlan& plan) {
   if (!ws.is_cuda() || ws.device() != q.device())
@@ -81,29 +129,9 @@ std::tuple<Tensor, Tensor> decode_attention_impl(bool cuda, const Tensor& q, con
                                      to_cpu(key_starts), std::nullopt);
     return {std::get<0>(res).to(q.device()), std::get<1>(res).to(q.device())};
   }
-  // The outputs' shapes are read from q: a q of the wrong rank is refused here (everything else is
-  // checked by the core). One std::string message: see kf_attention.cpp (GCC 13 + torch 2.11).
-  if (q.dim() != 4)
-    TORCH_CHECK_VALUE(false,
-                      "decode_attention: q must have 4 dimensions [B, Lq, Hq, D], got " + std::to_string(q.dim()));
-  Tensor out = at::empty(q.sizes(), q.options());
-  const std::vector<int64_t> lse_shape =
-      return_lse ? std::vector<int64_t>{q.size(0), q.size(1), q.size(2)} : std::vector<int64_t>{0};
-  Tensor lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
-
-  const kf::TensorView qv = view(q), kv = view(k_cache), vv = view(v_cache), slv = view(seq_lens);
-  const kf::TensorView ov = view(out), lv = view(lse);
-  const OptView btv(block_table), sv(sinks), ksv(key_starts);
-  kf::DecodeTensors t;
-  t.q = &qv;
-  t.k_cache = &kv;
-  t.v_cache = &vv;
-  t.seq_lens = &slv;
-  t.block_table = btv.get();
-  t.out = &ov;
-  t.lse = return_lse ? &lv : nullptr;
-  t.sinks = sv.get();
-  t.key_starts = ksv.get();
+  auto [out, lse] = decode_outputs(q, return_lse);
+  const DecodeViews views(q, k_cache, v_cache, seq_lens, block_table, sinks, key_starts, out, lse, return_lse);
+  const kf::DecodeTensors t = views.tensors();
   if (!cuda) {
     check(kf::ref::decode_attention(t, o));
     return {out, lse};
@@ -142,26 +170,10 @@ int64_t decode_attention_workspace_bytes_impl(bool cuda, const Tensor& q, const 
                                               const OptTensor& key_starts) {
   if (!cuda || needs_fallback("decode_attention", q)) return 0;
   const kf::DecodeOptions o = make_options(scale, window_left, softcap, max_seq_len);
-  if (q.dim() != 4)
-    TORCH_CHECK_VALUE(false,
-                      "decode_attention: q must have 4 dimensions [B, Lq, Hq, D], got " + std::to_string(q.dim()));
   // the plan reads shapes and strides only: stand-in outputs with the call's layout, never written
-  Tensor out = at::empty(q.sizes(), q.options());
-  Tensor lse = at::empty(return_lse ? std::vector<int64_t>{q.size(0), q.size(1), q.size(2)} : std::vector<int64_t>{0},
-                         q.options().dtype(at::kFloat));
-  const kf::TensorView qv = view(q), kv = view(k_cache), vv = view(v_cache), slv = view(seq_lens);
-  const kf::TensorView ov = view(out), lv = view(lse);
-  const OptView btv(block_table), sv(sinks), ksv(key_starts);
-  kf::DecodeTensors t;
-  t.q = &qv;
-  t.k_cache = &kv;
-  t.v_cache = &vv;
-  t.seq_lens = &slv;
-  t.block_table = btv.get();
-  t.out = &ov;
-  t.lse = return_lse ? &lv : nullptr;
-  t.sinks = sv.get();
-  t.key_starts = ksv.get();
+  auto [out, lse] = decode_outputs(q, return_lse);
+  const DecodeViews views(q, k_cache, v_cache, seq_lens, block_table, sinks, key_starts, out, lse, return_lse);
+  const kf::DecodeTensors t = views.tensors();
   c10::cuda::CUDAGuard guard(q.device());
   kf::DecodePlan plan;
   size_t bytes = 0;

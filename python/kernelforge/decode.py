@@ -147,11 +147,17 @@ def decode_attention(
                 b = int(bad.nonzero()[0, 0])
                 raise ValueError(f"decode_attention: key_starts[{b}] = {int(starts[b])} is outside [0, seq_lens[{b}]]")
     out, lse = _ops.decode_attention(
-        q, k_cache, v_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
-        window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0), sinks=sinks,
-        max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse), key_starts=key_starts,
-        workspace=workspace)
+        q, k_cache, v_cache, seq_lens, block_table, workspace=workspace,
+        **_op_options(scale, window_left, softcap, sinks, max_seq_len, return_lse, key_starts))
     return (out, lse) if return_lse else out
+
+
+def _op_options(scale, window_left, softcap, sinks, max_seq_len, return_lse, key_starts) -> dict:
+    """decode_attention's keyword options as the op's schema takes them (None: the defaults)."""
+    return dict(scale=None if scale is None else float(scale),
+                window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0),
+                sinks=sinks, max_seq_len=0 if max_seq_len is None else max_seq_len, return_lse=bool(return_lse),
+                key_starts=key_starts)
 
 
 def decode_workspace(
@@ -174,11 +180,9 @@ def decode_workspace(
     shapes do), for ``decode_attention(..., workspace=...)``. Empty when the plan does not split the keys or
     the tensors are on the CPU. The zeroing is a memset on the current stream: allocate it outside a CUDA
     graph capture (inside one it becomes a node of the graph)."""
-    n = _ops.decode_attention_workspace_bytes(
-        q, k_cache, v_cache, seq_lens, block_table, scale=None if scale is None else float(scale),
-        window_left=-1 if window_left is None else int(window_left), softcap=float(softcap or 0.0), sinks=sinks,
-        max_seq_len=0 if max_seq_len is None else int(max_seq_len), return_lse=bool(return_lse),
-        key_starts=key_starts)
+    opts = _op_options(scale, window_left, softcap, sinks, max_seq_len, return_lse, key_starts)
+    n = _ops.decode_attention_workspace_bytes(q, k_cache, v_cache, seq_lens, block_table,
+                                              **dict(opts, max_seq_len=int(opts["max_seq_len"])))
     return torch.zeros(n, dtype=torch.uint8, device=q.device)
 
 

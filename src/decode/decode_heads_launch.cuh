@@ -24,15 +24,10 @@ Status launch_heads_tile(const DecodePlan& plan, const DecodeParams& p, void* wo
   constexpr int64_t smem = decode_heads_smem_bytes(c.head_dim, c.warps, c.stages);
   void (*kernel)(DecodeParams, int, float*, float*, int32_t*) =
       decode_attention_heads_kernel<T, c.head_dim, c.warps, c.stages>;
-  int device = 0;
   const DeviceInfo* dev = nullptr;
-  Status st = current_device_info(&device, &dev);
-  if (!st.ok()) return st;
-  st = cuda_status(ensure_smem_limit(kernel, size_t(smem)), "decode_attention",
-                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (!st.ok()) return st;
   DecodeWorkspace ws;
-  if (plan.splits > 1) ws = decode_workspace(plan, p, workspace);
+  const Status st = launch_setup(kernel, smem, plan, p, workspace, &dev, &ws);
+  if (!st.ok()) return st;
   const unsigned groups = unsigned((p.heads_kv + c.warps - 1) / c.warps);
   // One launch: with splits > 1 the last warp of each (sequence, kv head) merges the splits.
   Launch l(dim3(unsigned(plan.splits), groups, unsigned(p.batch)), dim3(32u * c.warps), size_t(smem), stream,
@@ -40,25 +35,12 @@ Status launch_heads_tile(const DecodePlan& plan, const DecodeParams& p, void* wo
   return launched(l(kernel, p, plan.splits, ws.o, ws.lse, ws.counters), "decode_attention (head group)");
 }
 
-template <typename T, int kTile = 0>
-Status launch_heads_matching(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
-  if constexpr (kTile == kDecodeTileCount) {
-    return Status::Invalid("decode_attention: no kernel is built for " + to_string(plan));
-  } else {
-    constexpr DecodeTile c = kDecodeTiles[kTile];
-    if constexpr (c.kernel == DecodeKernel::kHeadGroup) {
-      if (decode_tile_matches(c, plan, DecodeKernel::kHeadGroup))
-        return launch_heads_tile<T, kTile>(plan, p, workspace, stream);
-    }
-    return launch_heads_matching<T, kTile + 1>(plan, p, workspace, stream);
-  }
-}
-
 }  // namespace decode
 
 template <typename T>
 Status launch_decode_heads(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
-  return decode::launch_heads_matching<T>(plan, p, workspace, stream);
+  return decode::match_tile<DecodeKernel::kHeadGroup>(
+      plan, [&](auto tile) { return decode::launch_heads_tile<T, decltype(tile)::value>(plan, p, workspace, stream); });
 }
 
 }  // namespace kernelforge

@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "common/launch.cuh"
 #include "common/occupancy.h"
@@ -26,21 +28,31 @@ Status launch_decode_heads(const DecodePlan& plan, const DecodeParams& p, void* 
 
 namespace decode {
 
+// What every decode launcher does before its launch: the device, the kernel's dynamic shared memory
+// limit raised to `smem`, and the parts of the split workspace (splits > 1).
+template <class Kernel>
+Status launch_setup(Kernel kernel, int64_t smem, const DecodePlan& plan, const DecodeParams& p, void* workspace,
+                    const DeviceInfo** dev, DecodeWorkspace* ws) {
+  int device = 0;
+  Status st = current_device_info(&device, dev);
+  if (!st.ok()) return st;
+  st = cuda_status(ensure_smem_limit(kernel, size_t(smem)), "decode_attention",
+                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!st.ok()) return st;
+  if (plan.splits > 1) *ws = decode_workspace(plan, p, workspace);
+  return Status::Ok();
+}
+
 template <typename T, int kTile>
 Status launch_tile(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
   constexpr DecodeTile c = kDecodeTiles[kTile];
   constexpr int64_t smem = decode_smem_bytes(c.head_dim, c.rows, c.warps, c.stages);
   void (*kernel)(DecodeParams, int, float*, float*, int32_t*) =
       decode_attention_kernel<T, c.head_dim, c.rows / 16, c.warps, c.stages, c.ctas_per_sm>;
-  int device = 0;
   const DeviceInfo* dev = nullptr;
-  Status st = current_device_info(&device, &dev);
-  if (!st.ok()) return st;
-  st = cuda_status(ensure_smem_limit(kernel, size_t(smem)), "decode_attention",
-                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (!st.ok()) return st;
   DecodeWorkspace ws;
-  if (plan.splits > 1) ws = decode_workspace(plan, p, workspace);
+  const Status st = launch_setup(kernel, smem, plan, p, workspace, &dev, &ws);
+  if (!st.ok()) return st;
   const unsigned row_tiles = unsigned(decode_row_tiles(plan, p));
   // One launch: with splits > 1 the last CTA of each (sequence, kv head) merges the splits.
   Launch l(dim3(unsigned(plan.splits), row_tiles * unsigned(p.heads_kv), unsigned(p.batch)), dim3(32u * c.warps),
@@ -54,17 +66,18 @@ constexpr bool decode_tile_matches(const DecodeTile& c, const DecodePlan& plan, 
          plan.warps == c.warps && plan.stages == c.stages && plan.block_n == decode_tile_block_n(c);
 }
 
-template <typename T, int kTile = 0>
-Status launch_matching(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
+// launch(std::integral_constant<int, i>{}) for the kDecodeTiles row i of kind kKind that `plan` names
+// (instantiated for the rows of that kind only), or Invalid when no such row is built.
+template <DecodeKernel kKind, int kTile = 0, class Launch_>
+Status match_tile(const DecodePlan& plan, Launch_&& launch) {
   if constexpr (kTile == kDecodeTileCount) {
     return Status::Invalid("decode_attention: no kernel is built for " + to_string(plan));
   } else {
     constexpr DecodeTile c = kDecodeTiles[kTile];
-    if constexpr (c.kernel == DecodeKernel::kCpAsync) {
-      if (decode_tile_matches(c, plan, DecodeKernel::kCpAsync))
-        return launch_tile<T, kTile>(plan, p, workspace, stream);
+    if constexpr (c.kernel == kKind) {
+      if (decode_tile_matches(c, plan, kKind)) return launch(std::integral_constant<int, kTile>{});
     }
-    return launch_matching<T, kTile + 1>(plan, p, workspace, stream);
+    return match_tile<kKind, kTile + 1>(plan, std::forward<Launch_>(launch));
   }
 }
 
@@ -80,7 +93,8 @@ Status launch_decode_attention(const DecodePlan& plan, const DecodeParams& p, vo
     case DecodeKernel::kCpAsync:
       break;
   }
-  return decode::launch_matching<T>(plan, p, workspace, stream);
+  return decode::match_tile<DecodeKernel::kCpAsync>(
+      plan, [&](auto tile) { return decode::launch_tile<T, decltype(tile)::value>(plan, p, workspace, stream); });
 }
 
 }  // namespace kernelforge

@@ -40,9 +40,9 @@ Status launch_tma_tile(const DecodePlan& plan, const DecodeParams& p, void* work
   auto kernel = tma_kernel<T, kTile>();
   if (kernel_binary_version(kernel) != 90)
     return Status::NotSupported("decode_attention: the TMA kernel needs an sm_90 device and a build with 90a-real");
-  int device = 0;
   const DeviceInfo* dev = nullptr;
-  Status st = current_device_info(&device, &dev);
+  DecodeWorkspace ws;
+  Status st = launch_setup(kernel, smem, plan, p, workspace, &dev, &ws);
   if (!st.ok()) return st;
   // (column, row, head, page) maps; a paged tile of kBlockN keys is kBlockN / box_rows whole pages
   const int box_rows = p.block_table != nullptr && p.page_size < kBlockN ? p.page_size : kBlockN;
@@ -53,36 +53,18 @@ Status launch_tma_tile(const DecodePlan& plan, const DecodeParams& p, void* work
   st = encode_attention_map<T>(&tv, p.v_cache, p.head_dim, p.page_size, p.heads_kv, p.pages, p.v_st, p.v_sh, p.v_sp,
                                box_rows, "v_cache", "decode_attention");
   if (!st.ok()) return st;
-  st = cuda_status(ensure_smem_limit(kernel, size_t(smem)), "decode_attention",
-                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (!st.ok()) return st;
-  DecodeWorkspace ws;
-  if (plan.splits > 1) ws = decode_workspace(plan, p, workspace);
   const unsigned row_tiles = unsigned(decode_row_tiles(plan, p));
   Launch l(dim3(unsigned(plan.splits), row_tiles * unsigned(p.heads_kv), unsigned(p.batch)), dim3(32u * (c.warps + 1)),
            size_t(smem), stream, use_pdl(*dev));
   return launched(l(kernel, tk, tv, p, plan.splits, ws.o, ws.lse, ws.counters), "decode_attention (TMA)");
 }
 
-template <typename T, int kTile = 0>
-Status launch_tma_matching(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
-  if constexpr (kTile == kDecodeTileCount) {
-    return Status::Invalid("decode_attention: no kernel is built for " + to_string(plan));
-  } else {
-    constexpr DecodeTile c = kDecodeTiles[kTile];
-    if constexpr (c.kernel == DecodeKernel::kTma) {
-      if (decode_tile_matches(c, plan, DecodeKernel::kTma))
-        return launch_tma_tile<T, kTile>(plan, p, workspace, stream);
-    }
-    return launch_tma_matching<T, kTile + 1>(plan, p, workspace, stream);
-  }
-}
-
 }  // namespace decode
 
 template <typename T>
 Status launch_decode_tma(const DecodePlan& plan, const DecodeParams& p, void* workspace, cudaStream_t stream) {
-  return decode::launch_tma_matching<T>(plan, p, workspace, stream);
+  return decode::match_tile<DecodeKernel::kTma>(
+      plan, [&](auto tile) { return decode::launch_tma_tile<T, decltype(tile)::value>(plan, p, workspace, stream); });
 }
 
 }  // namespace kernelforge

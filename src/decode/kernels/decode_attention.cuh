@@ -38,10 +38,6 @@
 namespace kernelforge {
 namespace decode {
 
-using attn_mma::cp_async16;
-using attn_mma::cp_async_commit;
-using attn_mma::cp_async_wait;
-
 template <typename T, int kD, int kMBlocks, int kWarps, int kStages, int kMinCtas = 1>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtas)
     decode_attention_kernel(DecodeParams p, int splits, float* ws_o, float* ws_lse, int32_t* counters) {
@@ -78,53 +74,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtas)
 
     // ---- K/V loads: thread copies column chunk cc of rows r0, r0 + kRowStep, ... of each tile ----
     const int r0 = tid / kChunks, cc = tid % kChunks;
-    const uint16_t* kbase = static_cast<const uint16_t*>(p.k_cache) + hkv * p.k_sh + cc * 8;
-    const uint16_t* vbase = static_cast<const uint16_t*>(p.v_cache) + hkv * p.v_sh + cc * 8;
-    const int32_t* bt = p.block_table != nullptr ? p.block_table + b * p.bt_sb : nullptr;
-    const int32_t page_mask = p.page_size - 1;
-    // The page of each of this thread's rows of a tile, read from the block table one tile ahead of
-    // its copy (the read's latency then overlaps a tile of compute); -1: no row or out of range.
-    auto fetch_pages = [&](int tile_start, int32_t(&pg)[kLoadRows]) {
-#pragma unroll
-      for (int i = 0; i < kLoadRows; ++i) {
-        const int32_t j = tile_start + r0 + i * kRowStep;
-        int32_t page = -1;
-        if (j < kr.end) {
-          page = bt != nullptr ? __ldg(bt + (j >> p.page_shift)) : b;
-          page = page >= 0 && page < p.pages ? page : -1;
-        }
-        pg[i] = page;
-      }
+    const KvCopies<kLoadRows, kRowStep> copies(p, hkv, cc, b, r0, true);
+    auto fetch = [&](int32_t tile_start, int32_t(&pg)[kLoadRows]) { copies.fetch(p, tile_start, kr.end, pg); };
+    auto load = [&](int32_t tile_start, int stage, const int32_t(&pg)[kLoadRows]) {
+      uint16_t* sk = skv + stage * 2 * kBlockN * kStride + cc * 8;
+      copies.template load<kStride>(p, tile_start, sk, sk + kBlockN * kStride, pg);
     };
-    auto load_tile = [&](int tile_start, int stage, const int32_t(&pg)[kLoadRows]) {
-      uint16_t* sk = skv + stage * 2 * kBlockN * kStride;
-      uint16_t* sv = sk + kBlockN * kStride;
-#pragma unroll
-      for (int i = 0; i < kLoadRows; ++i) {
-        const int r = r0 + i * kRowStep;
-        const int32_t j = tile_start + r;
-        const bool ok = pg[i] >= 0;
-        const int32_t row = bt != nullptr ? (j & page_mask) : j;
-        const int64_t koff = ok ? pg[i] * p.k_sp + row * p.k_st : 0;
-        const int64_t voff = ok ? pg[i] * p.v_sp + row * p.v_st : 0;
-        cp_async16(smem_addr(sk + r * kStride + cc * 8), kbase + koff, ok);
-        cp_async16(smem_addr(sv + r * kStride + cc * 8), vbase + voff, ok);
-      }
-    };
-
     const int n_tiles = (kr.end - kr.start + kBlockN - 1) / kBlockN;
     int32_t pages[kLoadRows];  // the pages of the next tile to copy
-    {
-      int32_t first[kStages - 1][kLoadRows];  // every table read of the prologue in flight at once
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) fetch_pages(kr.start + s * kBlockN, first[s]);
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (s < n_tiles) load_tile(kr.start + s * kBlockN, s, first[s]);
-        cp_async_commit();
-      }
-      fetch_pages(kr.start + (kStages - 1) * kBlockN, pages);
-    }
+    ring_prologue<kStages, kBlockN>(kr.start, n_tiles, fetch, load, pages);
 
     WarpRows<kD, kMBlocks> w;
     init_rows(w, p, kr, r_first, rows_here, lane);
@@ -132,16 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinCtas)
     const LogitScale ls = logit_scale(p);
 
     for (int it = 0; it < n_tiles; ++it) {
-      {
-        const int nt = it + kStages - 1;
-        if (nt < n_tiles) {
-          load_tile(kr.start + nt * kBlockN, nt % kStages, pages);
-          fetch_pages(kr.start + (nt + 1) * kBlockN, pages);
-        }
-        cp_async_commit();
-      }
-      cp_async_wait<kStages - 1>();
-      __syncthreads();
+      ring_step<kStages, kBlockN>(it, kr.start, n_tiles, fetch, load, pages);
       if (kQInRegs && it == 0) load_q_frags<kD, kMBlocks, kQInRegs>(qf, sq, lane);
       const uint16_t* sk = skv + (it % kStages) * 2 * kBlockN * kStride;
       const uint16_t* sv = sk + kBlockN * kStride;

@@ -1,6 +1,7 @@
 // Decode attention: the device pieces shared by the cp.async kernel (decode_attention.cuh) and the
 // TMA kernel (decode_attention_tma.cuh), which differ only in how K/V tiles reach shared memory.
 //   key_range      the keys a CTA reads: the visible range of its rows, then its split's part
+//   KvCopies, ring_prologue, ring_step   the cp.async kernels' K/V copies and their ring
 //   load_q_tile    the Q tile, rows x D elements with (D + kDecodePad)-element shared rows
 //   init_rows      each thread's rows: visible key bounds, running max / sum / output
 //   warp_tile      one warp's 16 keys of a stage: S = Q K^T, mask, online softmax, O += P V; K and V
@@ -23,6 +24,9 @@
 namespace kernelforge {
 namespace decode {
 
+using attn_mma::cp_async16;
+using attn_mma::cp_async_commit;
+using attn_mma::cp_async_wait;
 using attn_mma::kLn2;
 using attn_mma::kLog2e;
 using attn_mma::ldmatrix_x4;
@@ -65,6 +69,92 @@ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int b, int 
   start = start > hi ? hi : start;
   end = end > hi ? hi : end;
   return {start, end, lo, n};
+}
+
+// A thread's share of the cp.async K/V copies of a stage: rows r0, r0 + kRowStep, ... (kLoadRows of
+// them) of the stage's keys, one 16-byte chunk of each (kbase / vbase: the thread's kv head and
+// chunk). fetch() reads the rows' pages from the block table (-1: no row, a key at or past `end`, an
+// inactive thread, or a page outside [0, P): zeros); load() copies them into sk / sv (the thread's
+// chunk of stage row r at r * kStride). The kernels read a stage's pages one stage ahead of its copy,
+// so the table read's latency overlaps a stage of compute.
+template <int kLoadRows, int kRowStep>
+struct KvCopies {
+  const uint16_t* kbase;
+  const uint16_t* vbase;
+  const int32_t* bt;  // the sequence's block-table row; nullptr: contiguous (page b)
+  int32_t page_mask;  // page_size - 1
+  int b, r0;
+  bool active;
+
+  // kv head hkv, 16-byte chunk cc of its rows, sequence b, first row r0 of a stage
+  __device__ __forceinline__ KvCopies(const DecodeParams& p, int hkv, int cc, int b_, int r0_, bool active_)
+      : kbase(static_cast<const uint16_t*>(p.k_cache) + hkv * p.k_sh + cc * 8),
+        vbase(static_cast<const uint16_t*>(p.v_cache) + hkv * p.v_sh + cc * 8),
+        bt(p.block_table != nullptr ? p.block_table + b_ * p.bt_sb : nullptr),
+        page_mask(p.page_size - 1),
+        b(b_),
+        r0(r0_),
+        active(active_) {}
+
+  __device__ __forceinline__ void fetch(const DecodeParams& p, int32_t tile_start, int32_t end,
+                                        int32_t (&pg)[kLoadRows]) const {
+#pragma unroll
+    for (int i = 0; i < kLoadRows; ++i) {
+      const int32_t j = tile_start + r0 + i * kRowStep;
+      int32_t page = -1;
+      if (j < end && active) {
+        page = bt != nullptr ? __ldg(bt + (j >> p.page_shift)) : b;
+        page = page >= 0 && page < p.pages ? page : -1;
+      }
+      pg[i] = page;
+    }
+  }
+  template <int kStride>
+  __device__ __forceinline__ void load(const DecodeParams& p, int32_t tile_start, uint16_t* sk, uint16_t* sv,
+                                       const int32_t (&pg)[kLoadRows]) const {
+#pragma unroll
+    for (int i = 0; i < kLoadRows; ++i) {
+      const int r = r0 + i * kRowStep;
+      const int32_t j = tile_start + r;
+      const bool ok = pg[i] >= 0;
+      const int32_t row = bt != nullptr ? (j & page_mask) : j;
+      const int64_t koff = ok ? pg[i] * p.k_sp + row * p.k_st : 0;
+      const int64_t voff = ok ? pg[i] * p.v_sp + row * p.v_st : 0;
+      cp_async16(smem_addr(sk + r * kStride), kbase + koff, ok);
+      cp_async16(smem_addr(sv + r * kStride), vbase + voff, ok);
+    }
+  }
+};
+
+// The cp.async ring over n_tiles stages of kBlockN keys from `start`: the prologue issues the first
+// kStages - 1 stages (every table read of them in flight at once) and the table read of the next;
+// ring_step(it) issues stage it + kStages - 1 and the table read after it, then waits for stage it
+// and syncs the CTA. load(tile_start, stage, pages) copies a stage; fetch(tile_start, pages) reads
+// its pages.
+template <int kStages, int kBlockN, int kLoadRows, class Fetch, class Load>
+__device__ __forceinline__ void ring_prologue(int32_t start, int n_tiles, Fetch fetch, Load load,
+                                              int32_t (&pages)[kLoadRows]) {
+  int32_t first[kStages - 1][kLoadRows];
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) fetch(start + s * kBlockN, first[s]);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) load(start + s * kBlockN, s, first[s]);
+    cp_async_commit();
+  }
+  fetch(start + (kStages - 1) * kBlockN, pages);
+}
+template <int kStages, int kBlockN, int kLoadRows, class Fetch, class Load>
+__device__ __forceinline__ void ring_step(int it, int32_t start, int n_tiles, Fetch fetch, Load load,
+                                          int32_t (&pages)[kLoadRows]) {
+  const int nt = it + kStages - 1;
+  if (nt < n_tiles) {
+    load(start + nt * kBlockN, nt % kStages, pages);
+    fetch(start + (nt + 1) * kBlockN, pages);
+  }
+  cp_async_commit();
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
 }
 
 // The Q tile (element loads: q may have any alignment; kRows x D elements, read once) by threads
