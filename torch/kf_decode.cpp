@@ -27,8 +27,8 @@
 // merge_attention_states: two attention results over disjoint key sets combined by their logsumexp
 // (decode.h); inference only like the others.
 //
-// prefetch_l2: nbytes bytes of the memory a CUDA tensor spans (its first element to its last, any
-// non-negative strides), from offset bytes past its data pointer, asked into the L2 on the tensor's
+// prefetch_l2: nbytes bytes (None: the rest) of the memory a CUDA tensor spans (its first element to
+// its last, any non-negative strides), from offset bytes past its data pointer, asked into the L2 on the tensor's
 // current stream (decode.h); writes nothing, returns nothing.
 #include <cmath>
 #include <optional>
@@ -299,7 +299,7 @@ int64_t span_bytes(const Tensor& t) {
   return (last + 1) * int64_t(t.element_size());
 }
 
-void prefetch_l2_impl(bool cuda, const Tensor& t, int64_t offset, int64_t nbytes) {
+void prefetch_l2_impl(bool cuda, const Tensor& t, int64_t offset, std::optional<int64_t> nbytes_) {
   TORCH_CHECK_VALUE(cuda, "prefetch_l2: t must be a CUDA tensor (the hint fills a GPU's L2), got a ", t.device().str(),
                     " tensor");
   for (int64_t d = 0; d < t.dim(); ++d)
@@ -308,6 +308,7 @@ void prefetch_l2_impl(bool cuda, const Tensor& t, int64_t offset, int64_t nbytes
                       "pointer), got ",
                       t.strides());
   const int64_t size = span_bytes(t);
+  const int64_t nbytes = nbytes_.has_value() ? *nbytes_ : size - offset;  // None: the rest of the span
   TORCH_CHECK_VALUE(offset >= 0 && nbytes >= 0 && offset <= size && nbytes <= size - offset,
                     "prefetch_l2: the range [offset, offset + nbytes) = [", offset, ", ", offset + nbytes,
                     ") must lie inside the ", size, " bytes t spans");
@@ -344,6 +345,6 @@ TORCH_LIBRARY_FRAGMENT(kernelforge, m) {
   def_op<&merge_states_impl>(
       m, "merge_attention_states(Tensor o_a, Tensor lse_a, Tensor o_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
   m.impl("merge_attention_states", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
-  def_op<&prefetch_l2_impl>(m, "prefetch_l2(Tensor t, int offset, int nbytes) -> ()");
+  def_op<&prefetch_l2_impl>(m, "prefetch_l2(Tensor t, int offset, int? nbytes) -> ()");
   m.impl("prefetch_l2", torch::dispatch(c10::DispatchKey::Autograd, torch::CppFunction::makeFallthrough()));
 }

@@ -462,10 +462,7 @@ def prefetch_l2(t: torch.Tensor, nbytes: int | None = None, offset: int = 0) -> 
     for the weights and the KV cache of a decode step's next kernels, prefetched on a parallel stream while
     latency-bound kernels leave the DRAM idle (``DecodeStep``'s ``l2_prefetch``). Under torch.compile a call
     with no use of its result may be dropped."""
-    if nbytes is None:
-        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else -1
-        nbytes = (last + 1) * t.element_size() - int(offset)
-    _ops.prefetch_l2(t, int(offset), int(nbytes))
+    _ops.prefetch_l2(t, int(offset), None if nbytes is None else int(nbytes))
 
 
 __all__ = ["decode_attention", "decode_workspace", "kv_append", "mla_decode", "rope_kv_append", "static_cache_view",

@@ -373,7 +373,8 @@ class DecodeStep:
         B = tokens.shape[0]
         nq, nkv = self.n_q * D, self.n_kv * D
         x = F.embedding(tokens, self.embed)  # [B, 1, H]
-        side = self._side_stream(x) if (self.l2_prefetch > 0 or self.l2_prefetch_kv) and x.is_cuda else None
+        side = self._side if x.is_cuda else None  # made in __init__ when a prefetch option is on
+        ws = None  # decode_attention's workspace, the same for every layer
         d = None
         for lay, (K, V) in zip(self.layers, caches):
             if d is None:
@@ -393,7 +394,8 @@ class DecodeStep:
             else:
                 _rope.apply_rope(q, k, cos, sin, position_ids=positions, inplace=True)
                 _dec.kv_append(K, V, k, v, seq_lens)
-            ws = self._attn_workspace(q, K, V, seq_lens, key_starts)
+            if ws is None:
+                ws = self._attn_workspace(q, K, V, seq_lens, key_starts)
             a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1], key_starts=key_starts,
                                       workspace=ws)
             o = lin(a.view(B, 1, nq), lay.w_o, lay.b_o)
@@ -420,11 +422,6 @@ class DecodeStep:
             ws = self._ws[key] = _dec.decode_workspace(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1],
                                                        key_starts=key_starts)
         return ws
-
-    def _side_stream(self, x: torch.Tensor) -> torch.cuda.Stream:
-        if self._side is None or self._side.device != x.device:
-            self._side = torch.cuda.Stream(device=x.device)
-        return self._side
 
     def _prefetch(self, side: torch.cuda.Stream, lay: _Layer, K: torch.Tensor, V: torch.Tensor) -> None:
         """Fork ``side`` from the current stream (after the layer's q/k/v GEMM) and ask L2 for the layer's K and
