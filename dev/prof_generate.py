@@ -85,21 +85,28 @@ def main(batch: int) -> None:
         print(f"graph replay: {g * 1e3:.1f} us per step; busy {busy:.1f} us ({busy / (g * 1e3) * 100:.0f} %)")
         ds = importlib.import_module("kernelforge.decode_step")
         cublas = torch.nn.functional.linear
-        variants = (("cuBLAS projections", cublas, False, 0, False),
-                    ("cuBLAS, L2 prefetch of K/V", cublas, False, 0, True),
-                    ("cuBLAS, L2 prefetch 8 MB a layer", cublas, False, 8 << 20, False),
+        variants = (("cuBLAS projections (the default)", cublas, False, 0, False),
                     ("cuBLAS, L2 prefetch 24 MB a layer", cublas, False, 24 << 20, False),
                     ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20, False),
-                    ("cuBLAS, L2 prefetch K/V + 24 MB", cublas, False, 24 << 20, True),
-                    ("cuBLAS projections (again)", cublas, False, 0, False),
-                    ("kernelforge.linear projections", kf.linear, False, 0, False),
-                    ("kernelforge.linear, L2 prefetch K/V + 24 MB", kf.linear, False, 24 << 20, True),
-                    ("kernelforge.linear + rope_kv_append", kf.linear, True, 0, False))
-        for name, proj, rope_append, pf, pf_kv in variants:
-            ds.FUSED_ROPE_APPEND = rope_append
-            step = ds.decode_step(model, proj_linear=proj, l2_prefetch=pf, l2_prefetch_kv=pf_kv)
-            g = graph_ms_per_token(model, ids, step)
-            print(f"  {name:40s} {g * 1e3:8.1f} us per step  PDL={os.environ.get('KF_PDL', 'default')}")
+                    ("cuBLAS, L2 prefetch 64 MB a layer", cublas, False, 64 << 20, False),
+                    ("cuBLAS, L2 prefetch K/V + 40 MB", cublas, False, 40 << 20, True),
+                    ("kernelforge.linear + rope_kv_append", kf.linear, True, 0, False),
+                    ("kernelforge.linear + rope_kv_append, 40 MB", kf.linear, True, 40 << 20, False))
+        # Rounds over the variants, interleaved, so that a drift of the clocks or of the host's load
+        # spreads over all of them; the median of the rounds per variant.
+        rounds = int(os.environ.get("KF_PROF_ROUNDS", "3"))
+        times = {v[0]: [] for v in variants}
+        for _ in range(rounds):
+            for name, proj, rope_append, pf, pf_kv in variants:
+                ds.FUSED_ROPE_APPEND = rope_append
+                step = ds.decode_step(model, proj_linear=proj, l2_prefetch=pf, l2_prefetch_kv=pf_kv)
+                times[name].append(graph_ms_per_token(model, ids, step) * 1e3)
+        base = sorted(times[variants[0][0]])[rounds // 2]
+        for name, ts in times.items():
+            med = sorted(ts)[rounds // 2]
+            runs = " ".join(f"{t:7.1f}" for t in ts)
+            print(f"  {name:44s} {med:8.1f} us per step  ({med / base:5.3f}x; rounds {runs})  "
+                  f"PDL={os.environ.get('KF_PDL', 'default')}")
         ds.FUSED_ROPE_APPEND = False
 
 

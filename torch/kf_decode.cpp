@@ -302,16 +302,21 @@ int64_t span_bytes(const Tensor& t) {
 void prefetch_l2_impl(bool cuda, const Tensor& t, int64_t offset, std::optional<int64_t> nbytes_) {
   TORCH_CHECK_VALUE(cuda, "prefetch_l2: t must be a CUDA tensor (the hint fills a GPU's L2), got a ", t.device().str(),
                     " tensor");
-  for (int64_t d = 0; d < t.dim(); ++d)
-    TORCH_CHECK_VALUE(t.stride(d) >= 0,
-                      "prefetch_l2: t's strides must be >= 0 (the range starts at its data "
-                      "pointer), got ",
-                      t.strides());
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) < 0) {
+      std::string strides;
+      for (int64_t e = 0; e < t.dim(); ++e) strides += (e ? ", " : "") + std::to_string(t.stride(e));
+      TORCH_CHECK_VALUE(
+          false, "prefetch_l2: t's strides must be >= 0 (the range starts at its data pointer), got [" + strides + "]");
+    }
+  }
   const int64_t size = span_bytes(t);
   const int64_t nbytes = nbytes_.has_value() ? *nbytes_ : size - offset;  // None: the rest of the span
-  TORCH_CHECK_VALUE(offset >= 0 && nbytes >= 0 && offset <= size && nbytes <= size - offset,
-                    "prefetch_l2: the range [offset, offset + nbytes) = [", offset, ", ", offset + nbytes,
-                    ") must lie inside the ", size, " bytes t spans");
+  if (offset < 0 || nbytes < 0 || offset > size || nbytes > size - offset) {
+    TORCH_CHECK_VALUE(false, "prefetch_l2: the range [offset, offset + nbytes) = [" + std::to_string(offset) + ", " +
+                                 std::to_string(offset + nbytes) + ") must lie inside the " + std::to_string(size) +
+                                 " bytes t spans");
+  }
   if (nbytes == 0) return;
   c10::cuda::CUDAGuard guard(t.device());
   check(kf::prefetch_l2(static_cast<const char*>(t.data_ptr()) + offset, nbytes, stream_of(t)));
