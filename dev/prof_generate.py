@@ -86,11 +86,9 @@ def main(batch: int) -> None:
         ds = importlib.import_module("kernelforge.decode_step")
         cublas = torch.nn.functional.linear
         variants = (("cuBLAS projections (the default)", cublas, False, 0, False),
-                    ("cuBLAS, L2 prefetch 24 MB a layer", cublas, False, 24 << 20, False),
                     ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20, False),
                     ("cuBLAS, L2 prefetch 64 MB a layer", cublas, False, 64 << 20, False),
                     ("cuBLAS, L2 prefetch K/V + 40 MB", cublas, False, 40 << 20, True),
-                    ("kernelforge.linear + rope_kv_append", kf.linear, True, 0, False),
                     ("kernelforge.linear + rope_kv_append, 40 MB", kf.linear, True, 40 << 20, False))
         # Rounds over the variants, interleaved, so that a drift of the clocks or of the host's load
         # spreads over all of them; the median of the rounds per variant.
