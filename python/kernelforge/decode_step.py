@@ -49,7 +49,7 @@ of launch gap or tail per kernel costs 0.175 ms.
   12 µs a layer with the DRAM nearly idle, room for ~45 MB at 3.7 TB/s), so the next two GEMMs find part of
   their weight in L2. ``l2_prefetch_kv`` (default ``L2_PREFETCH_KV``, False) puts the layer's K and V cache
   first, for decode attention. The branch joins the main stream after the LM head. Llama-3.2-1B: W_o 8.4 MB,
-  W_gate_up 67 MB a layer; the L2 holds 50 MB.
+  W_gate_up 67 MB a layer; the L2 holds 50 MB. Off by default: no gain measured on the H200 (notes/decode.md).
 
 Numerics against the transformers forward: the same ops in the same order, with kernelforge's roundings:
 RoPE and silu_and_mul compute in float32 and round once (transformers rounds the products in the model's
@@ -84,8 +84,9 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # measure (dev/prof_generate.py on the H200), so the gain is not shown.
 FUSED_ROPE_APPEND = False
 # Bytes per layer of the o and gate/up weights asked into L2 (prefetch_l2) on a parallel stream while the
-# layer's RoPE, cache append and decode attention run (``l2_prefetch``, below). 0: off until the step's
-# graph time with it is measured.
+# layer's RoPE, cache append and decode attention run (``l2_prefetch``, below). 0: off. On the H200 at the
+# Llama-3.2-1B shape 40 MB took the batch-1 graph step from 1163 to 1125 µs, inside the spread of the
+# rounds, and batch 16 from 1288 to 1292 (K/V + 40 MB: 1.03x / 1.08x slower; notes/decode.md).
 L2_PREFETCH_BYTES = 0
 # Whether that branch first asks L2 for the layer's whole K and V cache (every row up to the capacity: at
 # batch 1 and 640 rows of Llama-3.2-1B, 2.6 MB a layer), which decode attention then reads from L2.

@@ -121,8 +121,8 @@ AttentionPlan bwd_wgmma_plan(const AttentionProblem& pr, AttentionOrder order = 
 // not in the deterministic mode (the kernel's comment has why). The planner chooses it for causal
 // calls without a window (windows give every key tile about the same work) when the grid model
 // below finishes earlier with it; with KF_ATTN_BWD_PAIRED=1, or by default when kBwdPairedDefault is
-// true (KF_ATTN_BWD_PAIRED=0 turns it off). Default off until measured on a GPU: it is a candidate
-// plan either way, so the GPU tests run it.
+// true (KF_ATTN_BWD_PAIRED=0 turns it off). Default off: no faster at the Llama shapes on the H200. It
+// is a candidate plan either way, so the GPU tests run it.
 constexpr bool kBwdPairedDefault = false;
 
 // The grid model: CTAs dispatched in linear order (blockIdx.x fastest), each onto the SM that frees
