@@ -105,6 +105,8 @@ int main() {
     variant<8, 2>(p, wo, wl, counters, bytes);
     heads_variant<8, 2>(p, wo, wl, counters, bytes);
     heads_variant<4, 3>(p, wo, wl, counters, bytes);
+    heads_variant<4, 2>(p, wo, wl, counters, bytes);  // 85 KB: two CTAs per SM
+    heads_variant<2, 4>(p, wo, wl, counters, bytes);
     cudaFree(q), cudaFree(out), cudaFree(kc), cudaFree(vc), cudaFree(lens), cudaFree(bt), cudaFree(wo), cudaFree(wl),
         cudaFree(counters);
   }

@@ -67,7 +67,7 @@ constexpr DecodeTile kDecodeTiles[] = {
     // Head group (kernels/decode_attention_heads.cuh): `warps` kv heads per CTA, one warp each, 16 keys
     // of every head per stage; rows 16 (group * Lq <= 16). Shared memory: Q 16 rows per head, then the
     // ring. One CTA per SM (the 8-head tiles' 256 threads; 4 heads at 3 stages also leave room for one).
-    // Not yet measured: the page-size-1 tile is chosen only while kDecodeHeadGroupByDefault is set.
+    // Chosen only while kDecodeHeadGroupByDefault is set: slower than the cp.async page-1 tile.
     {128, 16, 8, 2, 1, DecodeTileUse::kPage1, DecodeKernel::kHeadGroup},  // 170 KB: 64 KB per stage
     {128, 16, 4, 3, 1, DecodeTileUse::kPage1, DecodeKernel::kHeadGroup},  // 119 KB: 32 KB per stage
     {64, 16, 8, 3, 1, DecodeTileUse::kPage1, DecodeKernel::kHeadGroup},   // 126 KB: 32 KB per stage
