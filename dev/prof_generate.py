@@ -4,11 +4,12 @@ Runs generate twice without a CUDA graph under torch.profiler, with N1 and N2 ne
 difference of the two runs' kernel times is (N2 - N1) decode steps with the prefill cancelled out.
 Prints per kernel its time per step and launches per step, the sum (the GPU busy time of a step),
 and the CUDA-graph time per step of the same loop: graph time minus busy time is what launch gaps
-and kernel ramps between kernels cost. Then the graph time per step of step variants: the
-projections on cuBLAS (F.linear, the default) or on kernelforge.linear, the L2 prefetch branch
-(DecodeStep's l2_prefetch_kv and l2_prefetch: the K/V cache, the o and gate/up weights at three
-budgets), and RoPE + the cache append as one rope_kv_append launch. KF_PDL=0/1 in the environment sets
-programmatic dependent launch for the process. Not the benchmark.
+and kernel ramps between kernels cost. Then a one-token call's wall time and kernels: the setup and
+the prefill that kforge e2e spreads over the new tokens. Then the graph time per step of step
+variants, in KF_PROF_ROUNDS (default 3) interleaved rounds, the median of each: the default (cuBLAS
+projections), RoPE + the cache append as one rope_kv_append launch, kernelforge.linear projections,
+and the L2 prefetch branch (DecodeStep's l2_prefetch: 40 MB of the o and gate/up weights a layer).
+KF_PDL=0/1 in the environment sets programmatic dependent launch for the process. Not the benchmark.
 
     PYTHONPATH=python python3 dev/prof_generate.py [batch ...]      (default: 1 16)
 """
@@ -39,6 +40,19 @@ def kernel_times(model, ids, new: int) -> dict:
         if t > 0:
             out[e.key] = (t, e.count)
     return out
+
+
+def wall_ms(fn, reps: int = 5) -> float:
+    """The fastest of `reps` calls of fn, in milliseconds (after one untimed call)."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return min(ts) * 1e3
 
 
 def graph_ms_per_token(model, ids, step=None, new: int = 128, reps: int = 3) -> float:
@@ -83,13 +97,21 @@ def main(batch: int) -> None:
         print(f"launches per step: {sum(r[1] for r in rows):.0f}")
         g = graph_ms_per_token(model, ids)
         print(f"graph replay: {g * 1e3:.1f} us per step; busy {busy:.1f} us ({busy / (g * 1e3) * 100:.0f} %)")
+        # A call that generates one token: the loop's setup, the cache reset and the prefill (the fixed cost
+        # that kforge e2e spreads over the new tokens), and its kernels under the profiler.
+        one = wall_ms(lambda: kf.generate(model, ids, 1, ignore_eos=True))
+        pre = kernel_times(model, ids, 1)
+        pre_busy = sum(t for t, _ in pre.values())
+        print(f"one-token call (setup + prefill of {ids.shape[1]} tokens): {one:.2f} ms wall, {pre_busy / 1e3:.2f} ms "
+              f"of kernels in {sum(n for _, n in pre.values()):.0f} launches")
+        for k, (t, n) in sorted(pre.items(), key=lambda kv: -kv[1][0])[:10]:
+            print(f"{t:9.1f} us {t / pre_busy * 100:5.1f} %  x{n:<5.0f} {k[:100]}")
         ds = importlib.import_module("kernelforge.decode_step")
         cublas = torch.nn.functional.linear
         variants = (("cuBLAS projections (the default)", cublas, False, 0, False),
-                    ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20, False),
-                    ("cuBLAS, L2 prefetch 64 MB a layer", cublas, False, 64 << 20, False),
-                    ("cuBLAS, L2 prefetch K/V + 40 MB", cublas, False, 40 << 20, True),
-                    ("kernelforge.linear + rope_kv_append, 40 MB", kf.linear, True, 40 << 20, False))
+                    ("cuBLAS + rope_kv_append", cublas, True, 0, False),
+                    ("kernelforge.linear projections", kf.linear, False, 0, False),
+                    ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20, False))
         # Rounds over the variants, interleaved, so that a drift of the clocks or of the host's load
         # spreads over all of them; the median of the rounds per variant.
         rounds = int(os.environ.get("KF_PROF_ROUNDS", "3"))
