@@ -220,3 +220,55 @@ def test_import_error_without_extension(tmp_path):
     r = _python("import kernelforge", {}, str(tmp_path))
     assert r.returncode != 0
     assert "ImportError" in r.stderr and "libkernelforge_torch.so" in r.stderr and "dev_build.sh" in r.stderr
+
+
+# ---- the binding's messages -----------------------------------------------------------------------------------
+
+
+def _check_macro_args(src: str):
+    """(line, argument) of each TORCH_CHECK* message argument after the condition, in C++ source text."""
+    out = []
+    for start in (i for i in range(len(src)) if src.startswith("TORCH_CHECK", i)):
+        open_ = src.find("(", start)
+        if open_ < 0 or not src[start:open_].replace("_", "").isalnum():
+            continue
+        args, cur, depth, i = [], "", 1, open_ + 1
+        while i < len(src) and depth:
+            c = src[i]
+            if c == '"':  # a string literal, escapes included
+                j = i + 1
+                while src[j] != '"':
+                    j += 2 if src[j] == "\\" else 1
+                cur += src[i:j + 1]
+                i = j + 1
+                continue
+            depth += c in "([{"
+            depth -= c in ")]}"
+            if depth == 1 and c == ",":
+                args.append(cur.strip())
+                cur = ""
+            elif depth:
+                cur += c
+            i += 1
+        args.append(cur.strip())
+        out += [(src.count("\n", 0, start) + 1, a) for a in args[1:]]
+    return out
+
+
+def test_binding_messages_are_strings():
+    """Every TORCH_CHECK message part in torch/*.cpp is text: a literal, a std::string or a const char*
+    (op / arg / name / c10::toString), never a number or a shape streamed in. On the GPU machine's build
+    (GCC 13, torch 2.11) a streamed int64_t or IntArrayRef crashed the process with SIGSEGV instead of
+    raising; numbers go through std::to_string, shapes through shape_str."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "torch")
+    text_like = ('"', "std::string", "std::to_string", "to_string(", ".str()", "_str(", "c10::toString",
+                 ".message()", "enum_names(")
+    bad = []
+    for name in sorted(os.listdir(root)):
+        if not name.endswith((".cpp", ".h")):
+            continue
+        with open(os.path.join(root, name)) as f:
+            for line, arg in _check_macro_args(f.read()):
+                if not (arg.startswith(text_like) or any(t in arg for t in text_like) or arg in ("op", "arg", "name")):
+                    bad.append(f"torch/{name}:{line}: {arg}")
+    assert not bad, "TORCH_CHECK message parts that are not text:\n" + "\n".join(bad)
