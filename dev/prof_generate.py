@@ -5,7 +5,8 @@ difference of the two runs' kernel times is (N2 - N1) decode steps with the pref
 Prints per kernel its time per step and launches per step, the sum (the GPU busy time of a step),
 and the CUDA-graph time per step of the same loop: graph time minus busy time is what launch gaps
 and kernel ramps between kernels cost. Then a one-token call's wall time and kernels: the setup and
-the prefill that kforge e2e spreads over the new tokens. Then the graph time per step of step
+the prefill that kforge e2e spreads over the new tokens, through the patched forward and through
+DecodeStep.prefill (generate's FUSED_PREFILL). Then the graph time per step of step
 variants, in KF_PROF_ROUNDS (default 3) interleaved rounds, the median of each: the default (cuBLAS
 projections), RoPE + the cache append as one rope_kv_append launch, kernelforge.linear projections,
 and the L2 prefetch branch (DecodeStep's l2_prefetch: 40 MB of the o and gate/up weights a layer).
@@ -106,6 +107,14 @@ def main(batch: int) -> None:
               f"of kernels in {sum(n for _, n in pre.values()):.0f} launches")
         for k, (t, n) in sorted(pre.items(), key=lambda kv: -kv[1][0])[:10]:
             print(f"{t:9.1f} us {t / pre_busy * 100:5.1f} %  x{n:<5.0f} {k[:100]}")
+        gen = importlib.import_module("kernelforge.generate")
+        gen.FUSED_PREFILL = True  # the prompt through DecodeStep.prefill instead of the patched forward
+        one_fused = wall_ms(lambda: kf.generate(model, ids, 1, ignore_eos=True))
+        pre = kernel_times(model, ids, 1)
+        print(f"one-token call with FUSED_PREFILL: {one_fused:.2f} ms wall ({one_fused / one:.3f}x), "
+              f"{sum(t for t, _ in pre.values()) / 1e3:.2f} ms of kernels in {sum(n for _, n in pre.values()):.0f} "
+              f"launches; 128 new tokens: {(one + 127 * g) / 128:.3f} -> {(one_fused + 127 * g) / 128:.3f} ms a token")
+        gen.FUSED_PREFILL = False
         ds = importlib.import_module("kernelforge.decode_step")
         cublas = torch.nn.functional.linear
         variants = (("cuBLAS projections (the default)", cublas, False, 0, False),

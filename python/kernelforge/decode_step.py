@@ -50,6 +50,10 @@ of launch gap or tail per kernel costs 0.175 ms.
   their weight in L2. ``l2_prefetch_kv`` (default ``L2_PREFETCH_KV``, False) puts the layer's K and V cache
   first, for decode attention. The branch joins the main stream after the LM head. Llama-3.2-1B: W_o 8.4 MB,
   W_gate_up 67 MB a layer; the L2 holds 50 MB. Off by default: no gain measured on the H200 (notes/decode.md).
+- ``prefill(tokens, caches, cos, sin)``: the same layers over a prompt's S rows (causal ``attention`` over its
+  own keys, ``kv_append`` of the S rows at 0 .. S - 1, the final norm and the LM head on the last row), about
+  half the ops of the transformers forward; ``kernelforge.generate`` takes it for unpadded prompts when its
+  ``FUSED_PREFILL`` is set.
 
 Numerics against the transformers forward: the same ops in the same order, with kernelforge's roundings:
 RoPE and silu_and_mul compute in float32 and round once (transformers rounds the products in the model's
@@ -77,6 +81,7 @@ from . import norm as _norm
 from . import rope as _rope
 
 _lin = importlib.import_module(".linear", __package__)  # the module (the package binds the name to the function)
+_attn = importlib.import_module(".attention", __package__)  # likewise
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # rope_kv_append (one launch) in place of apply_rope + kv_append (two); both give the same bits. Off: its
@@ -411,6 +416,52 @@ class DecodeStep:
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)  # the branch rejoins (a graph capture needs it)
         return logits
+
+    def prefill(self, tokens: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]], cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
+        """The logits [B, V] (model dtype) of the last of ``tokens`` (int64 [B, S], one prompt per row, no
+        padding) at positions 0 .. S - 1, their keys and values written to rows 0 .. S - 1 of ``caches``
+        (``caches(cache)``; S <= the cache length). The layers of ``__call__`` with S rows: the same fused
+        GEMMs and norms, RoPE from rows 0 .. S - 1 of cos / sin, ``kv_append`` of the S rows, and causal
+        ``attention`` over the prompt's own keys (the cache holds nothing before them); the final norm and
+        the LM head on the last row only. A transformers forward of the prompt issues about twice the ops
+        through the module tree, so its host time, not the GPU, bounds a short prompt's prefill."""
+        lin, D = self.proj_linear, self.head_dim
+        B, S = tokens.shape
+        if S > caches[0][0].shape[1]:
+            raise ValueError(f"DecodeStep.prefill: {S} prompt tokens do not fit the cache's "
+                             f"{caches[0][0].shape[1]} rows")
+        nq, nkv = self.n_q * D, self.n_kv * D
+        lens = torch.full((B,), S, dtype=torch.int32, device=tokens.device)  # the rows held after the append
+        cos_s, sin_s = cos[:S], sin[:S]
+        x = F.embedding(tokens, self.embed)  # [B, S, H]
+        d = None
+        for lay, (K, V) in zip(self.layers, caches):
+            if d is None:
+                h = _norm.rms_norm(x, lay.w_in, lay.eps_in)
+            else:
+                h, x = _norm.add_rms_norm(x, d, lay.w_in, lay.eps_in)
+            if lay.fused_qkv:
+                qkv = lin(h, *lay.qkv)  # [B, S, nq + 2 nkv]
+                q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+            else:
+                q, k, v = (lin(h, w, b) for w, b in lay.qkv)
+            q, k, v = q.view(B, S, self.n_q, D), k.view(B, S, self.n_kv, D), v.view(B, S, self.n_kv, D)
+            _rope.apply_rope(q, k, cos_s, sin_s, inplace=True)
+            _dec.kv_append(K, V, k, v, lens)
+            if q.dtype == torch.float32:  # a CPU model (CUDA float32 is refused): attention's reference is float64
+                a = _attn.attention(q.double(), k.double(), v.double(), causal=True, scale=self.scale).float()
+            else:
+                a = _attn.attention(q, k, v, causal=True, scale=self.scale)  # [B, S, Hq, D]
+            o = lin(a.reshape(B, S, nq), lay.w_o, lay.b_o)
+            h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
+            if lay.fused_gate_up:
+                m = _act.silu_and_mul(lin(h, *lay.gate_up))
+            else:
+                m = _act.swiglu(*(lin(h, w, b) for w, b in lay.gate_up))
+            d = lin(m, lay.w_down, lay.b_down)
+        h, _ = _norm.add_rms_norm(x[:, -1:], d[:, -1:], self.w_norm, self.eps_norm)
+        return self.head_linear(h[:, -1], self.w_head, self.b_head)
 
     def _attn_workspace(self, q, K, V, seq_lens, key_starts) -> torch.Tensor | None:
         """decode_attention's split workspace for this call's shapes, zeroed once and shared by every layer and

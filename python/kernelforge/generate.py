@@ -80,6 +80,10 @@ EOS_CHECK_EVERY = 16  # decode steps between two host reads of "every sequence h
 # fused_step=None takes the fused decode step for the models it supports: the Llama-1B-shaped model
 # generates 742 tokens/s at batch 1 with it, 548 through the patched forward (H200, prompt 512 + 128).
 FUSED_STEP_BY_DEFAULT = True
+# With the fused step, the prompt's forward through DecodeStep.prefill (the step's fused layers over the S
+# prompt rows, causal attention) instead of the model's forward, for prompts without padding. Off until its
+# time against the patched forward is measured on a GPU (dev/prof_generate.py's one-token call).
+FUSED_PREFILL = False
 
 # model -> {(batch size, cache length): _Loop}; an entry dies with its model
 _GRAPHS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -162,7 +166,11 @@ def generate(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with torch.no_grad(), on_device:
         loop = _loop(model, B, cache_len, device, sampler, generator, use_graph, step, pads is not None)
-        if pads is None:
+        if pads is None and step is not None and FUSED_PREFILL:
+            if loop.kv is None:
+                loop.kv = step.caches(_allocated(loop.cache, step, B, device))
+            logits = step.prefill(input_ids.to(device, torch.int64), loop.kv, *loop.rope)
+        elif pads is None:
             logits = _forward(model, input_ids.to(device, torch.int64), _arange_positions(B, S, device), loop.cache)
         else:  # HF's prefill of a left-padded batch: its mask, positions counted from each row's first token
             mask = attention_mask.to(device, torch.int64)
@@ -392,6 +400,14 @@ def _loop(model, B: int, cache_len: int, device, sampler: _Sampler, generator, u
     if use_graph:
         _GRAPHS.setdefault(model, {})[key] = loop  # replaces a loop whose graph no longer applies
     return loop
+
+
+def _allocated(cache, step: DecodeStep, B: int, device):
+    """The static cache with its layers' tensors allocated (zeros, the model's dtype), as a transformers
+    prefill leaves them: what ``DecodeStep.prefill`` writes into."""
+    if not all(getattr(layer, "is_initialized", False) for layer in cache.layers):
+        cache.early_initialization(B, step.n_kv, step.head_dim, step.embed.dtype, device)
+    return cache
 
 
 def _arange_positions(B: int, S: int, device) -> torch.Tensor:

@@ -172,6 +172,65 @@ def test_step_logits_equal_hf_forward(ds, gen, arch, variant):
     assert torch.equal(seq_lens, torch.full((3,), 10, dtype=torch.int32))  # read, never written by the step
 
 
+@pytest.mark.parametrize("arch,variant", list(_cases()))
+def test_prefill_equals_hf_forward(ds, gen, arch, variant):
+    """DecodeStep.prefill of a 9-token prompt: the last position's logits and the 9 cache rows of every layer as
+    the HF forward of the prompt on a static cache (float32), the rows after them untouched; then a step after
+    it as after HF's prefill."""
+    model = tiny_model(arch, **VARIANTS[variant])
+    ids, nxt = prompt(3, 9), prompt(3, 1, seed=5)
+    with torch.no_grad():
+        ref = gen._new_cache(model, 16)
+        want = model(input_ids=ids, past_key_values=ref, use_cache=True).logits[:, -1]
+        step = ds.DecodeStep(model)
+        cache = gen._new_cache(model, 16)
+        cache.early_initialization(3, step.n_kv, step.head_dim, torch.float32, "cpu")
+        for layer in cache.layers:  # poison: prefill must write rows 0..8 and leave the others alone
+            layer.keys.fill_(float("nan"))
+            layer.values.fill_(float("nan"))
+        kv = step.caches(cache)
+        got = step.prefill(ids, kv, *step.rope_table(16))
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for a, b in zip(cache.layers, ref.layers):
+            torch.testing.assert_close(a.keys[:, :, :9], b.keys[:, :, :9], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(a.values[:, :, :9], b.values[:, :, :9], atol=1e-5, rtol=1e-5)
+            assert a.keys[:, :, 9:].isnan().all() and a.values[:, :, 9:].isnan().all()
+        seq_lens = torch.full((3,), 10, dtype=torch.int32)
+        want_next = model(input_ids=nxt, position_ids=torch.full((3, 1), 9), past_key_values=ref,
+                          use_cache=True).logits[:, -1]
+        got_next = step(nxt, torch.full((3, 1), 9), seq_lens, kv, *step.rope_table(16))
+    torch.testing.assert_close(got_next, want_next, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_prefill_equals_hf_generate(kf, monkeypatch, fresh_warnings, ds, gen, arch):
+    """FUSED_PREFILL: the prompt through DecodeStep.prefill, then the fused steps, gives HF generate's tokens;
+    a prompt that fills the cache but one row too; a padded batch keeps HF's masked forward."""
+    monkeypatch.setattr(gen, "FUSED_PREFILL", True)
+    calls, real = [], ds.DecodeStep.prefill
+    monkeypatch.setattr(ds.DecodeStep, "prefill", lambda self, *a: calls.append(a[0].shape) or real(self, *a))
+    model = tiny_model(arch)
+    for batch, length, new in [(2, 7, 12), (1, 1, 5), (3, 30, 2)]:
+        ids = prompt(batch, length)
+        assert torch.equal(kf.generate(model, ids, new, fused_step=True), hf_generate(model, ids, new))
+    assert calls == [(2, 7), (1, 1), (3, 30)]
+    ids, mask = _left_padded()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(kf.generate(model, ids, 6, attention_mask=mask), want)
+    assert len(calls) == 3
+
+
+def test_prefill_longer_than_the_cache(ds, gen):
+    model = tiny_model("llama")
+    step = ds.DecodeStep(model)
+    cache = gen._new_cache(model, 8)
+    cache.early_initialization(1, step.n_kv, step.head_dim, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="DecodeStep.prefill: 9 prompt tokens do not fit the cache's 8 rows"):
+        step.prefill(prompt(1, 9), step.caches(cache), *step.rope_table(8))
+
+
 def test_l2_prefetch_option(ds, gen):
     """l2_prefetch: bytes >= 0 (bool, negative, non-integer: ValueError); on a CPU model there is no L2 branch
     and the logits are the default step's; decode_step() builds a new step when the option changes."""
@@ -434,6 +493,30 @@ def test_cuda_bf16_tokens_as_the_forward_step(kf, gen, fused_calls, arch):
     again = kf.generate(model, ids2, 32, ignore_eos=True)
     assert gen._GRAPHS[model][(2, 56, False)] is loop and loop.graph is graph
     assert torch.equal(again, kf.generate(model, ids2, 32, ignore_eos=True, cuda_graph=False))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_bf16_fused_prefill(kf, monkeypatch, gen, ds, arch):
+    """bf16: DecodeStep.prefill's logits as the HF forward's of the same prompt within bf16 rounding, and
+    generate with FUSED_PREFILL gives the forward prefill's tokens up to a first difference at a near tie;
+    a second call replays the same graph after its prefill."""
+    model = tiny_model(arch, "cuda", torch.bfloat16, num_hidden_layers=4)
+    ids = prompt(2, 40, "cuda")
+    step = ds.decode_step(model)
+    with torch.no_grad():
+        want = model(input_ids=ids, past_key_values=gen._new_cache(model, 48), use_cache=True).logits[:, -1].float()
+        cache = gen._new_cache(model, 48)
+        cache.early_initialization(2, step.n_kv, step.head_dim, torch.bfloat16, "cuda")
+        got = step.prefill(ids, step.caches(cache), *step.rope_table(48)).float()
+    torch.testing.assert_close(got, want, atol=0.06 * want.abs().max().item(), rtol=0.05)
+    base = kf.generate(model, ids, 24, ignore_eos=True)
+    monkeypatch.setattr(gen, "FUSED_PREFILL", True)
+    fused = kf.generate(model, ids, 24, ignore_eos=True)
+    _first_difference_is_a_near_tie(model, base, fused, 40)
+    loop = gen._GRAPHS[model][(2, 64, False)]
+    graph = loop.graph
+    assert torch.equal(kf.generate(model, ids, 24, ignore_eos=True), fused) and loop.graph is graph
 
 
 @pytest.mark.cuda
