@@ -32,7 +32,9 @@ yarn scaling exact), kv_append and decode_attention on the prefill's StaticCache
 ``seq_lens`` device buffer, the o projection, one GEMM over the concatenated gate/up weights,
 silu_and_mul, the down projection; then the final norm and the LM head (``kernelforge.linear``). The
 concatenated weights are built once and the modules' q/k/v and gate/up parameters re-pointed to views
-of them (same values, same memory: the model is unchanged). The prefill stays the model's forward.
+of them (same values, same memory: the model is unchanged). The prefill is the model's forward, or with
+``FUSED_PREFILL`` set (off until measured) ``DecodeStep.prefill``: the step's layers over the prompt's
+rows with causal attention, for prompts without padding.
 On sm_90 the step's kernels launch with programmatic dependent launch, each while the previous one
 drains (``KF_PDL=0`` turns it off; notes/decode.md).
 Models it does not take (other architectures, head dims other than 64/128/256, dynamic rope, CUDA
