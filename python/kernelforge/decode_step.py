@@ -375,24 +375,14 @@ class DecodeStep:
         ``key_starts`` (int32 [B]): a left-padded batch's pad rows at the head of each cache row, skipped by
         decode_attention (positions then count from each row's first token: seq_lens - 1 - key_starts).
         No host synchronization, fixed shapes: graph-capturable."""
-        lin, D = self.proj_linear, self.head_dim
         B = tokens.shape[0]
-        nq, nkv = self.n_q * D, self.n_kv * D
         x = F.embedding(tokens, self.embed)  # [B, 1, H]
         side = self._side if x.is_cuda else None  # made in __init__ when a prefetch option is on
         ws = None  # decode_attention's workspace, the same for every layer
         d = None
         for lay, (K, V) in zip(self.layers, caches):
-            if d is None:
-                h = _norm.rms_norm(x, lay.w_in, lay.eps_in)
-            else:
-                h, x = _norm.add_rms_norm(x, d, lay.w_in, lay.eps_in)
-            if lay.fused_qkv:
-                qkv = lin(h, *lay.qkv)  # [B, 1, nq + 2 nkv]: q, k, v as column ranges
-                q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
-            else:
-                q, k, v = (lin(h, w, b) for w, b in lay.qkv)
-            q, k, v = q.view(B, 1, self.n_q, D), k.view(B, 1, self.n_kv, D), v.view(B, 1, self.n_kv, D)
+            h, x = self._norm_in(lay, x, d)
+            q, k, v = self._qkv(lay, h, B, 1)
             if side is not None:
                 self._prefetch(side, lay, K, V)
             if FUSED_ROPE_APPEND and key_starts is None:  # its positions are seq_lens - 1
@@ -404,13 +394,7 @@ class DecodeStep:
                 ws = self._attn_workspace(q, K, V, seq_lens, key_starts)
             a = _dec.decode_attention(q, K, V, seq_lens, scale=self.scale, max_seq_len=K.shape[1], key_starts=key_starts,
                                       workspace=ws)
-            o = lin(a.view(B, 1, nq), lay.w_o, lay.b_o)
-            h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
-            if lay.fused_gate_up:
-                m = _act.silu_and_mul(lin(h, *lay.gate_up))
-            else:
-                m = _act.swiglu(*(lin(h, w, b) for w, b in lay.gate_up))
-            d = lin(m, lay.w_down, lay.b_down)
+            d, x = self._out_and_mlp(lay, x, a.view(B, 1, -1))
         h, _ = _norm.add_rms_norm(x, d, self.w_norm, self.eps_norm)
         logits = self.head_linear(h[:, -1], self.w_head, self.b_head)
         if side is not None:
@@ -426,42 +410,56 @@ class DecodeStep:
         ``attention`` over the prompt's own keys (the cache holds nothing before them); the final norm and
         the LM head on the last row only. A transformers forward of the prompt issues about twice the ops
         through the module tree, so its host time, not the GPU, bounds a short prompt's prefill."""
-        lin, D = self.proj_linear, self.head_dim
         B, S = tokens.shape
         if S > caches[0][0].shape[1]:
             raise ValueError(f"DecodeStep.prefill: {S} prompt tokens do not fit the cache's "
                              f"{caches[0][0].shape[1]} rows")
-        nq, nkv = self.n_q * D, self.n_kv * D
         lens = torch.full((B,), S, dtype=torch.int32, device=tokens.device)  # the rows held after the append
         cos_s, sin_s = cos[:S], sin[:S]
         x = F.embedding(tokens, self.embed)  # [B, S, H]
         d = None
         for lay, (K, V) in zip(self.layers, caches):
-            if d is None:
-                h = _norm.rms_norm(x, lay.w_in, lay.eps_in)
-            else:
-                h, x = _norm.add_rms_norm(x, d, lay.w_in, lay.eps_in)
-            if lay.fused_qkv:
-                qkv = lin(h, *lay.qkv)  # [B, S, nq + 2 nkv]
-                q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
-            else:
-                q, k, v = (lin(h, w, b) for w, b in lay.qkv)
-            q, k, v = q.view(B, S, self.n_q, D), k.view(B, S, self.n_kv, D), v.view(B, S, self.n_kv, D)
+            h, x = self._norm_in(lay, x, d)
+            q, k, v = self._qkv(lay, h, B, S)
             _rope.apply_rope(q, k, cos_s, sin_s, inplace=True)
             _dec.kv_append(K, V, k, v, lens)
             if q.dtype == torch.float32:  # a CPU model (CUDA float32 is refused): attention's reference is float64
                 a = _attn.attention(q.double(), k.double(), v.double(), causal=True, scale=self.scale).float()
             else:
                 a = _attn.attention(q, k, v, causal=True, scale=self.scale)  # [B, S, Hq, D]
-            o = lin(a.reshape(B, S, nq), lay.w_o, lay.b_o)
-            h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
-            if lay.fused_gate_up:
-                m = _act.silu_and_mul(lin(h, *lay.gate_up))
-            else:
-                m = _act.swiglu(*(lin(h, w, b) for w, b in lay.gate_up))
-            d = lin(m, lay.w_down, lay.b_down)
+            d, x = self._out_and_mlp(lay, x, a.reshape(B, S, -1))
         h, _ = _norm.add_rms_norm(x[:, -1:], d[:, -1:], self.w_norm, self.eps_norm)
         return self.head_linear(h[:, -1], self.w_head, self.b_head)
+
+    def _norm_in(self, lay: _Layer, x: torch.Tensor, d: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input norm: (h, x), x the residual stream with the previous layer's MLP output d added
+        (layer 0: d is None, x is the embedding)."""
+        if d is None:
+            return _norm.rms_norm(x, lay.w_in, lay.eps_in), x
+        return _norm.add_rms_norm(x, d, lay.w_in, lay.eps_in)
+
+    def _qkv(self, lay: _Layer, h: torch.Tensor, B: int, S: int):
+        """q [B, S, Hq, D], k and v [B, S, Hkv, D]: column ranges of one GEMM's output (or three GEMMs)."""
+        lin, D = self.proj_linear, self.head_dim
+        nq, nkv = self.n_q * D, self.n_kv * D
+        if lay.fused_qkv:
+            qkv = lin(h, *lay.qkv)  # [B, S, nq + 2 nkv]
+            q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+        else:
+            q, k, v = (lin(h, w, b) for w, b in lay.qkv)
+        return q.view(B, S, self.n_q, D), k.view(B, S, self.n_kv, D), v.view(B, S, self.n_kv, D)
+
+    def _out_and_mlp(self, lay: _Layer, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """After attention (a [B, S, Hq * D]): the o projection, the residual add and norm, the MLP; returns
+        (d, x), d the MLP's output that the next norm adds to the residual stream x."""
+        lin = self.proj_linear
+        o = lin(a, lay.w_o, lay.b_o)
+        h, x = _norm.add_rms_norm(x, o, lay.w_post, lay.eps_post)
+        if lay.fused_gate_up:
+            m = _act.silu_and_mul(lin(h, *lay.gate_up))
+        else:
+            m = _act.swiglu(*(lin(h, w, b) for w, b in lay.gate_up))
+        return lin(m, lay.w_down, lay.b_down), x
 
     def _attn_workspace(self, q, K, V, seq_lens, key_starts) -> torch.Tensor | None:
         """decode_attention's split workspace for this call's shapes, zeroed once and shared by every layer and
