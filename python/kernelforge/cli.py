@@ -10,6 +10,7 @@
                   [--modes fwd,train] [--size full|small] [--device cuda|cpu] [--iters N] [--out DIR]
     kforge e2e    [--cases llama_train,llama_prefill,vit_train,ltx] [--providers ...] [--size full|small]
                   [--iters N] [--out DIR]         (also `kforge bench e2e ...`)
+    kforge bench generate [e2e options]           e2e over llama_generate(_b16, _b64) with HF's and kf's generate
     kforge dist   [--gpus 2] [--cases fsdp_train,tp_train,vp_ce] [--providers ...] [--size full|small]
                   [--device cuda|cpu] [--iters N] [--out DIR]
     kforge build-hub OUTDIR [--variant NAME]
@@ -70,10 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# `kforge bench generate ...`: generation at batch 1 / 16 / 64 against HF generate (eager, static cache +
+# torch.compile) and kernelforge.generate, in tokens/s against the bandwidth floor; arguments after it
+# override these (argparse keeps the last --cases / --providers).
+GENERATE_BENCH = ["--cases", "llama_generate,llama_generate_b16,llama_generate_b64",
+                  "--providers", "eager,compile,generate,kernelforge_generate_fused"]
+
+
+def expand_aliases(argv: list[str]) -> list[str]:
+    """`kforge bench e2e ...` is `kforge e2e ...`; `kforge bench generate ...` is `kforge e2e` with GENERATE_BENCH."""
+    if argv[:2] == ["bench", "e2e"]:
+        return argv[1:]
+    if argv[:2] == ["bench", "generate"]:
+        return ["e2e", *GENERATE_BENCH, *argv[2:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["bench", "e2e"]:  # `kforge bench e2e ...` is `kforge e2e ...`
-        argv = argv[1:]
+    argv = expand_aliases(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

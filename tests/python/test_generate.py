@@ -328,3 +328,16 @@ def test_e2e_generate_providers():
         assert r["ms"] > 0 and r["tok_s"] > 0 and r["floor_ms"] > 0 and r["step_mb"] > 0
         assert (r["patched_modules"] > 0) == provider.startswith("kernelforge")
     assert any("decode floor" in line for line in E.table_lines([r]))
+
+
+def test_bench_generate_alias():
+    """`kforge bench generate` is `kforge e2e` over the three generation batches with HF's and kernelforge's
+    generate; later arguments override its cases and providers."""
+    cli = importlib.import_module("kernelforge.cli")
+    args = cli.build_parser().parse_args(cli.expand_aliases(["bench", "generate", "--quick"]))
+    assert args.cases == ["llama_generate", "llama_generate_b16", "llama_generate_b64"] and args.quick
+    assert args.providers == ["eager", "compile", "generate", "kernelforge_generate_fused"]
+    args = cli.build_parser().parse_args(cli.expand_aliases(["bench", "generate", "--cases", "llama_generate"]))
+    assert args.cases == ["llama_generate"]
+    assert cli.expand_aliases(["bench", "e2e", "--quick"]) == ["e2e", "--quick"]
+    assert cli.expand_aliases(["bench", "rms_norm"]) == ["bench", "rms_norm"]
