@@ -33,8 +33,8 @@ yarn scaling exact), kv_append and decode_attention on the prefill's StaticCache
 silu_and_mul, the down projection; then the final norm and the LM head (``kernelforge.linear``). The
 concatenated weights are built once and the modules' q/k/v and gate/up parameters re-pointed to views
 of them (same values, same memory: the model is unchanged). The prefill is the model's forward, or with
-``FUSED_PREFILL`` set (off until measured) ``DecodeStep.prefill``: the step's layers over the prompt's
-rows with causal attention, for prompts without padding.
+``FUSED_PREFILL`` set (the default) ``DecodeStep.prefill``: the step's layers over the prompt's rows with
+causal attention, for prompts without padding.
 On sm_90 the step's kernels launch with programmatic dependent launch, each while the previous one
 drains (``KF_PDL=0`` turns it off; notes/decode.md).
 Models it does not take (other architectures, head dims other than 64/128/256, dynamic rope, CUDA
@@ -83,9 +83,10 @@ EOS_CHECK_EVERY = 16  # decode steps between two host reads of "every sequence h
 # generates 766 tokens/s at batch 1 with it, 570 through the patched forward (H200, prompt 512 + 128).
 FUSED_STEP_BY_DEFAULT = True
 # With the fused step, the prompt's forward through DecodeStep.prefill (the step's fused layers over the S
-# prompt rows, causal attention) instead of the model's forward, for prompts without padding. Off until its
-# time against the patched forward is measured on a GPU (dev/prof_generate.py's one-token call).
-FUSED_PREFILL = False
+# prompt rows, causal attention) instead of the model's forward, for prompts without padding. A call that
+# generates one token after a 512-token prompt (dev/prof_generate.py, H200, Llama-1B shape): 12.9 ms wall
+# against the patched forward's 24.6 at batch 1, 29.3 against 32.4 at batch 16.
+FUSED_PREFILL = True
 
 # model -> {(batch size, cache length): _Loop}; an entry dies with its model
 _GRAPHS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
