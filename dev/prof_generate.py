@@ -7,9 +7,10 @@ and the CUDA-graph time per step of the same loop: graph time minus busy time is
 and kernel ramps between kernels cost. Then a one-token call's wall time and kernels: the setup and
 the prefill that kforge e2e spreads over the new tokens, through the patched forward and through
 DecodeStep.prefill (generate's FUSED_PREFILL). Then the graph time per step of step
-variants, in KF_PROF_ROUNDS (default 3) interleaved rounds, the median of each: the default (cuBLAS
-projections), RoPE + the cache append as one rope_kv_append launch, kernelforge.linear projections,
-and the L2 prefetch branch (DecodeStep's l2_prefetch: 40 MB of the o and gate/up weights a layer).
+variants, in KF_PROF_ROUNDS (default 3) interleaved rounds, the median of each: the default projections
+(decode_linear: kernelforge.linear's GEMV kernel at one row, cuBLAS for more), all projections on cuBLAS,
+all on kernelforge.linear, RoPE + the cache append as one rope_kv_append launch, and the L2 prefetch
+branch (DecodeStep's l2_prefetch: 40 MB of the o and gate/up weights a layer).
 KF_PDL=0/1 in the environment sets programmatic dependent launch for the process. Not the benchmark.
 
     PYTHONPATH=python python3 dev/prof_generate.py [batch ...]      (default: 1 16)
@@ -100,6 +101,8 @@ def main(batch: int) -> None:
         print(f"graph replay: {g * 1e3:.1f} us per step; busy {busy:.1f} us ({busy / (g * 1e3) * 100:.0f} %)")
         # A call that generates one token: the loop's setup, the cache reset and the prefill (the fixed cost
         # that kforge e2e spreads over the new tokens), and its kernels under the profiler.
+        gen = importlib.import_module("kernelforge.generate")
+        gen.FUSED_PREFILL = False  # the prompt through the patched model's forward
         one = wall_ms(lambda: kf.generate(model, ids, 1, ignore_eos=True))
         pre = kernel_times(model, ids, 1)
         pre_busy = sum(t for t, _ in pre.values())
@@ -107,20 +110,20 @@ def main(batch: int) -> None:
               f"of kernels in {sum(n for _, n in pre.values()):.0f} launches")
         for k, (t, n) in sorted(pre.items(), key=lambda kv: -kv[1][0])[:10]:
             print(f"{t:9.1f} us {t / pre_busy * 100:5.1f} %  x{n:<5.0f} {k[:100]}")
-        gen = importlib.import_module("kernelforge.generate")
         gen.FUSED_PREFILL = True  # the prompt through DecodeStep.prefill instead of the patched forward
         one_fused = wall_ms(lambda: kf.generate(model, ids, 1, ignore_eos=True))
         pre = kernel_times(model, ids, 1)
         print(f"one-token call with FUSED_PREFILL: {one_fused:.2f} ms wall ({one_fused / one:.3f}x), "
               f"{sum(t for t, _ in pre.values()) / 1e3:.2f} ms of kernels in {sum(n for _, n in pre.values()):.0f} "
               f"launches; 128 new tokens: {(one + 127 * g) / 128:.3f} -> {(one_fused + 127 * g) / 128:.3f} ms a token")
-        gen.FUSED_PREFILL = False
         ds = importlib.import_module("kernelforge.decode_step")
         cublas = torch.nn.functional.linear
-        variants = (("cuBLAS projections (the default)", cublas, False, 0, False),
-                    ("cuBLAS + rope_kv_append", cublas, True, 0, False),
+        default = ds.decode_linear
+        variants = (("decode_linear projections (the default)", default, False, 0, False),
+                    ("cuBLAS projections", cublas, False, 0, False),
                     ("kernelforge.linear projections", kf.linear, False, 0, False),
-                    ("cuBLAS, L2 prefetch 40 MB a layer", cublas, False, 40 << 20, False))
+                    ("default + rope_kv_append", default, True, 0, False),
+                    ("default, L2 prefetch 40 MB a layer", default, False, 40 << 20, False))
         # Rounds over the variants, interleaved, so that a drift of the clocks or of the host's load
         # spreads over all of them; the median of the rounds per variant.
         rounds = int(os.environ.get("KF_PROF_ROUNDS", "3"))

@@ -29,6 +29,7 @@
 namespace kernelforge {
 
 constexpr int64_t kLinearMaxRows = 16;
+constexpr int64_t kLinearGemvMaxRows = 4;  // the kGemv kernel's rows of x
 
 struct LinearTensors {
   const TensorView* x = nullptr;
@@ -45,10 +46,15 @@ struct LinearTensors {
 //             K >= 8: one producer warp issues TMA tile copies into the ring; the K splits of a column
 //             block form one thread-block cluster (splits <= 8) and add their partial sums through
 //             distributed shared memory (no workspace, no second kernel).
-enum class LinearKernel { kCpAsync, kTma };
+//   kGemv     M <= 4 rows (kLinearGemvMaxRows), K a multiple of 8, x and w 16-byte aligned with row
+//             strides of 8-element multiples (x's only when M > 1): CUDA-core FMAs, each warp load 512
+//             contiguous bytes of one W row, registers instead of a shared-memory ring; no K split.
+enum class LinearKernel { kCpAsync, kTma, kGemv };
 
-// One CTA per (block_n output columns, K split); `warps` warps each own 32 of the columns (kTma adds
-// one producer warp) and stream their weight rows through the ring, block_k columns per stage.
+// kCpAsync / kTma: one CTA per (block_n output columns, K split); `warps` warps each own 32 of the
+// columns (kTma adds one producer warp) and stream their weight rows through the ring, block_k columns
+// per stage. kGemv: one CTA per block_n output columns over all of K, block_k columns of K per round
+// (16 bytes a thread per row), stages = 1 (a round's loads are registers), splits = 1.
 struct LinearPlan {
   LinearKernel kernel = LinearKernel::kCpAsync;
   int block_n = 0;
@@ -59,7 +65,7 @@ struct LinearPlan {
 };
 
 // e.g. "linear_skinny tile=128x64 warps=4 stages=4 splits=8",
-//      "linear_skinny_tma tile=128x64 warps=4+1 stages=6 splits=8"
+//      "linear_skinny_tma tile=128x64 warps=4+1 stages=6 splits=8", "linear_gemv rows=4 k_round=2048 warps=4"
 std::string to_string(const LinearPlan& plan);
 
 // ---- CUDA ------------------------------------------------------------------------------------

@@ -35,11 +35,12 @@ of launch gap or tail per kernel costs 0.175 ms.
 - The cache: the StaticCache layers the prefill filled, seen as [B, L, Hkv, D] (``static_cache_view``);
   ``seq_lens`` (int32 [B], the keys held after the step's append) is a device tensor, so a CUDA graph of
   the step replays for every length. The step does not move the StaticLayer's own length counter.
-- Linear layers: ``proj_linear`` for the projections (default ``torch.nn.functional.linear``, cuBLAS) and
-  ``head_linear`` for the LM head (default ``kernelforge.linear``: its skinny kernel for M <= 16 rows).
-  On an H200, kernelforge.linear runs the 128256 x 2048 LM head at 1.02x cuBLAS and the Llama-1B step's
-  projections (1 and 16 rows; 2048 -> 3072 / 2048 / 16384, 8192 -> 2048) at 0.82-0.93x (1.04x for the
-  1-row down projection), hence the split.
+- Linear layers: ``proj_linear`` for the projections (default ``decode_linear``: kernelforge.linear's
+  GEMV kernel for one token row, ``torch.nn.functional.linear`` (cuBLAS) for more) and ``head_linear`` for
+  the LM head (default ``kernelforge.linear``). H200, bf16, L2 flushed: one row of the Llama-1B step's
+  projections (2048 -> 3072 / 2048 / 16384, 8192 -> 2048) on the GEMV kernel 1.12-1.29x cuBLAS, the LM
+  head 1.00x; at 16 rows kernelforge.linear's tiled kernels 0.82-0.93x, hence the split. The batch-1 step:
+  998 against 1164 us with the projections on cuBLAS.
 - decode_attention's split workspace is made once per call shape (``decode_workspace``, zeroed once) and
   shared by the layers: no memset of its merge counters before each layer's attention, so in the graph the
   attention kernel keeps its programmatic edge from the append. A step runs one call at a time.
@@ -266,6 +267,14 @@ def _eps(norm, cfg) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", cfg.rms_norm_eps)))
 
 
+def decode_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's projections: kernelforge.linear (its GEMV kernel) for one token row on CUDA,
+    torch.nn.functional.linear (cuBLAS) otherwise (see the module docstring for the measured split)."""
+    if x.is_cuda and x.numel() == x.shape[-1]:
+        return _lin.linear(x, w, b)
+    return F.linear(x, w, b)
+
+
 class DecodeStep:
     """The decode step of a Llama / Mistral / Qwen2 causal LM (see the module docstring): built from the
     model (which it changes only by re-pointing the q / k / v and gate / up parameters to views of the
@@ -275,11 +284,11 @@ class DecodeStep:
         cos, sin = step.rope_table(cache_len)
         logits = step(tokens, positions, seq_lens, caches, cos, sin)
 
-    ``proj_linear(x, w, b)``: the q/k/v, o, gate/up and down projections (default F.linear);
+    ``proj_linear(x, w, b)``: the q/k/v, o, gate/up and down projections (default decode_linear);
     ``head_linear(x, w, b)``: the LM head (default kernelforge.linear). ``fuse=False`` keeps separate
     q / k / v and gate / up GEMMs (the model is then not changed at all)."""
 
-    def __init__(self, model: torch.nn.Module, *, proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True,
+    def __init__(self, model: torch.nn.Module, *, proj_linear=decode_linear, head_linear=_lin.linear, fuse: bool = True,
                  l2_prefetch: int | None = None, l2_prefetch_kv: bool | None = None):
         why = unsupported_reason(model)
         if why is not None:
@@ -307,7 +316,7 @@ class DecodeStep:
         self.fingerprint = weights_fingerprint(model)
 
     @staticmethod
-    def options_of(proj_linear=F.linear, head_linear=_lin.linear, fuse: bool = True,
+    def options_of(proj_linear=decode_linear, head_linear=_lin.linear, fuse: bool = True,
                    l2_prefetch: int | None = None, l2_prefetch_kv: bool | None = None) -> tuple:
         n = L2_PREFETCH_BYTES if l2_prefetch is None else l2_prefetch
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:

@@ -36,8 +36,15 @@ Status prepare(const char* name, const LinearTensors& t, Prepared* w) {
 
 bool empty(const LinearParams& p) { return p.M == 0 || p.N == 0; }
 
+// Whether one-row calls take the GEMV kernel (linear_plan.h: kLinearGemvByDefault; KF_LINEAR_GEMV=0 or 1
+// overrides it, read once: the bench times either kernel through the public entries).
+bool gemv_default() {
+  static const bool on = env_switch("KF_LINEAR_GEMV", kLinearGemvByDefault);
+  return on;
+}
+
 LinearPlan default_plan(const Prepared& w) {
-  return plan_linear(w.p, *w.dev, w.dev->capability == 90 && linear_tma_built());
+  return plan_linear(w.p, *w.dev, w.dev->capability == 90 && linear_tma_built(), gemv_default());
 }
 
 Status check_workspace(const LinearPlan& plan, const LinearParams& p, const void* workspace, size_t bytes) {

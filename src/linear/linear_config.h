@@ -41,4 +41,14 @@ static_assert(kLinearTmaStageBytes == (kLinearTmaTile.block_n + 16) * kLinearTma
 static_assert(kLinearTmaStageBytes % 1024 == 0, "the 128-byte swizzle repeats every 1024 bytes");
 static_assert(2 * kLinearTmaTile.stages * 8 <= kLinearTmaBarBytes, "barriers");
 
+// GEMV (kernels/linear_gemv.cuh): 4 output columns per CTA of 4 warps, 2 chunks of 16 bytes per row per
+// thread per round: 8 independent 16-byte weight loads a thread, 2048 columns of K a round.
+struct LinearGemvTile {
+  int rows;    // output columns (W rows) per CTA
+  int warps;   // K is spread over all 32 * warps threads
+  int unroll;  // 16-byte chunks of each row a thread loads per round
+};
+constexpr LinearGemvTile kLinearGemvTile = {4, 4, 2};
+constexpr int linear_gemv_k_round(const LinearGemvTile& c) { return 8 * 32 * c.warps * c.unroll; }
+
 }  // namespace kernelforge

@@ -1,6 +1,6 @@
 // The skinny linear launchers, one per LinearKernel: kCpAsync (kLinearTile, then the split-K
-// reduction kernel when the plan splits K) and kTma (kLinearTmaTile: the tensor maps of w and x, a
-// cluster of the K splits). Included by linear_<dtype>.cu.
+// reduction kernel when the plan splits K), kTma (kLinearTmaTile: the tensor maps of w and x, a
+// cluster of the K splits) and kGemv (kLinearGemvTile, the M bucket's instantiation). Included by linear_<dtype>.cu.
 #pragma once
 
 #include <cuda.h>
@@ -11,6 +11,7 @@
 #include "common/launch.cuh"
 #include "common/occupancy.h"
 #include "common/tma_map.h"
+#include "linear/kernels/linear_gemv.cuh"
 #include "linear/kernels/linear_reduce.cuh"
 #include "linear/kernels/linear_skinny.cuh"
 #include "linear/kernels/linear_skinny_tma.cuh"
@@ -69,13 +70,31 @@ Status launch_linear_tma(const LinearPlan& plan, const LinearParams& p, const De
   return launched(l(kernel, tw, tx, p, plan.splits), "linear (TMA)");
 }
 
+// kGemv: the instantiation for M rows (1, 2, or 4 for 3 and 4), one CTA per kLinearGemvTile.rows columns.
+template <typename T>
+Status launch_linear_gemv(const LinearParams& p, const DeviceInfo& dev, cudaStream_t stream) {
+  constexpr LinearGemvTile c = kLinearGemvTile;
+  void (*kernel)(LinearParams) = p.M == 1   ? skinny::linear_gemv_kernel<T, 1, c.rows, c.warps, c.unroll>
+                                 : p.M == 2 ? skinny::linear_gemv_kernel<T, 2, c.rows, c.warps, c.unroll>
+                                            : skinny::linear_gemv_kernel<T, 4, c.rows, c.warps, c.unroll>;
+  Launch l(dim3(unsigned(ceil_div(p.N, int64_t(c.rows)))), dim3(32u * c.warps), 0, stream, use_pdl(dev));
+  return launched(l(kernel, p), "linear (GEMV)");
+}
+
 template <typename T>
 Status launch_linear(const LinearPlan& plan, const LinearParams& p, void* workspace, cudaStream_t stream) {
   int device = 0;
   const DeviceInfo* dev = nullptr;
   Status st = current_device_info(&device, &dev);
   if (!st.ok()) return st;
-  if (plan.kernel == LinearKernel::kTma) return launch_linear_tma<T>(plan, p, *dev, stream);
+  switch (plan.kernel) {
+    case LinearKernel::kTma:
+      return launch_linear_tma<T>(plan, p, *dev, stream);
+    case LinearKernel::kGemv:
+      return launch_linear_gemv<T>(p, *dev, stream);
+    case LinearKernel::kCpAsync:
+      break;
+  }
   return launch_linear_cp_async<T>(plan, p, workspace, *dev, stream);
 }
 

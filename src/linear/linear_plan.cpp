@@ -9,6 +9,8 @@
 // kernel's with up to 64: the TMA copies are the faster path per tile, the cluster size caps its
 // splits, so narrow outputs (N <= 2048: at most 16 column blocks x 8 splits for 264 CTA slots) stay on
 // the cp.async kernel's deeper split.
+// The GEMV kernel takes calls of M <= kLinearGemvPlanRows (1) when the caller's `gemv` switch is on and
+// LinearParams::gemv holds; it has one tile and no K split. M = 2 to 4 are its candidates only.
 #include "linear/linear_plan.h"
 
 #include <cstdint>
@@ -71,7 +73,22 @@ std::string tma_unsupported(const LinearParams& p, const DeviceInfo& dev, bool t
 
 }  // namespace
 
+LinearPlan gemv_plan() {
+  constexpr LinearGemvTile c = kLinearGemvTile;
+  LinearPlan plan;
+  plan.kernel = LinearKernel::kGemv;
+  plan.block_n = c.rows;
+  plan.block_k = linear_gemv_k_round(c);
+  plan.warps = c.warps;
+  plan.stages = 1;
+  plan.splits = 1;
+  return plan;
+}
+
 std::string to_string(const LinearPlan& plan) {
+  if (plan.kernel == LinearKernel::kGemv)
+    return "linear_gemv rows=" + std::to_string(plan.block_n) + " k_round=" + std::to_string(plan.block_k) +
+           " warps=" + std::to_string(plan.warps);
   const bool tma = plan.kernel == LinearKernel::kTma;
   return std::string(tma ? "linear_skinny_tma" : "linear_skinny") + " tile=" + std::to_string(plan.block_n) + "x" +
          std::to_string(plan.block_k) + " warps=" + std::to_string(plan.warps) + (tma ? "+1" : "") +
@@ -85,10 +102,12 @@ std::vector<LinearPlan> linear_candidate_plans(const LinearParams& p, const Devi
   if (tma_unsupported(p, dev, tma_built).empty())
     plans.push_back(tile_plan(LinearKernel::kTma, kLinearTmaTile,
                               best_split(p, dev, kLinearTmaTile, kLinearTmaMaxSplits, 0).splits));
+  if (p.gemv) plans.push_back(gemv_plan());
   return plans;
 }
 
-LinearPlan plan_linear(const LinearParams& p, const DeviceInfo& dev, bool tma_built) {
+LinearPlan plan_linear(const LinearParams& p, const DeviceInfo& dev, bool tma_built, bool gemv) {
+  if (gemv && p.gemv && p.M <= kLinearGemvPlanRows) return gemv_plan();
   const Split cp = best_split(p, dev, kLinearTile, kMaxSplits, kReduceTiles);
   if (tma_unsupported(p, dev, tma_built).empty()) {
     const Split tma = best_split(p, dev, kLinearTmaTile, kLinearTmaMaxSplits, 0);
@@ -98,6 +117,19 @@ LinearPlan plan_linear(const LinearParams& p, const DeviceInfo& dev, bool tma_bu
 }
 
 Status check_linear_plan(const LinearPlan& plan, const LinearParams& p, const DeviceInfo& dev) {
+  if (plan.kernel == LinearKernel::kGemv) {
+    const LinearPlan g = gemv_plan();
+    if (plan.block_n != g.block_n || plan.block_k != g.block_k || plan.warps != g.warps || plan.stages != g.stages ||
+        plan.splits != 1)
+      return Status::Invalid("linear: plan " + to_string(plan) + ": no such kernel is built (" + to_string(g) +
+                             ", splits 1)");
+    if (!p.gemv)
+      return Status::NotSupported("linear: plan " + to_string(plan) +
+                                  ": the GEMV kernel needs M <= 4, K a multiple of 8, x and w 16-byte aligned and "
+                                  "row strides of 8-element multiples");
+    if (ceil_div(p.N, int64_t(g.block_n)) > INT32_MAX) return Status::Invalid("linear: N is too large for the grid");
+    return Status::Ok();
+  }
   const bool tma = plan.kernel == LinearKernel::kTma;
   if (!tma && plan.kernel != LinearKernel::kCpAsync)
     return Status::Invalid("linear: plan " + to_string(plan) + ": unknown kernel");
@@ -118,7 +150,7 @@ Status check_linear_plan(const LinearPlan& plan, const LinearParams& p, const De
 }
 
 size_t linear_workspace_bytes(const LinearPlan& plan, const LinearParams& p) {
-  if (plan.splits <= 1 || plan.kernel == LinearKernel::kTma) return 0;
+  if (plan.splits <= 1 || plan.kernel != LinearKernel::kCpAsync) return 0;
   return (size_t(plan.splits) * size_t(p.M) * size_t(p.N) * sizeof(float) + 255) / 256 * 256;
 }
 

@@ -25,6 +25,9 @@ struct LinearParams {
   // bytes and at least K (no overlapping rows; a single row's stride is unused), K * 2 >= 16 bytes,
   // K and N below 2^31 (int32 coordinates)
   bool tma = false;
+  // The GEMV kernel (LinearKernel::kGemv): M <= kLinearGemvMaxRows, K a multiple of 8, x and w 16-byte
+  // aligned, w's row stride a multiple of 8 elements and x's too when M > 1
+  bool gemv = false;
 };
 
 // Checks every argument; `cuda` = false admits float32 / float64 and any M (the CPU reference).

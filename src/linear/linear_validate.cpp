@@ -68,6 +68,8 @@ Status validate_linear(const char* name, bool cuda, const LinearTensors& t, Line
   p->tma = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
            (p->M <= 1 || (p->ldx % 8 == 0 && p->ldx >= p->K)) && (p->N <= 1 || (p->ldw % 8 == 0 && p->ldw >= p->K)) &&
            p->K >= 8 && p->K <= INT32_MAX && p->N <= INT32_MAX;
+  p->gemv = p->M <= kLinearGemvMaxRows && p->K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && p->ldw % 8 == 0 && (p->M <= 1 || p->ldx % 8 == 0);
   *dtype = x.dtype;
   return Status::Ok();
 }

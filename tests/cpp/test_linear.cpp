@@ -3,8 +3,9 @@
 //
 // Every GPU case draws x and w in [-1, 1) (and a bias) and runs, on y poisoned with NaN, the default
 // plan and every candidate kernel (the cp.async kernel everywhere; the TMA kernel on sm_90 with a 90a
-// build when x and w are TMA-aligned, which the case states and the test requires) at its planned K
-// split and at 1, 3 and the kernel's most splits (16 for cp.async, 8 = the cluster limit for TMA),
+// build when x and w are TMA-aligned, which the case states and the test requires; the GEMV kernel
+// when M <= 4, K % 8 == 0 and the rows are 16-byte aligned, likewise) at its planned K split and at 1,
+// 3 and the kernel's most splits (16 for cp.async, 8 = the cluster limit for TMA; GEMV: 1 only),
 // checking that y's row padding stays untouched.
 // Cases: M 1 to 16; K 1, 7 (below TMA's 16 bytes), 8, 40 (K < 64), 1000, 4100 (partial tiles), 5000
 // with an odd row stride (the element-load path); N 1, 3, 127, 129, 200, 300, 4096 (partial column
@@ -37,6 +38,8 @@ struct LinCase {
   int64_t M = 1, N = 128, K = 64;
   bool bias = true;
   bool tma = true;  // x and w meet the TMA kernel's alignment (LinearParams::tma)
+  // the GEMV kernel can run it (LinearParams::gemv); -1: M <= 4 and K % 8 == 0 with the default layouts
+  int gemv = -1;
   Layout x_layout, w_layout, y_layout;
 };
 void PrintTo(const LinCase& c, std::ostream* os) { *os << c.name; }
@@ -76,9 +79,14 @@ TEST_P(LinearGpu, MatchesReference) {
   size_t bytes = 0;
   KF_ASSERT_OK(kf::linear_plan(t, &plan, &bytes));
   std::vector<kf::LinearPlan> plans = {plan};
-  bool has_tma = false;
+  bool has_tma = false, has_gemv = false;
   for (const kf::LinearPlan& cand : kf::linear_candidate_plans(prm, *dev, tma_built)) {
     has_tma = has_tma || cand.kernel == kf::LinearKernel::kTma;
+    if (cand.kernel == kf::LinearKernel::kGemv) {
+      has_gemv = true;
+      plans.push_back(cand);
+      continue;
+    }
     const int most = cand.kernel == kf::LinearKernel::kTma ? 8 : 16;
     for (int s : {cand.splits, 1, 3, most}) {
       kf::LinearPlan p = cand;
@@ -87,6 +95,7 @@ TEST_P(LinearGpu, MatchesReference) {
     }
   }
   EXPECT_EQ(has_tma, tma_built && c.tma);
+  EXPECT_EQ(has_gemv, c.gemv >= 0 ? c.gemv == 1 : c.M <= 4 && c.K % 8 == 0);
   const double u = c.dtype == BF16 ? 1.0 / 256 : 1.0 / 2048;
   const Tol tol{2 * u, std::ldexp(double(c.K), -20) + u};
   for (const kf::LinearPlan& p : plans) {
@@ -133,11 +142,18 @@ std::vector<LinCase> lin_cases() {
   c = LinCase{};
   c.K = 4104, c.N = 257, c.M = 1, c.x_layout = {3, 0}, c.name = "m1_odd_x_stride";
   v.push_back(c);
+  c = LinCase{};  // GEMV: x rows of odd stride at M > 1, w rows padded to 16 bytes, y strided
+  c.K = 2056, c.N = 131, c.M = 3, c.x_layout = {3, 0}, c.w_layout = {8, 0}, c.y_layout = {5, 0}, c.tma = false,
+  c.gemv = 0, c.name = "m3_odd_x_stride";
+  v.push_back(c);
+  c = LinCase{};  // GEMV: several rounds of K (2048 a round) with a partial last one, N not a multiple of 4
+  c.dtype = F16, c.K = 8200, c.N = 2047, c.M = 4, c.w_layout = {8, 0}, c.name = "m4_k8200_padded_w";
+  v.push_back(c);
   c = LinCase{};
   c.K = 1024, c.N = 1, c.M = 5, c.bias = false, c.name = "n1_nobias";
   v.push_back(c);
   c = LinCase{};
-  c.K = 512, c.N = 300, c.M = 2, c.x_layout = {0, 1}, c.tma = false, c.name = "x_unaligned";
+  c.K = 512, c.N = 300, c.M = 2, c.x_layout = {0, 1}, c.tma = false, c.gemv = 0, c.name = "x_unaligned";
   v.push_back(c);
   c = LinCase{};
   c.K = 2048, c.N = 640, c.M = 9, c.x_layout = {8, 0}, c.w_layout = {8, 0}, c.y_layout = {5, 0}, c.name = "padded_rows";
@@ -222,6 +238,44 @@ TEST(LinearPlan, ChoosesTheKernel) {
   EXPECT_EQ(ampere.code(), kf::StatusCode::kNotSupported) << ampere.message();
 }
 
+TEST(LinearPlan, Gemv) {
+  kf::DeviceInfo h100, a100;
+  h100.sm_count = 132, h100.capability = 90;
+  a100.sm_count = 108, a100.capability = 80;
+  kf::LinearParams p;
+  p.M = 1, p.N = 4096, p.K = 4096, p.vec16 = true, p.tma = true, p.gemv = true;
+  // Only with the switch on; then on any sm_80+ GPU, with or without a 90a image, for one row.
+  EXPECT_NE(kf::plan_linear(p, h100, true).kernel, kf::LinearKernel::kGemv);
+  kf::LinearParams m4 = p;
+  m4.M = 4;  // a candidate, not the plan
+  EXPECT_NE(kf::plan_linear(m4, h100, true, true).kernel, kf::LinearKernel::kGemv);
+  EXPECT_EQ(kf::linear_candidate_plans(m4, h100, true).back().kernel, kf::LinearKernel::kGemv);
+  for (const kf::DeviceInfo& dev : {h100, a100}) {
+    const kf::LinearPlan g = kf::plan_linear(p, dev, dev.capability == 90, true);
+    EXPECT_EQ(g.kernel, kf::LinearKernel::kGemv);
+    EXPECT_EQ(kf::to_string(g), "linear_gemv rows=4 k_round=2048 warps=4");
+    EXPECT_EQ(g.splits, 1);
+    EXPECT_EQ(kf::linear_workspace_bytes(g, p), 0u);
+    EXPECT_TRUE(kf::check_linear_plan(g, p, dev).ok());
+  }
+  const kf::LinearPlan g = kf::plan_linear(p, h100, true, true);
+  // The last candidate when it can run, none otherwise; the switch does not decide the candidates.
+  EXPECT_EQ(kf::linear_candidate_plans(p, h100, true).back().kernel, kf::LinearKernel::kGemv);
+  kf::LinearParams u = p;
+  u.gemv = false;  // M > 4, K % 8 != 0 or unaligned: validate_linear clears it
+  EXPECT_NE(kf::plan_linear(u, h100, true, true).kernel, kf::LinearKernel::kGemv);
+  for (const kf::LinearPlan& c : kf::linear_candidate_plans(u, h100, true))
+    EXPECT_NE(c.kernel, kf::LinearKernel::kGemv);
+  const kf::Status refused = kf::check_linear_plan(g, u, h100);
+  EXPECT_EQ(refused.code(), kf::StatusCode::kNotSupported) << refused.message();
+  kf::LinearPlan bad = g;
+  bad.splits = 2;
+  KF_EXPECT_INVALID(kf::check_linear_plan(bad, p, h100), "no such kernel");
+  bad = g;
+  bad.block_n = 8;
+  KF_EXPECT_INVALID(kf::check_linear_plan(bad, p, h100), "no such kernel");
+}
+
 kf::Status validate(const TensorView& x, const TensorView& w, const TensorView* bias, const TensorView& y) {
   kf::LinearTensors t;
   t.x = &x, t.w = &w, t.bias = bias, t.y = &y;
@@ -245,9 +299,13 @@ TEST(LinearValidation, AcceptsAndRejects) {
   EXPECT_TRUE(validate(x, w, &b, y).ok());
   kf::LinearParams prm;
   EXPECT_TRUE(params(x, w, y, &prm).ok());
-  EXPECT_TRUE(prm.tma && prm.vec16);
+  EXPECT_TRUE(prm.tma && prm.vec16 && prm.gemv);
   EXPECT_TRUE(params(cuda_view(BF16, {4, 64}, 0, (uintptr_t{1} << 40) + 2), w, y, &prm).ok());
   EXPECT_FALSE(prm.tma);  // x base not 16-byte aligned
+  EXPECT_FALSE(prm.gemv);
+  EXPECT_TRUE(params(cuda_view(BF16, {5, 64}, 0, uintptr_t{1} << 40), w, cuda_view(BF16, {5, 32}), &prm).ok());
+  EXPECT_FALSE(prm.gemv);  // M = 5 > kLinearGemvMaxRows
+  EXPECT_TRUE(prm.tma);
   EXPECT_TRUE(
       params(cuda_view(BF16, {4, 4}, 0, uintptr_t{1} << 40), cuda_view(BF16, {32, 4}, 0, uintptr_t{2} << 40), y, &prm)
           .ok());

@@ -258,16 +258,17 @@ def test_cuda_graph_patched_holds_decode_attention(kf, gen, decode_calls, arch, 
     """The patched model's captured step calls decode_attention (recorded once at capture, replayed
     per token): Python sees it at the prefill (9 rows), the warm-up step and the capture, 2 layers
     each; a second call only at its prefill. The tokens equal the patched eager loop's. The same with
-    the fused decode step."""
+    the fused decode step, whose fused prefill runs causal attention over the prompt instead."""
     model = tiny_model(arch, "cuda", torch.bfloat16, **TINY_KERNEL)
     kf.patch(model)
     ids = prompt(2, 9, "cuda")
     got = kf.generate(model, ids, 16, ignore_eos=True, fused_step=fused)
-    assert [c[0] for c in decode_calls] == [(2, 9, 2, 64)] * 2 + [(2, 1, 2, 64)] * 4
+    prefill = [] if fused else [(2, 9, 2, 64)] * 2
+    assert [c[0] for c in decode_calls] == prefill + [(2, 1, 2, 64)] * 4
     assert (gen._GRAPHS[model][(2, 25, False)].fused is not None) == fused
     decode_calls.clear()
     again = kf.generate(model, ids, 16, ignore_eos=True, fused_step=fused)
-    assert [c[0] for c in decode_calls] == [(2, 9, 2, 64)] * 2
+    assert [c[0] for c in decode_calls] == prefill
     assert torch.equal(again, got)
     assert torch.equal(got, kf.generate(model, ids, 16, ignore_eos=True, cuda_graph=False, fused_step=fused))
     kf.unpatch(model)
