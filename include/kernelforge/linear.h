@@ -11,7 +11,8 @@
 // K = 0: y = bias, or 0).
 //
 // Bytes: N * K * sizeof(T) of w (read once), M * (K + N) of x and y: at M <= 16 the weight is all of
-// it, so the bound is the copy rate of N * K elements. FLOPs 2 * M * N * K, on tensor cores.
+// it, so the bound is the copy rate of N * K elements. FLOPs 2 * M * N * K, on tensor cores (kGemv:
+// float32 FMAs on the CUDA cores).
 //
 // Plan and run as in attention.h: linear_plan() reads only shapes, strides and the device; the run
 // needs a workspace when a kCpAsync plan splits K (float32 partial sums), CUB's size-query convention.

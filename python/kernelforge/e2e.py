@@ -19,8 +19,8 @@ use transformers' static cache with the model's forward compiled (HF's recipe fo
 eager and kernelforge its default dynamic cache. Generation cases also take generate
 (``kernelforge.generate`` of the unpatched model with the model's forward as the decode step: static
 cache, the step in one CUDA graph), kernelforge_generate (the same loop on the patched model) and
-kernelforge_generate_fused (the patched model, whose prefill is the patched forward, with the fused decode
-step of decode_step.py: 10 kernels per layer); they report tokens/s and the step's floor
+kernelforge_generate_fused (the patched model with the fused prefill and decode step of decode_step.py:
+10 kernels per layer a step); they report tokens/s and the step's floor
 (weights + the average KV cache read once per token, at the device's measured copy bandwidth,
 prefill excluded). Each (case, provider) runs in a fresh
 Python process (no compile cache, allocator state or patch shared with another provider), which
