@@ -85,9 +85,10 @@ _lin = importlib.import_module(".linear", __package__)  # the module (the packag
 _attn = importlib.import_module(".attention", __package__)  # likewise
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-# rope_kv_append (one launch) in place of apply_rope + kv_append (two); both give the same bits. Off: its
-# GPU tests pass, but the step's graph time with it stays inside the +-10 % that separate processes
-# measure (dev/prof_generate.py on the H200), so the gain is not shown.
+# rope_kv_append (one launch) in place of apply_rope + kv_append (two); both give the same bits. Its GPU
+# tests pass; the step's graph time with it (dev/prof_generate.py, H200, interleaved rounds in one
+# process): 0.97x at batch 1 with the GEMV projections (992 against 1020 us), 1.00x at batch 16 with cuBLAS
+# ones. Off until the end-to-end generation figures are measured with it.
 FUSED_ROPE_APPEND = False
 # Bytes per layer of the o and gate/up weights asked into L2 (prefetch_l2) on a parallel stream while the
 # layer's RoPE, cache append and decode attention run (``l2_prefetch``, below). 0: off. On the H200 at the
@@ -432,10 +433,9 @@ class DecodeStep:
             q, k, v = self._qkv(lay, h, B, S)
             _rope.apply_rope(q, k, cos_s, sin_s, inplace=True)
             _dec.kv_append(K, V, k, v, lens)
-            if q.dtype == torch.float32:  # a CPU model (CUDA float32 is refused): attention's reference is float64
-                a = _attn.attention(q.double(), k.double(), v.double(), causal=True, scale=self.scale).float()
-            else:
-                a = _attn.attention(q, k, v, causal=True, scale=self.scale)  # [B, S, Hq, D]
+            dt = _attn.reference_dtype(q)  # q's dtype; a CPU float32 model: float64, as attention.py calls it
+            a = _attn.attention(q.to(dt), k.to(dt), v.to(dt), causal=True, scale=self.scale)  # [B, S, Hq, D]
+            a = a.to(q.dtype)
             d, x = self._out_and_mlp(lay, x, a.reshape(B, S, -1))
         h, _ = _norm.add_rms_norm(x[:, -1:], d[:, -1:], self.w_norm, self.eps_norm)
         return self.head_linear(h[:, -1], self.w_head, self.b_head)
