@@ -2,9 +2,10 @@
 // include/kernelforge/linear.h; notes/linear.md says when it runs.
 //
 // Bytes: the weight N * K * 2 read once, x's M * K * 2 per CTA from L1 / L2, y's M * N * 2 written.
-// FLOPs 2 * M * N * K: at M <= 4 a weight element costs at most 4 float32 FMAs and one conversion,
-// under half of the SM's FMA rate at the copy bandwidth, so the tensor cores are not needed and the
-// weight need not pass through shared memory.
+// FLOPs 2 * M * N * K, float32 FMAs on the CUDA cores: at M = 1 a weight element costs one FMA and
+// one conversion, far under the SM's rate at the copy bandwidth, so the tensor cores are not needed and
+// the weight need not pass through shared memory. At M = 4 (4 FMAs an element, x converted per row)
+// the CUDA cores set the pace; the plan gives the kernel M = 1 (notes/linear.md).
 //
 // Why a second kernel next to the tiled ones (linear_skinny*.cuh): those read W as 128 x 64 tiles,
 // 128 bytes from each of 128 rows per stage, and split K over up to 8 CTAs. Here each warp load is
