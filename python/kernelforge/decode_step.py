@@ -39,8 +39,8 @@ of launch gap or tail per kernel costs 0.175 ms.
   GEMV kernel for one token row, ``torch.nn.functional.linear`` (cuBLAS) for more) and ``head_linear`` for
   the LM head (default ``kernelforge.linear``). H200, bf16, L2 flushed: one row of the Llama-1B step's
   projections (2048 -> 3072 / 2048 / 16384, 8192 -> 2048) on the GEMV kernel 1.12-1.29x cuBLAS, the LM
-  head 1.00x; at 16 rows kernelforge.linear's tiled kernels 0.82-0.93x, hence the split. The batch-1 step:
-  998 against 1164 us with the projections on cuBLAS.
+  head 1.00x; at 16 rows kernelforge.linear's tiled kernels 0.82-0.93x, hence the split. The batch-1 graph step:
+  1020 against 1156 us with the projections on cuBLAS (interleaved rounds in one process).
 - decode_attention's split workspace is made once per call shape (``decode_workspace``, zeroed once) and
   shared by the layers: no memset of its merge counters before each layer's attention, so in the graph the
   attention kernel keeps its programmatic edge from the append. A step runs one call at a time.
